@@ -1,0 +1,95 @@
+//! Errors of the core library.
+//!
+//! Every variant says what was wrong; the FUSE layer maps them to errno values with
+//! [`Error::errno`] and the CLI maps them to exit codes. Authentication failures are a
+//! variant of their own so they can never be mistaken for ordinary I/O trouble.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A backing-store system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, naming the ciphertext path where known.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Ciphertext failed authentication: it was modified, moved, swapped, truncated or is
+    /// damaged. Never returned together with data.
+    #[error("integrity error in {what}: {detail}")]
+    Auth {
+        /// The object (ciphertext file, block, name) that failed.
+        what: String,
+        /// What exactly did not verify.
+        detail: String,
+    },
+
+    /// None of the key slots accepted the password or recovery key.
+    #[error("the password (or recovery key) is incorrect")]
+    WrongPassword,
+
+    /// The vault configuration is missing, malformed, tampered with or of an unsupported version.
+    #[error("vault config {path}: {detail}")]
+    Config {
+        /// Path of the config file.
+        path: PathBuf,
+        /// What is wrong with it and what to do.
+        detail: String,
+    },
+
+    /// The caller asked for something invalid (bad name, bad argument).
+    #[error("{0}")]
+    Invalid(String),
+
+    /// A plaintext name that Linux would reject (empty, `/`, NUL, longer than 255 bytes).
+    #[error("invalid file name: {0}")]
+    BadName(String),
+}
+
+impl Error {
+    /// Wraps an `io::Error` with a context string.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+
+    /// An authentication failure for `what` with `detail`.
+    pub fn auth(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Error::Auth { what: what.into(), detail: detail.into() }
+    }
+
+    /// The errno a filesystem should return for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Auth { .. } => libc::EIO,
+            Error::WrongPassword | Error::Config { .. } => libc::EACCES,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::BadName(_) => libc::ENAMETOOLONG,
+        }
+    }
+
+    /// True when this error means "no such file or directory".
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// Extension to attach context to `io::Result`s.
+pub(crate) trait IoContext<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Error::io(context(), e))
+    }
+}

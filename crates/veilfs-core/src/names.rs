@@ -1,0 +1,370 @@
+//! Name encryption, the identity binding of directory entries, and the long-name scheme.
+//!
+//! A plaintext name `n` in a directory with IV `iv` (16 random bytes, stored in the
+//! directory's `veilfs.diriv` file) is stored as the on-disk entry
+//!
+//! ```text
+//! base64url(D) "." base64url(S)
+//! D = AES-256-SIV(names key,   AD = [iv],            plaintext = n)         (16 + len(n) bytes)
+//! S = AES-256-SIV(binding key, AD = [iv, D, kind],   plaintext = identity)  (32 bytes)
+//! ```
+//!
+//! `D` is deterministic, so a lookup can compute it from the plaintext name. `S` seals the
+//! *identity* of what the entry names — the file ID from a file's header, a directory's own
+//! IV, a symlink's ID — to this directory, this name and this kind of object. Opening the
+//! object checks that the identity it carries equals the one its name promises, which
+//! detects swapped contents, entries moved between directories and copied `veilfs.diriv`
+//! files (open findings 2.1 and 2.3 of the 2017 gocryptfs audit). Renames and hard links
+//! stay cheap: only the name (`D` and `S`) is recomputed; the identity is read from `S`.
+//!
+//! Cost: `S` takes 44 of the 255 characters of a Linux name, so plaintext names up to 142
+//! bytes are stored directly; longer ones (up to 255) use the long-name scheme:
+//! `veilfs.L.<base64url(SHA-256(D))>.<base64url(S)>` plus a side file
+//! `veilfs.N.<base64url(SHA-256(D))>` holding `base64url(D)`.
+
+use crate::error::{Error, Result};
+use crate::keys::{SecretBytes, SubKeys};
+use aes_siv::siv::Aes256Siv;
+use aes_siv::KeyInit;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine;
+use sha2::{Digest, Sha256};
+
+/// The per-directory IV file present in every directory of a vault.
+pub const DIRIV_NAME: &str = "veilfs.diriv";
+/// The vault config, in the top directory.
+pub const CONFIG_NAME: &str = "veilfs.conf";
+/// Names starting with this prefix belong to the vault itself (never user entries).
+pub const RESERVED_PREFIX: &str = "veilfs.";
+/// Prefix of a long-name entry.
+pub const LONG_PREFIX: &str = "veilfs.L.";
+/// Prefix of a long-name side file.
+pub const LONG_NAME_FILE_PREFIX: &str = "veilfs.N.";
+/// Length of a directory IV.
+pub const DIRIV_LEN: usize = 16;
+/// Longest plaintext name Linux allows.
+pub const NAME_MAX: usize = 255;
+/// Length of base64url(S).
+const S_B64_LEN: usize = 43;
+/// Length of base64url(SHA-256).
+const HASH_B64_LEN: usize = 43;
+
+/// A directory's IV.
+pub type DirIv = [u8; DIRIV_LEN];
+/// The identity an entry binds (file ID, directory IV or symlink/special ID).
+pub type Identity = [u8; 16];
+
+/// What kind of object an entry names; part of the binding so a file cannot be replaced by
+/// a directory or a symlink under the same name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum EntryKind {
+    /// Regular file (identity = file ID).
+    File = 1,
+    /// Directory (identity = its directory IV).
+    Dir = 2,
+    /// Symbolic link (identity = the ID inside its encrypted target).
+    Symlink = 3,
+    /// FIFO, socket or device node (identity = random).
+    Special = 4,
+}
+
+impl EntryKind {
+    /// The kind of a `st_mode`.
+    pub fn from_mode(mode: u32) -> Self {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => EntryKind::File,
+            libc::S_IFDIR => EntryKind::Dir,
+            libc::S_IFLNK => EntryKind::Symlink,
+            _ => EntryKind::Special,
+        }
+    }
+}
+
+/// Checks that `name` is a name Linux allows in a directory (not `.`/`..`).
+pub fn validate_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > NAME_MAX {
+        return Err(Error::BadName(format!("length {} is outside 1..=255 bytes", name.len())));
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::BadName("'.' and '..' are not entries".into()));
+    }
+    if name.iter().any(|&b| b == b'/' || b == 0) {
+        return Err(Error::BadName("contains '/' or NUL".into()));
+    }
+    Ok(())
+}
+
+/// How a plaintext name is found on disk: the entry's key (the part before its binding)
+/// and, for long names, the side file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameKey {
+    /// `D`, the deterministic encrypted name.
+    pub d: Vec<u8>,
+    /// `base64url(D)` for short names, `veilfs.L.<hash>` for long names.
+    pub key: String,
+    /// For long names: the side file name `veilfs.N.<hash>`.
+    pub side_file: Option<String>,
+}
+
+impl NameKey {
+    /// The full on-disk entry name with binding `s`.
+    pub fn entry_name(&self, s: &[u8; 32]) -> String {
+        let mut out = String::with_capacity(self.key.len() + 1 + S_B64_LEN);
+        out.push_str(&self.key);
+        out.push('.');
+        B64.encode_string(s, &mut out);
+        out
+    }
+
+    /// Contents of the long-name side file (`base64url(D)`), if this is a long name.
+    pub fn side_file_contents(&self) -> Option<String> {
+        self.side_file.as_ref().map(|_| B64.encode(&self.d))
+    }
+}
+
+/// An on-disk directory entry name, classified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParsedEntry<'a> {
+    /// `.`, `..`, the config, the directory IV, a long-name side file or another reserved name.
+    Internal,
+    /// A short name: `key` = base64url(D), `s` = base64url(S).
+    Short {
+        /// base64url(D).
+        key: &'a str,
+        /// base64url(S).
+        s: &'a str,
+    },
+    /// A long name: `key` = `veilfs.L.<hash>`, `hash` its hash part.
+    Long {
+        /// `veilfs.L.<hash>`.
+        key: &'a str,
+        /// base64url(SHA-256(D)).
+        hash: &'a str,
+        /// base64url(S).
+        s: &'a str,
+    },
+    /// Not a name this format produces (e.g. a sync tool's conflict copy).
+    Foreign,
+}
+
+impl<'a> ParsedEntry<'a> {
+    /// Classifies an on-disk name.
+    pub fn parse(name: &'a [u8]) -> Self {
+        let Ok(name) = std::str::from_utf8(name) else { return ParsedEntry::Foreign };
+        if name == "." || name == ".." {
+            return ParsedEntry::Internal;
+        }
+        if let Some(rest) = name.strip_prefix(LONG_PREFIX) {
+            return match rest.split_once('.') {
+                Some((hash, s)) if hash.len() == HASH_B64_LEN && s.len() == S_B64_LEN && is_b64(hash) && is_b64(s) => {
+                    ParsedEntry::Long { key: &name[..LONG_PREFIX.len() + HASH_B64_LEN], hash, s }
+                }
+                _ => ParsedEntry::Foreign,
+            };
+        }
+        if name.starts_with(RESERVED_PREFIX) {
+            return ParsedEntry::Internal;
+        }
+        match name.split_once('.') {
+            Some((key, s)) if key.len() >= 23 && s.len() == S_B64_LEN && is_b64(key) && is_b64(s) => {
+                ParsedEntry::Short { key, s }
+            }
+            _ => ParsedEntry::Foreign,
+        }
+    }
+
+    /// The lookup key (everything before the binding), for user entries.
+    pub fn key(&self) -> Option<&'a str> {
+        match self {
+            ParsedEntry::Short { key, .. } | ParsedEntry::Long { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// base64url(S), for user entries.
+    pub fn binding(&self) -> Option<&'a str> {
+        match self {
+            ParsedEntry::Short { s, .. } | ParsedEntry::Long { s, .. } => Some(s),
+            _ => None,
+        }
+    }
+}
+
+fn is_b64(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Decodes base64url without padding.
+pub fn b64_decode(s: &str) -> Option<Vec<u8>> {
+    B64.decode(s).ok()
+}
+
+/// Encodes base64url without padding.
+pub fn b64_encode(b: &[u8]) -> String {
+    B64.encode(b)
+}
+
+/// Encrypts, decrypts and binds names. Cheap to share between threads (`&self` methods).
+pub struct NameCipher {
+    names: SecretBytes<64>,
+    binding: SecretBytes<64>,
+}
+
+impl std::fmt::Debug for NameCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NameCipher(<redacted>)")
+    }
+}
+
+fn siv(key: &SecretBytes<64>) -> Aes256Siv {
+    Aes256Siv::new(key.expose().into())
+}
+
+impl NameCipher {
+    /// A name cipher from the vault's subkeys.
+    pub fn new(keys: &SubKeys) -> Self {
+        NameCipher { names: keys.names.clone(), binding: keys.binding.clone() }
+    }
+
+    /// `D` for `name` in the directory with IV `iv`.
+    pub fn encrypt_name(&self, iv: &DirIv, name: &[u8]) -> Result<Vec<u8>> {
+        validate_name(name)?;
+        Ok(siv(&self.names).encrypt([iv.as_slice()], name).expect("SIV encryption of a short name"))
+    }
+
+    /// The plaintext name for `D`, or an integrity error if `D` was not made in this directory.
+    pub fn decrypt_name(&self, iv: &DirIv, d: &[u8]) -> Result<Vec<u8>> {
+        let name = siv(&self.names)
+            .decrypt([iv.as_slice()], d)
+            .map_err(|_| Error::auth("name", "does not decrypt in this directory (moved, renamed or damaged)"))?;
+        validate_name(&name).map_err(|e| Error::auth("name", format!("decrypts to an invalid name: {e}")))?;
+        Ok(name)
+    }
+
+    /// The on-disk key of `name` in the directory with IV `iv`.
+    pub fn name_key(&self, iv: &DirIv, name: &[u8]) -> Result<NameKey> {
+        let d = self.encrypt_name(iv, name)?;
+        Ok(Self::key_for_d(d))
+    }
+
+    /// The on-disk key for an already computed `D`.
+    pub fn key_for_d(d: Vec<u8>) -> NameKey {
+        let short = B64.encode(&d);
+        if short.len() + 1 + S_B64_LEN <= NAME_MAX {
+            NameKey { d, key: short, side_file: None }
+        } else {
+            let hash = B64.encode(Sha256::digest(&d));
+            NameKey { d, key: format!("{LONG_PREFIX}{hash}"), side_file: Some(format!("{LONG_NAME_FILE_PREFIX}{hash}")) }
+        }
+    }
+
+    /// `D` of a parsed entry: decoded from a short name, or read through `read_side_file`
+    /// (called with the side file's name) for a long one and checked against the hash.
+    pub fn entry_d(
+        &self,
+        parsed: &ParsedEntry<'_>,
+        read_side_file: impl FnOnce(&str) -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        match parsed {
+            ParsedEntry::Short { key, .. } => {
+                b64_decode(key).ok_or_else(|| Error::auth("name", "is not valid base64url"))
+            }
+            ParsedEntry::Long { hash, .. } => {
+                let side = format!("{LONG_NAME_FILE_PREFIX}{hash}");
+                let content = read_side_file(&side)?;
+                let text = std::str::from_utf8(&content).map_err(|_| Error::auth(side.clone(), "is not text"))?;
+                let d = b64_decode(text.trim_end()).ok_or_else(|| Error::auth(side.clone(), "is not base64url"))?;
+                if B64.encode(Sha256::digest(&d)) != *hash {
+                    return Err(Error::auth(side, "does not match the hash in its entry name"));
+                }
+                Ok(d)
+            }
+            _ => Err(Error::Invalid("not a user entry".into())),
+        }
+    }
+
+    /// `S`: binds `identity` of an object of `kind` to entry `D` in directory `iv`.
+    pub fn bind(&self, iv: &DirIv, d: &[u8], kind: EntryKind, identity: &Identity) -> [u8; 32] {
+        let v = siv(&self.binding)
+            .encrypt([iv.as_slice(), d, &[kind as u8]], identity)
+            .expect("SIV encryption of 16 bytes");
+        v.try_into().expect("SIV of 16 bytes is 32 bytes")
+    }
+
+    /// Recovers the identity promised by binding `s` (base64url) of entry `D` in `iv`, or an
+    /// integrity error if the entry was moved, renamed by someone else or changed kind.
+    pub fn unbind(&self, iv: &DirIv, d: &[u8], kind: EntryKind, s_b64: &str) -> Result<Identity> {
+        let s = b64_decode(s_b64).ok_or_else(|| Error::auth("name binding", "is not base64url"))?;
+        let id = siv(&self.binding)
+            .decrypt([iv.as_slice(), d, &[kind as u8]], s.as_slice())
+            .map_err(|_| Error::auth("name binding", "does not verify (entry moved, swapped or changed type)"))?;
+        id.try_into().map_err(|_| Error::auth("name binding", "has the wrong length"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::MasterKey;
+    use proptest::prelude::*;
+
+    fn cipher() -> NameCipher {
+        NameCipher::new(&MasterKey::from_bytes([7; 32]).subkeys())
+    }
+
+    #[test]
+    fn short_and_long_threshold() {
+        let c = cipher();
+        let iv = [1u8; 16];
+        let k142 = c.name_key(&iv, &[b'a'; 142]).unwrap();
+        assert!(k142.side_file.is_none());
+        assert!(k142.entry_name(&[0; 32]).len() <= 255);
+        let k143 = c.name_key(&iv, &[b'a'; 143]).unwrap();
+        assert!(k143.side_file.is_some());
+        assert_eq!(k143.entry_name(&[0; 32]).len(), 96);
+    }
+
+    #[test]
+    fn reserved_and_foreign_names() {
+        assert_eq!(ParsedEntry::parse(b"veilfs.diriv"), ParsedEntry::Internal);
+        assert_eq!(ParsedEntry::parse(b"veilfs.conf"), ParsedEntry::Internal);
+        assert_eq!(ParsedEntry::parse(b"."), ParsedEntry::Internal);
+        assert_eq!(ParsedEntry::parse(b"hello.txt"), ParsedEntry::Foreign);
+        assert_eq!(ParsedEntry::parse(b"x.sync-conflict-2024"), ParsedEntry::Foreign);
+    }
+
+    #[test]
+    fn binding_detects_moves_and_kind_changes() {
+        let c = cipher();
+        let (iv1, iv2) = ([1u8; 16], [2u8; 16]);
+        let k = c.name_key(&iv1, b"report.pdf").unwrap();
+        let s = c.bind(&iv1, &k.d, EntryKind::File, &[9; 16]);
+        let s64 = b64_encode(&s);
+        assert_eq!(c.unbind(&iv1, &k.d, EntryKind::File, &s64).unwrap(), [9; 16]);
+        assert!(c.unbind(&iv2, &k.d, EntryKind::File, &s64).is_err());
+        assert!(c.unbind(&iv1, &k.d, EntryKind::Dir, &s64).is_err());
+        let other = c.name_key(&iv1, b"other.pdf").unwrap();
+        assert!(c.unbind(&iv1, &other.d, EntryKind::File, &s64).is_err());
+        assert!(c.decrypt_name(&iv2, &k.d).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn every_name_round_trips(name in prop::collection::vec(1u8..=255, 1..=255)) {
+            prop_assume!(!name.contains(&b'/') && name != b"." && name != b"..");
+            let c = cipher();
+            let iv = [3u8; 16];
+            let k = c.name_key(&iv, &name).unwrap();
+            let s = c.bind(&iv, &k.d, EntryKind::File, &[5; 16]);
+            let entry = k.entry_name(&s);
+            prop_assert!(entry.len() <= 255);
+            let parsed = ParsedEntry::parse(entry.as_bytes());
+            prop_assert_eq!(parsed.key(), Some(k.key.as_str()));
+            let side = k.side_file_contents();
+            let d = c.entry_d(&parsed, |_| Ok(side.clone().unwrap().into_bytes())).unwrap();
+            prop_assert_eq!(c.decrypt_name(&iv, &d).unwrap(), name);
+            prop_assert_eq!(c.unbind(&iv, &d, EntryKind::File, parsed.binding().unwrap()).unwrap(), [5; 16]);
+        }
+    }
+}

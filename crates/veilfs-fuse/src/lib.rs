@@ -1,0 +1,1 @@
+//! FUSE adapter (mount arrives with issue 3).
