@@ -12,3 +12,15 @@ pub mod names;
 pub mod random;
 
 pub use error::{Error, Result};
+pub mod config;
+pub mod file;
+pub mod kdf;
+pub mod recovery;
+pub mod sys;
+pub mod vault;
+
+pub use config::{Secret, VaultConfig};
+pub use file::{ContentCtx, CryptFile};
+pub use names::{DirIv, EntryKind, Identity, NameCipher};
+pub use recovery::RecoveryKey;
+pub use vault::{CipherDir, Entry, InitOptions, Vault};

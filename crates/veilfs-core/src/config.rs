@@ -1,0 +1,341 @@
+//! The vault config file `veilfs.conf`: versioned, authenticated as a whole, with key slots.
+//!
+//! JSON so a person can read it. Every field is covered by an HMAC-SHA256 (`mac`) under a
+//! subkey of the master key, computed over the file's canonical form (the same struct
+//! serialized with `mac` empty); unknown fields are rejected. Each key slot wraps the master
+//! key and authenticates its own KDF parameters as the wrap's AAD. So: editing a slot makes
+//! that slot refuse every password; editing anything else fails the MAC once a slot has been
+//! opened. Nothing is written while unlocking.
+
+use crate::content::ContentCipher;
+use crate::error::{Error, Result};
+use crate::kdf::{self, Argon2Params};
+use crate::keys::{hmac16, MasterKey};
+use crate::names::{b64_decode, b64_encode, DirIv, CONFIG_NAME};
+use crate::recovery::RecoveryKey;
+use hmac::{Hmac, Mac};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// The `format` field.
+pub const FORMAT_NAME: &str = "veilfs";
+/// The on-disk format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Feature flags of format v1. All are required; a config naming one this build does not
+/// know was made by a newer veilfs and is refused.
+pub const FEATURES_V1: &[&str] = &["header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag"];
+/// Largest config file we read (a config with many slots is still a few KiB).
+const MAX_CONFIG_LEN: usize = 1 << 20;
+
+/// What kind of secret opens a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotKind {
+    /// A password (Argon2id).
+    Password,
+    /// The recovery key (HKDF).
+    Recovery,
+}
+
+/// How a slot's key-encryption key is derived.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "algorithm", deny_unknown_fields)]
+pub enum SlotKdf {
+    /// Argon2id over the password.
+    #[serde(rename = "argon2id")]
+    Argon2id {
+        /// Memory in KiB.
+        memory_kib: u32,
+        /// Passes.
+        iterations: u32,
+        /// Lanes.
+        parallelism: u32,
+        /// 32-byte salt, base64url.
+        salt: String,
+    },
+    /// HKDF-SHA256 over the 256-bit recovery key.
+    #[serde(rename = "hkdf-sha256")]
+    HkdfSha256 {
+        /// 32-byte salt, base64url.
+        salt: String,
+    },
+}
+
+/// One key slot: the master key wrapped under a secret-derived key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySlot {
+    /// Slot number, unique in the file.
+    pub id: u32,
+    /// Password or recovery.
+    pub kind: SlotKind,
+    /// KEK derivation.
+    pub kdf: SlotKdf,
+    /// base64url(nonce ‖ AES-256-GCM(master key) ‖ tag).
+    pub wrapped_key: String,
+}
+
+/// The config file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VaultConfig {
+    /// Always "veilfs".
+    pub format: String,
+    /// Format version (1).
+    pub version: u32,
+    /// Program that created the vault (informational, but authenticated).
+    pub creator: String,
+    /// Content cipher.
+    pub cipher: ContentCipher,
+    /// Plaintext bytes per content block.
+    pub block_size: u32,
+    /// Feature flags (see [`FEATURES_V1`]).
+    pub features: Vec<String>,
+    /// The top directory's IV, base64url (its `veilfs.diriv` must match).
+    pub root_dir_iv: String,
+    /// Key slots.
+    pub slots: Vec<KeySlot>,
+    /// base64url(HMAC-SHA256(config MAC key, canonical form with `mac` = "")).
+    pub mac: String,
+}
+
+/// The secret a user presents to open a vault.
+pub enum Secret {
+    /// A password.
+    Password(SecretString),
+    /// The recovery key.
+    Recovery(RecoveryKey),
+}
+
+/// The AAD of a slot's key wrap: the format identity and the slot's own parameters.
+fn slot_aad(slot_id: u32, kind: SlotKind, kdf: &SlotKdf) -> Vec<u8> {
+    let mut aad = b"veilfs v1 key slot\0".to_vec();
+    aad.extend(serde_json::to_vec(&(FORMAT_NAME, FORMAT_VERSION, slot_id, kind, kdf)).expect("serializable"));
+    aad
+}
+
+fn decode_salt(s: &str) -> Result<Vec<u8>> {
+    b64_decode(s).filter(|v| v.len() >= 16).ok_or_else(|| Error::Invalid("slot salt is not base64url of ≥16 bytes".into()))
+}
+
+impl VaultConfig {
+    /// A new config (without slots) for a fresh vault.
+    pub fn new(cipher: ContentCipher, block_size: u32, root_iv: &DirIv) -> Result<Self> {
+        if !(512..=(1 << 20)).contains(&block_size) || !block_size.is_power_of_two() {
+            return Err(Error::Invalid(format!("block size {block_size} must be a power of two in 512..=1048576")));
+        }
+        Ok(VaultConfig {
+            format: FORMAT_NAME.into(),
+            version: FORMAT_VERSION,
+            creator: format!("veilfs {}", env!("CARGO_PKG_VERSION")),
+            cipher,
+            block_size,
+            features: FEATURES_V1.iter().map(|s| s.to_string()).collect(),
+            root_dir_iv: b64_encode(root_iv),
+            slots: Vec::new(),
+            mac: String::new(),
+        })
+    }
+
+    /// Path of the config in `cipherdir`.
+    pub fn path_in(cipherdir: &Path) -> PathBuf {
+        cipherdir.join(CONFIG_NAME)
+    }
+
+    /// Reads and checks the structure of the config in `cipherdir` (not yet authenticated:
+    /// that needs a key, see [`unlock`](Self::unlock)).
+    pub fn load(cipherdir: &Path) -> Result<Self> {
+        let path = Self::path_in(cipherdir);
+        let cfg_err = |detail: String| Error::Config { path: path.clone(), detail };
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(cfg_err(format!(
+                    "not found: {} is not a veilfs vault (create one with `veilfs init`)",
+                    cipherdir.display()
+                )))
+            }
+            Err(e) => return Err(cfg_err(format!("cannot be read: {e}"))),
+        };
+        if bytes.len() > MAX_CONFIG_LEN {
+            return Err(cfg_err("is larger than 1 MiB; it is not a veilfs config".into()));
+        }
+        let cfg: VaultConfig = serde_json::from_slice(&bytes)
+            .map_err(|e| cfg_err(format!("is damaged or was edited ({e}); restore it from a backup")))?;
+        cfg.check_structure().map_err(|d| cfg_err(d))?;
+        Ok(cfg)
+    }
+
+    fn check_structure(&self) -> std::result::Result<(), String> {
+        if self.format != FORMAT_NAME {
+            return Err(format!("format is {:?}, expected \"veilfs\"", self.format));
+        }
+        if self.version != FORMAT_VERSION {
+            return Err(format!(
+                "format version {} is not supported by this veilfs (it reads version {FORMAT_VERSION}); use a matching veilfs",
+                self.version
+            ));
+        }
+        for f in &self.features {
+            if !FEATURES_V1.contains(&f.as_str()) {
+                return Err(format!("needs feature {f:?}, unknown to this veilfs; upgrade veilfs"));
+            }
+        }
+        for f in FEATURES_V1 {
+            if !self.features.iter().any(|x| x == f) {
+                return Err(format!("lacks required feature {f:?}"));
+            }
+        }
+        if !(512..=(1 << 20)).contains(&self.block_size) || !self.block_size.is_power_of_two() {
+            return Err(format!("block size {} is invalid", self.block_size));
+        }
+        if self.root_iv().is_none() {
+            return Err("root_dir_iv is not 16 bytes of base64url".into());
+        }
+        if self.slots.is_empty() {
+            return Err("has no key slots".into());
+        }
+        Ok(())
+    }
+
+    /// The root directory IV.
+    pub fn root_iv(&self) -> Option<DirIv> {
+        b64_decode(&self.root_dir_iv).and_then(|v| v.try_into().ok())
+    }
+
+    fn compute_mac(&self, master: &MasterKey) -> String {
+        let mut canon = self.clone();
+        canon.mac = String::new();
+        let body = serde_json::to_vec(&canon).expect("serializable");
+        let key = master.subkeys().config_mac;
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.expose()).expect("any key length");
+        mac.update(b"veilfs v1 config\0");
+        mac.update(&body);
+        b64_encode(&mac.finalize().into_bytes())
+    }
+
+    /// Recomputes the MAC after a change (needs the master key).
+    pub fn seal(&mut self, master: &MasterKey) {
+        self.mac = self.compute_mac(master);
+    }
+
+    /// Verifies the MAC with `master`.
+    pub fn verify(&self, master: &MasterKey, path: &Path) -> Result<()> {
+        let expect = self.compute_mac(master);
+        // Compare MACs of the MACs so the comparison time does not depend on the data.
+        let (a, b) = (hmac16(b"cmp", &[expect.as_bytes()]), hmac16(b"cmp", &[self.mac.as_bytes()]));
+        if subtle::ConstantTimeEq::ct_eq(&a[..], &b[..]).into() {
+            Ok(())
+        } else {
+            Err(Error::Config {
+                path: path.to_path_buf(),
+                detail: "failed authentication: a field was edited or damaged; restore the config from a backup".into(),
+            })
+        }
+    }
+
+    /// Finds the master key with `secret` (trying every slot of the matching kind, or only
+    /// `only_slot`) and authenticates the whole config with it.
+    pub fn unlock(&self, secret: &Secret, only_slot: Option<u32>, path: &Path) -> Result<MasterKey> {
+        let want = match secret {
+            Secret::Password(_) => SlotKind::Password,
+            Secret::Recovery(_) => SlotKind::Recovery,
+        };
+        let mut tried = 0;
+        for slot in self.slots.iter().filter(|s| s.kind == want && only_slot.is_none_or(|id| id == s.id)) {
+            tried += 1;
+            let kek = match (&slot.kdf, secret) {
+                (SlotKdf::Argon2id { memory_kib, iterations, parallelism, salt }, Secret::Password(pw)) => {
+                    let p = Argon2Params { memory_kib: *memory_kib, iterations: *iterations, parallelism: *parallelism };
+                    match p.derive(pw.expose_secret().as_bytes(), &decode_salt(salt)?) {
+                        Ok(k) => k,
+                        Err(_) => continue,
+                    }
+                }
+                (SlotKdf::HkdfSha256 { salt }, Secret::Recovery(rk)) => kdf::recovery_kek(rk.bytes(), &decode_salt(salt)?),
+                _ => continue,
+            };
+            let Some(wrapped) = b64_decode(&slot.wrapped_key) else { continue };
+            if let Some(master) = kdf::unwrap(&kek, &wrapped, &slot_aad(slot.id, slot.kind, &slot.kdf)) {
+                self.verify(&master, path)?;
+                return Ok(master);
+            }
+        }
+        if tried == 0 {
+            return Err(Error::Config {
+                path: path.to_path_buf(),
+                detail: match only_slot {
+                    Some(id) => format!("has no {want:?} slot {id}").to_lowercase(),
+                    None => format!("has no {} slot", if want == SlotKind::Password { "password" } else { "recovery" }),
+                },
+            });
+        }
+        Err(Error::WrongPassword)
+    }
+
+    fn next_slot_id(&self) -> u32 {
+        self.slots.iter().map(|s| s.id + 1).max().unwrap_or(0)
+    }
+
+    /// Adds a password slot; returns its id. Call [`seal`](Self::seal) afterwards.
+    pub fn add_password_slot(&mut self, master: &MasterKey, password: &SecretString, params: Argon2Params) -> Result<u32> {
+        let salt: [u8; 32] = crate::random::bytes();
+        let kek = params.derive(password.expose_secret().as_bytes(), &salt)?;
+        let kdf = SlotKdf::Argon2id {
+            memory_kib: params.memory_kib,
+            iterations: params.iterations,
+            parallelism: params.parallelism,
+            salt: b64_encode(&salt),
+        };
+        Ok(self.push_slot(master, SlotKind::Password, kdf, &kek))
+    }
+
+    /// Adds a recovery slot for `rk`; returns its id. Call [`seal`](Self::seal) afterwards.
+    pub fn add_recovery_slot(&mut self, master: &MasterKey, rk: &RecoveryKey) -> u32 {
+        let salt: [u8; 32] = crate::random::bytes();
+        let kek = kdf::recovery_kek(rk.bytes(), &salt);
+        self.push_slot(master, SlotKind::Recovery, SlotKdf::HkdfSha256 { salt: b64_encode(&salt) }, &kek)
+    }
+
+    fn push_slot(&mut self, master: &MasterKey, kind: SlotKind, kdf: SlotKdf, kek: &crate::keys::SecretBytes<32>) -> u32 {
+        let id = self.next_slot_id();
+        let wrapped = kdf::wrap(kek, master, &slot_aad(id, kind, &kdf));
+        self.slots.push(KeySlot { id, kind, kdf, wrapped_key: b64_encode(&wrapped) });
+        id
+    }
+
+    /// Removes slot `id`. Refuses to remove the last password slot.
+    pub fn remove_slot(&mut self, id: u32) -> Result<KeySlot> {
+        let pos = self.slots.iter().position(|s| s.id == id).ok_or_else(|| Error::Invalid(format!("there is no slot {id}")))?;
+        let s = &self.slots[pos];
+        if s.kind == SlotKind::Password && self.slots.iter().filter(|x| x.kind == SlotKind::Password).count() == 1 {
+            return Err(Error::Invalid(format!("slot {id} is the last password slot; add another password first")));
+        }
+        Ok(self.slots.remove(pos))
+    }
+
+    /// Writes the config atomically into `cipherdir` (temp file, fsync, rename, fsync dir).
+    pub fn save(&self, cipherdir: &Path) -> Result<()> {
+        let path = Self::path_in(cipherdir);
+        let tmp = cipherdir.join(format!("{CONFIG_NAME}.tmp"));
+        let mut body = serde_json::to_vec_pretty(self).expect("serializable");
+        body.push(b'\n');
+        let write = || -> std::io::Result<()> {
+            let _ = std::fs::remove_file(&tmp);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o400)
+                .open(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(cipherdir)?.sync_all()
+        };
+        write().map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    }
+}

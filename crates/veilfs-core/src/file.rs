@@ -1,0 +1,284 @@
+//! The file API: positional read, write and truncate of plaintext over a ciphertext file.
+//!
+//! [`CryptFile`] is `Sync` and takes `&self` everywhere so a filesystem can run requests on
+//! one file in parallel. The contract with the caller (the FUSE layer keeps it with per-file
+//! range locks): calls that touch the same blocks, or that change the plaintext size, must not
+//! overlap; the caller passes the current plaintext size so the size can be cached instead of
+//! re-read with `fstat` on every request.
+
+use crate::content::block::BlockCodec;
+use crate::content::header::{FileHeader, FileId, FLAG_SPARSE, HEADER_LEN};
+use crate::content::{ContentCipher, Layout};
+use crate::error::{Error, IoContext, Result};
+use crate::keys::SubKeys;
+use crate::sys;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// What every file of a vault shares: cipher, geometry and keys.
+#[derive(Clone, Debug)]
+pub struct ContentCtx {
+    /// The content AEAD.
+    pub cipher: ContentCipher,
+    /// Block geometry.
+    pub layout: Layout,
+    /// The vault's subkeys.
+    pub keys: Arc<SubKeys>,
+}
+
+impl ContentCtx {
+    /// A context for `cipher` with `block_size`-byte blocks.
+    pub fn new(cipher: ContentCipher, block_size: u32, keys: Arc<SubKeys>) -> Self {
+        ContentCtx { cipher, layout: Layout::new(block_size.into(), cipher.overhead() as u64), keys }
+    }
+}
+
+const HDR_UNKNOWN: u8 = 0;
+const HDR_ABSENT: u8 = 1;
+const HDR_PLAIN: u8 = 2;
+const HDR_SPARSE: u8 = 3;
+
+/// An open plaintext view of one ciphertext file.
+#[derive(Debug)]
+pub struct CryptFile {
+    file: File,
+    ctx: ContentCtx,
+    codec: BlockCodec,
+    /// Header state on disk: absent (0-byte file), present, present with SPARSE.
+    header: AtomicU8,
+    /// Ciphertext path or description, for error messages and logs.
+    what: String,
+}
+
+impl CryptFile {
+    /// Opens `file` whose directory entry promises identity `id`; checks the header (if any)
+    /// carries that identity. `what` names the file in errors (the ciphertext path).
+    pub fn open(file: File, ctx: ContentCtx, id: FileId, what: String) -> Result<Self> {
+        let codec = BlockCodec::new(ctx.cipher, &ctx.keys, id);
+        let f = CryptFile { file, ctx, codec, header: AtomicU8::new(HDR_UNKNOWN), what };
+        f.load_header()?;
+        Ok(f)
+    }
+
+    /// The backing file.
+    pub fn backing(&self) -> &File {
+        &self.file
+    }
+
+    /// The file ID this file must carry.
+    pub fn id(&self) -> &FileId {
+        self.codec.file_id()
+    }
+
+    /// The vault's content context.
+    pub fn ctx(&self) -> &ContentCtx {
+        &self.ctx
+    }
+
+    fn fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+
+    fn load_header(&self) -> Result<u8> {
+        let mut buf = [0u8; HEADER_LEN];
+        let n = sys::pread_full(self.fd(), &mut buf, 0).ctx(|| format!("reading header of {}", self.what))?;
+        let state = if n == 0 {
+            HDR_ABSENT
+        } else {
+            let h = FileHeader::decode(&buf[..n], &self.ctx.keys, &self.what)?;
+            if h.id != *self.codec.file_id() {
+                return Err(Error::auth(
+                    &self.what,
+                    "content belongs to another file (its file ID does not match the name's binding: swapped or replaced)",
+                ));
+            }
+            if h.is_sparse() {
+                HDR_SPARSE
+            } else {
+                HDR_PLAIN
+            }
+        };
+        self.header.store(state, Ordering::Release);
+        Ok(state)
+    }
+
+    fn header_state(&self) -> u8 {
+        self.header.load(Ordering::Acquire)
+    }
+
+    /// Plaintext size from the backing file's size.
+    pub fn plain_size(&self) -> Result<u64> {
+        let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
+        self.ctx.layout.plain_size(len).map_err(|e| match e {
+            Error::Auth { detail, .. } => Error::auth(&self.what, detail),
+            e => e,
+        })
+    }
+
+    fn write_header(&self, sparse: bool) -> Result<()> {
+        let h = FileHeader { flags: if sparse { FLAG_SPARSE } else { 0 }, id: *self.codec.file_id() };
+        sys::pwrite_all(self.fd(), &h.encode(&self.ctx.keys), 0).ctx(|| format!("writing header of {}", self.what))?;
+        self.header.store(if sparse { HDR_SPARSE } else { HDR_PLAIN }, Ordering::Release);
+        Ok(())
+    }
+
+    /// Decrypts block `n` (whose ciphertext is `ct`) into `out`; `last` tells whether it is the
+    /// file's last block. In a sparse file an all-zero ciphertext block is a hole.
+    fn open_block(&self, n: u64, last: bool, ct: &[u8], out: &mut [u8]) -> Result<usize> {
+        if !last && self.header_state() == HDR_SPARSE && ct.iter().all(|&b| b == 0) {
+            let len = ct.len() - self.codec.overhead();
+            out[..len].fill(0);
+            return Ok(len);
+        }
+        self.codec.open_into(n, last, ct, out, &self.what).inspect_err(|e| tracing::error!("{e}"))
+    }
+
+    /// Reads up to `buf.len()` bytes at `off` from a file of `size` plaintext bytes.
+    pub fn read_at(&self, buf: &mut [u8], off: u64, size: u64) -> Result<usize> {
+        if off >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = (buf.len() as u64).min(size - off);
+        let l = self.ctx.layout;
+        let (first, last) = l.blocks_touched(off, len).expect("non-empty");
+        let file_last = (size - 1) / l.block_size;
+        let ct_start = l.block_offset(first);
+        let ct_end = l.block_offset(last) + l.block_len(last, size) + l.overhead;
+        let mut ct = vec![0u8; (ct_end - ct_start) as usize];
+        let got = sys::pread_full(self.fd(), &mut ct, ct_start).ctx(|| format!("reading {}", self.what))?;
+        if got < ct.len() {
+            return Err(Error::auth(&self.what, format!("file is shorter than its size says (truncated at block {})", first + (got as u64) / l.cipher_block())));
+        }
+        let mut plain = vec![0u8; l.block_size as usize];
+        let mut done = 0usize;
+        for n in first..=last {
+            let blen = l.block_len(n, size);
+            let cs = (l.block_offset(n) - ct_start) as usize;
+            let block_ct = &ct[cs..cs + (blen + l.overhead) as usize];
+            let pl = self.open_block(n, n == file_last, block_ct, &mut plain)?;
+            let bstart = n * l.block_size;
+            let from = (off.max(bstart) - bstart) as usize;
+            let to = ((off + len).min(bstart + pl as u64) - bstart) as usize;
+            buf[done..done + (to - from)].copy_from_slice(&plain[from..to]);
+            done += to - from;
+        }
+        Ok(done)
+    }
+
+    /// Reads and decrypts whole block `n` of a file of `size` bytes into `out` (zero-extended
+    /// to `out.len()` by the caller's choice); returns its plaintext length.
+    fn read_block(&self, n: u64, size: u64, out: &mut [u8]) -> Result<usize> {
+        let l = self.ctx.layout;
+        let blen = l.block_len(n, size);
+        if blen == 0 {
+            return Ok(0);
+        }
+        let mut ct = vec![0u8; (blen + l.overhead) as usize];
+        let got = sys::pread_full(self.fd(), &mut ct, l.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
+        if got < ct.len() {
+            return Err(Error::auth(&self.what, format!("block {n} is truncated")));
+        }
+        self.open_block(n, n == (size - 1) / l.block_size, &ct, out)
+    }
+
+    /// Writes `data` at `off` into a file of `size` plaintext bytes; returns the new size.
+    pub fn write_at(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
+        if data.is_empty() {
+            return Ok(size);
+        }
+        let l = self.ctx.layout;
+        let bs = l.block_size;
+        let new_size = size.max(off + data.len() as u64);
+        let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
+        let new_last = (new_size - 1) / bs;
+        // Blocks strictly between the old end and this write stay holes.
+        let old_blocks = l.block_count(size);
+        let leaves_holes = first > old_blocks;
+        match self.header_state() {
+            HDR_ABSENT | HDR_UNKNOWN if size == 0 => self.write_header(leaves_holes)?,
+            HDR_PLAIN if leaves_holes => self.write_header(true)?,
+            _ => {}
+        }
+        // The old last block changes its "last" flag (and maybe grows) if the write starts
+        // beyond it: re-seal it as an inner block first.
+        if size > 0 {
+            let old_last = (size - 1) / bs;
+            if old_last < first {
+                let mut blk = vec![0u8; bs as usize];
+                self.read_block(old_last, size, &mut blk)?;
+                // Inner blocks are always full: zero-extend the old tail.
+                let mut ct = vec![0u8; (bs + l.overhead) as usize];
+                self.codec.seal_into(old_last, false, &blk, &mut ct);
+                sys::pwrite_all(self.fd(), &ct, l.block_offset(old_last)).ctx(|| format!("writing {}", self.what))?;
+            }
+        }
+        // Encrypt every touched block into one buffer and write it with one system call.
+        let ct_start = l.block_offset(first);
+        let ct_len = (l.block_offset(last) + l.block_len(last, new_size) + l.overhead - ct_start) as usize;
+        let mut ct = vec![0u8; ct_len];
+        let mut plain = vec![0u8; bs as usize];
+        for n in first..=last {
+            let bstart = n * bs;
+            let blen = l.block_len(n, new_size) as usize;
+            let wfrom = off.max(bstart);
+            let wto = (off + data.len() as u64).min(bstart + blen as u64);
+            let covers_old = wfrom == bstart && (wto - bstart) as usize >= l.block_len(n, size) as usize;
+            let pb = &mut plain[..blen];
+            if !covers_old && bstart < size {
+                let mut tmp = vec![0u8; bs as usize];
+                let got = self.read_block(n, size, &mut tmp)?;
+                pb[..got].copy_from_slice(&tmp[..got]);
+                pb[got..].fill(0);
+            } else {
+                pb.fill(0);
+            }
+            let dfrom = (wfrom - off) as usize;
+            let dto = (wto - off) as usize;
+            pb[(wfrom - bstart) as usize..(wto - bstart) as usize].copy_from_slice(&data[dfrom..dto]);
+            let cs = (l.block_offset(n) - ct_start) as usize;
+            self.codec.seal_into(n, n == new_last, pb, &mut ct[cs..cs + blen + l.overhead as usize]);
+        }
+        sys::pwrite_all(self.fd(), &ct, ct_start).ctx(|| format!("writing {}", self.what))?;
+        Ok(new_size)
+    }
+
+    /// Changes the plaintext size of a file of `size` bytes to `new_size`.
+    pub fn truncate(&self, new_size: u64, size: u64) -> Result<()> {
+        let l = self.ctx.layout;
+        if new_size == size {
+            return Ok(());
+        }
+        if new_size == 0 {
+            sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
+            self.header.store(HDR_ABSENT, Ordering::Release);
+            return Ok(());
+        }
+        if new_size > size {
+            // Growing: write the zeros of the new last block; the blocks in between become
+            // holes (or are zero-filled by the write when they share a block with old data).
+            let new_last_start = (new_size - 1) / l.block_size * l.block_size;
+            let from = size.max(new_last_start);
+            let zeros = vec![0u8; (new_size - from) as usize];
+            self.write_at(&zeros, from, size)?;
+            return Ok(());
+        }
+        // Shrinking: re-seal the new last block (shorter, and flagged last), then cut.
+        let n = (new_size - 1) / l.block_size;
+        let mut blk = vec![0u8; l.block_size as usize];
+        self.read_block(n, size, &mut blk)?;
+        let blen = l.block_len(n, new_size) as usize;
+        let mut ct = vec![0u8; blen + l.overhead as usize];
+        self.codec.seal_into(n, true, &blk[..blen], &mut ct);
+        sys::pwrite_all(self.fd(), &ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
+        sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))?;
+        Ok(())
+    }
+
+    /// Flushes data and metadata to stable storage (`fdatasync` when `data_only`).
+    pub fn sync(&self, data_only: bool) -> Result<()> {
+        let r = if data_only { sys::fdatasync(self.fd()) } else { sys::fsync(self.fd()) };
+        r.ctx(|| format!("syncing {}", self.what))
+    }
+}

@@ -1,0 +1,280 @@
+//! Thin, safe wrappers over the `*at` system calls, so every operation is relative to an
+//! open directory fd: no path is re-walked per request, and a directory renamed while in
+//! use keeps working (the gocryptfs 2.0 lesson: directory-fd caching made small-file work
+//! 2–3× faster).
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+fn cstr(name: &[u8]) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `openat(dir, name, flags, mode)` with `O_CLOEXEC`.
+pub fn openat(dir: BorrowedFd<'_>, name: &[u8], flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    let c = cstr(name)?;
+    // SAFETY: `c` is a valid NUL-terminated string and `dir` a valid fd for the call's duration.
+    let fd = check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
+    // SAFETY: openat returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens a directory (`O_DIRECTORY | O_RDONLY`) relative to `dir`.
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    openat(dir, name, libc::O_DIRECTORY | libc::O_RDONLY | libc::O_NOFOLLOW, 0)
+}
+
+/// Opens a directory by path.
+pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = cstr(path.as_os_str().as_bytes())?;
+    // SAFETY: valid C string; the returned fd is checked and owned below.
+    let fd = check(unsafe { libc::open(c.as_ptr(), libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC) })?;
+    // SAFETY: fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; an empty name stats `dir` itself.
+pub fn fstatat(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<libc::stat> {
+    let c = cstr(name)?;
+    let flags = if name.is_empty() { libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW } else { libc::AT_SYMLINK_NOFOLLOW };
+    // SAFETY: zeroed `stat` is a valid out-buffer; pointers are valid for the call.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    check(unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+/// `fstat(fd)`.
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    // SAFETY: zeroed `stat` is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
+/// `mkdirat`.
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &[u8], mode: libc::mode_t) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode) }).map(drop)
+}
+
+/// `unlinkat` (with `AT_REMOVEDIR` when `dir_flag`).
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &[u8], dir_flag: bool) -> io::Result<()> {
+    let c = cstr(name)?;
+    let flags = if dir_flag { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flags) }).map(drop)
+}
+
+/// `renameat2(olddir, old, newdir, new, flags)`.
+pub fn renameat2(olddir: BorrowedFd<'_>, old: &[u8], newdir: BorrowedFd<'_>, new: &[u8], flags: libc::c_uint) -> io::Result<()> {
+    let (o, n) = (cstr(old)?, cstr(new)?);
+    // SAFETY: valid fds and C strings.
+    check(unsafe { libc::renameat2(olddir.as_raw_fd(), o.as_ptr(), newdir.as_raw_fd(), n.as_ptr(), flags) }).map(drop)
+}
+
+/// `linkat(olddir, old, newdir, new, 0)`.
+pub fn linkat(olddir: BorrowedFd<'_>, old: &[u8], newdir: BorrowedFd<'_>, new: &[u8]) -> io::Result<()> {
+    let (o, n) = (cstr(old)?, cstr(new)?);
+    // SAFETY: valid fds and C strings.
+    check(unsafe { libc::linkat(olddir.as_raw_fd(), o.as_ptr(), newdir.as_raw_fd(), n.as_ptr(), 0) }).map(drop)
+}
+
+/// `symlinkat(target, dir, name)`.
+pub fn symlinkat(target: &[u8], dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let (t, n) = (cstr(target)?, cstr(name)?);
+    // SAFETY: valid fd and C strings.
+    check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) }).map(drop)
+}
+
+/// `readlinkat(dir, name)`.
+pub fn readlinkat(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
+    let c = cstr(name)?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: buffer pointer and length describe writable memory we own.
+    let n = unsafe { libc::readlinkat(dir.as_raw_fd(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// `mknodat`.
+pub fn mknodat(dir: BorrowedFd<'_>, name: &[u8], mode: libc::mode_t, dev: libc::dev_t) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::mknodat(dir.as_raw_fd(), c.as_ptr(), mode, dev) }).map(drop)
+}
+
+/// `fchmodat` on an entry (not following symlinks is not supported by Linux for chmod, so
+/// callers must not pass symlinks).
+pub fn fchmodat(dir: BorrowedFd<'_>, name: &[u8], mode: libc::mode_t) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::fchmodat(dir.as_raw_fd(), c.as_ptr(), mode, 0) }).map(drop)
+}
+
+/// `fchownat(..., AT_SYMLINK_NOFOLLOW)`; `u32::MAX` leaves an id unchanged.
+pub fn fchownat(dir: BorrowedFd<'_>, name: &[u8], uid: u32, gid: u32) -> io::Result<()> {
+    let c = cstr(name)?;
+    let flags = if name.is_empty() { libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW } else { libc::AT_SYMLINK_NOFOLLOW };
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::fchownat(dir.as_raw_fd(), c.as_ptr(), uid, gid, flags) }).map(drop)
+}
+
+/// `utimensat(..., AT_SYMLINK_NOFOLLOW)` with two timespecs (use `UTIME_OMIT` to skip one).
+pub fn utimensat(dir: BorrowedFd<'_>, name: &[u8], times: &[libc::timespec; 2]) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid fd, C string and a two-element timespec array.
+    check(unsafe { libc::utimensat(dir.as_raw_fd(), c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }).map(drop)
+}
+
+/// `pread` that loops until `buf` is full or EOF; returns the bytes read.
+pub fn pread_full(fd: RawFd, buf: &mut [u8], mut off: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer/length pair describes the unfilled tail of `buf`.
+        let n = unsafe { libc::pread(fd, buf[done..].as_mut_ptr().cast(), buf.len() - done, off as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+        off += n as u64;
+    }
+    Ok(done)
+}
+
+/// `pwrite` that loops until all of `buf` is written.
+pub fn pwrite_all(fd: RawFd, buf: &[u8], mut off: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer/length pair describes the unwritten tail of `buf`.
+        let n = unsafe { libc::pwrite(fd, buf[done..].as_ptr().cast(), buf.len() - done, off as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += n as usize;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+/// `ftruncate`.
+pub fn ftruncate(fd: RawFd, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::ftruncate(fd, len as libc::off_t) }).map(drop)
+}
+
+/// One raw directory entry.
+#[derive(Clone, Debug)]
+pub struct RawDirEntry {
+    /// On-disk name.
+    pub name: Vec<u8>,
+    /// Inode number in the backing filesystem.
+    pub ino: u64,
+    /// `d_type` (may be `DT_UNKNOWN`).
+    pub d_type: u8,
+}
+
+/// Lists a directory (all entries, including `.`/`..`) without following any path.
+pub fn read_dir_fd(dir: BorrowedFd<'_>) -> io::Result<Vec<RawDirEntry>> {
+    // Read through a fresh fd of the same directory so the caller's fd offset is untouched.
+    let own = open_dir_at(dir, b".")?;
+    let raw = own.as_raw_fd();
+    std::mem::forget(own);
+    // SAFETY: `raw` is an open directory fd we own; fdopendir takes ownership of it.
+    let dirp = unsafe { libc::fdopendir(raw) };
+    if dirp.is_null() {
+        let e = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so we still own `raw`.
+        unsafe { libc::close(raw) };
+        return Err(e);
+    }
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: errno is thread-local; resetting it lets us tell EOF from error.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: `dirp` is a valid DIR* until closedir below.
+        let ent = unsafe { libc::readdir64(dirp) };
+        if ent.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: valid DIR*, closed exactly once.
+            unsafe { libc::closedir(dirp) };
+            if e.raw_os_error().unwrap_or(0) != 0 {
+                return Err(e);
+            }
+            return Ok(out);
+        }
+        // SAFETY: readdir64 returned a valid entry whose d_name is NUL-terminated.
+        let (name, ino, d_type) = unsafe {
+            let e = &*ent;
+            (std::ffi::CStr::from_ptr(e.d_name.as_ptr()).to_bytes().to_vec(), e.d_ino, e.d_type)
+        };
+        out.push(RawDirEntry { name, ino, d_type });
+    }
+}
+
+/// Reads a whole small file relative to `dir`.
+pub fn read_small_file(dir: BorrowedFd<'_>, name: &[u8], max: usize) -> io::Result<Vec<u8>> {
+    let fd = openat(dir, name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
+    let mut buf = vec![0u8; max + 1];
+    let n = pread_full(fd.as_raw_fd(), &mut buf, 0)?;
+    if n > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "file is larger than expected"));
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Creates `name` in `dir` exclusively with `contents` and mode `mode`.
+pub fn write_new_file(dir: BorrowedFd<'_>, name: &[u8], contents: &[u8], mode: libc::mode_t) -> io::Result<()> {
+    let fd = openat(dir, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
+    pwrite_all(fd.as_raw_fd(), contents, 0)
+}
+
+/// `fsync`.
+pub fn fsync(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fsync(fd) }).map(drop)
+}
+
+/// `fdatasync`.
+pub fn fdatasync(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fdatasync(fd) }).map(drop)
+}
+
+/// Converts an `OwnedFd` to a `File`.
+pub fn into_file(fd: OwnedFd) -> File {
+    File::from(fd)
+}
+
+/// The bytes of an `OsStr`.
+pub fn os_bytes(s: &OsStr) -> &[u8] {
+    s.as_bytes()
+}

@@ -1,0 +1,643 @@
+//! An unlocked vault: config plus keys, and the directory-level operations on its
+//! ciphertext that every front end shares (the offline CLI tools and the mount).
+//!
+//! Directory operations work on [`CipherDir`]s (an open directory fd plus the directory's
+//! IV), so nothing re-walks a path. Lookups that start from a plaintext name must list the
+//! ciphertext directory, because an entry's on-disk name ends with its identity binding,
+//! which only the entry knows; the mount keeps a per-directory index so this happens once.
+
+use crate::config::{Secret, VaultConfig};
+use crate::content::ContentCipher;
+use crate::error::{Error, IoContext, Result};
+use crate::file::{ContentCtx, CryptFile};
+use crate::kdf::Argon2Params;
+use crate::keys::{MasterKey, SubKeys};
+use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry, DIRIV_LEN, DIRIV_NAME};
+use crate::recovery::RecoveryKey;
+use crate::sys;
+use secrecy::SecretString;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Options of `veilfs init`.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    /// Content cipher.
+    pub cipher: ContentCipher,
+    /// Plaintext block size.
+    pub block_size: u32,
+    /// Argon2id parameters of the first password slot.
+    pub kdf: Argon2Params,
+    /// Whether to add a recovery key slot.
+    pub recovery_key: bool,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions { cipher: ContentCipher::Aes256Gcm, block_size: 4096, kdf: Argon2Params::DEFAULT, recovery_key: true }
+    }
+}
+
+/// An open ciphertext directory and its IV.
+#[derive(Debug)]
+pub struct CipherDir {
+    fd: OwnedFd,
+    /// The directory's IV.
+    pub iv: DirIv,
+    /// Its ciphertext path (for messages; the fd is what operations use).
+    pub path: PathBuf,
+}
+
+impl CipherDir {
+    /// Wraps an already verified directory fd and IV.
+    pub fn from_parts(fd: OwnedFd, iv: DirIv, path: PathBuf) -> Self {
+        CipherDir { fd, iv, path }
+    }
+
+    /// The directory fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn child_path(&self, on_disk: &str) -> String {
+        self.path.join(on_disk).display().to_string()
+    }
+}
+
+/// A user entry of a ciphertext directory, decrypted.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The plaintext name.
+    pub name: Vec<u8>,
+    /// The on-disk name (key "." binding).
+    pub on_disk: String,
+    /// How the name is stored (D, key, side file).
+    pub key: NameKey,
+    /// Object kind, from the backing `st_mode`.
+    pub kind: EntryKind,
+    /// The identity the name promises.
+    pub identity: Identity,
+    /// The backing `stat` of the entry.
+    pub stat: libc::stat,
+}
+
+/// A listing problem: an on-disk entry that is not a valid entry of this directory.
+#[derive(Debug)]
+pub struct BadEntry {
+    /// The on-disk name.
+    pub on_disk: Vec<u8>,
+    /// Why it was skipped.
+    pub error: Error,
+}
+
+/// An unlocked vault.
+pub struct Vault {
+    root_path: PathBuf,
+    config: VaultConfig,
+    ctx: ContentCtx,
+    names: Arc<NameCipher>,
+    master: MasterKey,
+}
+
+impl std::fmt::Debug for Vault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vault").field("root", &self.root_path).field("cipher", &self.ctx.cipher).finish_non_exhaustive()
+    }
+}
+
+impl Vault {
+    /// Creates a new vault in `cipherdir` (created if missing; must be empty) protected by
+    /// `password`. Returns the vault and, if requested, the recovery key to show once.
+    pub fn create(cipherdir: &Path, password: &SecretString, opts: &InitOptions) -> Result<(Vault, Option<RecoveryKey>)> {
+        match std::fs::read_dir(cipherdir) {
+            Ok(mut it) => {
+                if it.next().is_some() {
+                    return Err(Error::Invalid(format!(
+                        "{} is not empty; a vault must be created in an empty directory",
+                        cipherdir.display()
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(cipherdir).ctx(|| format!("creating {}", cipherdir.display()))?;
+            }
+            Err(e) => return Err(Error::io(format!("reading {}", cipherdir.display()), e)),
+        }
+        opts.kdf.validate()?;
+        let master = MasterKey::generate();
+        let root_iv: DirIv = crate::random::bytes();
+        let mut cfg = VaultConfig::new(opts.cipher, opts.block_size, &root_iv)?;
+        cfg.add_password_slot(&master, password, opts.kdf)?;
+        let rk = opts.recovery_key.then(RecoveryKey::generate);
+        if let Some(rk) = &rk {
+            cfg.add_recovery_slot(&master, rk);
+        }
+        cfg.seal(&master);
+        let dirfd = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
+        sys::write_new_file(dirfd.as_fd(), DIRIV_NAME.as_bytes(), &root_iv, 0o400)
+            .ctx(|| format!("writing {}/{DIRIV_NAME}", cipherdir.display()))?;
+        sys::fsync(dirfd.as_raw_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
+        cfg.save(cipherdir)?;
+        Ok((Vault::from_parts(cipherdir, cfg, master), rk))
+    }
+
+    /// Opens the vault in `cipherdir` with `secret` (optionally only slot `slot`).
+    pub fn open(cipherdir: &Path, secret: &Secret, slot: Option<u32>) -> Result<Vault> {
+        let cfg = VaultConfig::load(cipherdir)?;
+        let master = cfg.unlock(secret, slot, &VaultConfig::path_in(cipherdir))?;
+        Ok(Vault::from_parts(cipherdir, cfg, master))
+    }
+
+    /// Builds a vault from a verified config and its master key.
+    pub fn from_parts(cipherdir: &Path, config: VaultConfig, master: MasterKey) -> Vault {
+        let keys: SubKeys = master.subkeys();
+        let names = Arc::new(NameCipher::new(&keys));
+        let ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys));
+        Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master }
+    }
+
+    /// The ciphertext directory.
+    pub fn root_path(&self) -> &Path {
+        &self.root_path
+    }
+
+    /// The verified config.
+    pub fn config(&self) -> &VaultConfig {
+        &self.config
+    }
+
+    /// The master key (for `passwd`, which re-wraps it).
+    pub fn master_key(&self) -> &MasterKey {
+        &self.master
+    }
+
+    /// Content cipher, geometry and keys.
+    pub fn content(&self) -> &ContentCtx {
+        &self.ctx
+    }
+
+    /// The name cipher.
+    pub fn names(&self) -> &Arc<NameCipher> {
+        &self.names
+    }
+
+    /// Replaces the config (after a slot change) and writes it.
+    pub fn save_config(&mut self, mut cfg: VaultConfig) -> Result<()> {
+        cfg.seal(&self.master);
+        cfg.save(&self.root_path)?;
+        self.config = cfg;
+        Ok(())
+    }
+
+    /// Opens the top directory and checks its `veilfs.diriv` against the config.
+    pub fn root(&self) -> Result<CipherDir> {
+        let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
+        let iv = self.config.root_iv().expect("checked at load");
+        let dir = CipherDir { fd, iv, path: self.root_path.clone() };
+        self.check_diriv(&dir)?;
+        Ok(dir)
+    }
+
+    /// Reads a directory's `veilfs.diriv`.
+    pub fn read_diriv(dir: BorrowedFd<'_>, what: &str) -> Result<DirIv> {
+        let bytes = sys::read_small_file(dir, DIRIV_NAME.as_bytes(), DIRIV_LEN)
+            .ctx(|| format!("reading {what}/{DIRIV_NAME}"))?;
+        bytes.try_into().map_err(|_| Error::auth(format!("{what}/{DIRIV_NAME}"), "is not 16 bytes long"))
+    }
+
+    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promised. A copied IV file
+    /// is an integrity error; a missing or empty one (a crash right after `mkdir`) is
+    /// restored from the authenticated entry.
+    pub fn check_diriv(&self, dir: &CipherDir) -> Result<()> {
+        let what = dir.path.display().to_string();
+        match sys::read_small_file(dir.fd(), DIRIV_NAME.as_bytes(), DIRIV_LEN) {
+            Ok(b) if b.as_slice() == dir.iv => Ok(()),
+            Ok(b) if b.is_empty() => self.restore_diriv(dir),
+            Ok(_) => Err(Error::auth(
+                format!("{what}/{DIRIV_NAME}"),
+                "does not match the IV its directory entry promises (copied from another directory?)",
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.restore_diriv(dir),
+            Err(e) => Err(Error::io(format!("reading {what}/{DIRIV_NAME}"), e)),
+        }
+    }
+
+    fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
+        tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
+        let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
+        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400)
+            .ctx(|| format!("restoring {}/{DIRIV_NAME}", dir.path.display()))
+    }
+
+    /// Decodes one raw on-disk entry of `dir` (`st` = its backing stat).
+    pub fn decode_entry(&self, dir: &CipherDir, on_disk: &[u8], st: libc::stat) -> Result<Option<Entry>> {
+        let parsed = ParsedEntry::parse(on_disk);
+        let what = || dir.child_path(&String::from_utf8_lossy(on_disk));
+        match parsed {
+            ParsedEntry::Internal => return Ok(None),
+            ParsedEntry::Foreign => return Err(Error::auth(what(), "is not a veilfs entry name")),
+            _ => {}
+        }
+        let d = self
+            .names
+            .entry_d(&parsed, |side| {
+                sys::read_small_file(dir.fd(), side.as_bytes(), 4096).ctx(|| dir.child_path(side))
+            })
+            .map_err(|e| relabel(e, &what()))?;
+        let name = self.names.decrypt_name(&dir.iv, &d).map_err(|e| relabel(e, &what()))?;
+        let kind = EntryKind::from_mode(st.st_mode);
+        let identity = self
+            .names
+            .unbind(&dir.iv, &d, kind, parsed.binding().expect("user entry"))
+            .map_err(|e| relabel(e, &what()))?;
+        let key = NameCipher::key_for_d(d);
+        Ok(Some(Entry { name, on_disk: String::from_utf8_lossy(on_disk).into_owned(), key, kind, identity, stat: st }))
+    }
+
+    /// Lists `dir`: its decrypted entries, and the on-disk entries that failed to decrypt
+    /// (logged; never shown as garbage names).
+    pub fn list(&self, dir: &CipherDir) -> Result<(Vec<Entry>, Vec<BadEntry>)> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let (mut good, mut bad): (Vec<Entry>, Vec<BadEntry>) = (Vec::new(), Vec::new());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for r in raw {
+            if matches!(ParsedEntry::parse(&r.name), ParsedEntry::Internal) {
+                continue;
+            }
+            let st = match sys::fstatat(dir.fd(), &r.name) {
+                Ok(st) => st,
+                Err(e) => {
+                    bad.push(BadEntry { on_disk: r.name.clone(), error: Error::io(dir.child_path(&String::from_utf8_lossy(&r.name)), e) });
+                    continue;
+                }
+            };
+            match self.decode_entry(dir, &r.name, st) {
+                Ok(Some(e)) => match seen.get(&e.key.key) {
+                    // Two entries for one name only exist after a crash in the middle of a
+                    // rename over an existing name: the newer one (ctime) is the rename's result.
+                    Some(&i) => {
+                        tracing::warn!("{}: two entries for one name; using the newer", dir.path.display());
+                        if ctime(&e.stat) > ctime(&good[i].stat) {
+                            good[i] = e;
+                        }
+                    }
+                    None => {
+                        seen.insert(e.key.key.clone(), good.len());
+                        good.push(e);
+                    }
+                },
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::error!("{error}");
+                    bad.push(BadEntry { on_disk: r.name, error });
+                }
+            }
+        }
+        Ok((good, bad))
+    }
+
+    /// Finds the entry for plaintext `name` in `dir` (lists the directory).
+    pub fn lookup(&self, dir: &CipherDir, name: &[u8]) -> Result<Option<Entry>> {
+        let key = self.names.name_key(&dir.iv, name)?;
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let mut found: Option<Entry> = None;
+        for r in raw {
+            if ParsedEntry::parse(&r.name).key() != Some(key.key.as_str()) {
+                continue;
+            }
+            let st = sys::fstatat(dir.fd(), &r.name).ctx(|| dir.child_path(&String::from_utf8_lossy(&r.name)))?;
+            if let Some(e) = self.decode_entry(dir, &r.name, st)? {
+                if found.as_ref().is_none_or(|f| ctime(&e.stat) > ctime(&f.stat)) {
+                    found = Some(e);
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Opens the subdirectory named by `entry` in `parent`, verifying its IV.
+    pub fn open_dir(&self, parent: &CipherDir, entry: &Entry) -> Result<CipherDir> {
+        if entry.kind != EntryKind::Dir {
+            return Err(Error::io(parent.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
+        }
+        let fd = sys::open_dir_at(parent.fd(), entry.on_disk.as_bytes()).ctx(|| parent.child_path(&entry.on_disk))?;
+        let dir = CipherDir { fd, iv: entry.identity, path: parent.path.join(&entry.on_disk) };
+        self.check_diriv(&dir)?;
+        Ok(dir)
+    }
+
+    /// Opens the regular file named by `entry` with `flags` (`O_RDONLY`, `O_RDWR`, ...).
+    pub fn open_file(&self, parent: &CipherDir, entry: &Entry, flags: libc::c_int) -> Result<CryptFile> {
+        let what = parent.child_path(&entry.on_disk);
+        if entry.kind != EntryKind::File {
+            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::EISDIR)));
+        }
+        // Writes need to read too (read-modify-write of partial blocks).
+        let flags = if flags & libc::O_ACCMODE == libc::O_WRONLY { (flags & !libc::O_ACCMODE) | libc::O_RDWR } else { flags };
+        let fd = sys::openat(parent.fd(), entry.on_disk.as_bytes(), (flags & !(libc::O_APPEND | libc::O_TRUNC | libc::O_CREAT)) | libc::O_NOFOLLOW, 0)
+            .ctx(|| what.clone())?;
+        CryptFile::open(sys::into_file(fd), self.ctx.clone(), entry.identity, what)
+    }
+
+    /// Computes the on-disk name of a new entry `name` of `kind` with `identity` in `dir`,
+    /// writing the long-name side file if needed.
+    pub fn new_entry_name(&self, dir: &CipherDir, name: &[u8], kind: EntryKind, identity: &Identity) -> Result<(NameKey, String)> {
+        let key = self.names.name_key(&dir.iv, name)?;
+        let s = self.names.bind(&dir.iv, &key.d, kind, identity);
+        let on_disk = key.entry_name(&s);
+        if let (Some(side), Some(contents)) = (&key.side_file, key.side_file_contents()) {
+            match sys::write_new_file(dir.fd(), side.as_bytes(), contents.as_bytes(), 0o400) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(dir.child_path(side), e)),
+            }
+        }
+        Ok((key, on_disk))
+    }
+
+    /// Removes the long-name side file of `key` if no entry uses it any more.
+    pub fn drop_side_file(&self, dir: &CipherDir, key: &NameKey) {
+        if let Some(side) = &key.side_file {
+            let still_used = sys::read_dir_fd(dir.fd())
+                .map(|raw| raw.iter().any(|r| ParsedEntry::parse(&r.name).key() == Some(key.key.as_str())))
+                .unwrap_or(true);
+            if !still_used {
+                let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
+            }
+        }
+    }
+
+    fn entry_after_create(&self, dir: &CipherDir, name: &[u8], key: NameKey, on_disk: String, kind: EntryKind, identity: Identity) -> Result<Entry> {
+        let stat = sys::fstatat(dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        Ok(Entry { name: name.to_vec(), on_disk, key, kind, identity, stat })
+    }
+
+    /// Creates an empty regular file `name` (fails if the name exists) and opens it.
+    pub fn create_file(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CryptFile)> {
+        self.ensure_absent(dir, name)?;
+        let id: Identity = crate::random::bytes();
+        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::File, &id)?;
+        let what = dir.child_path(&on_disk);
+        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode & 0o7777)
+            .ctx(|| what.clone())?;
+        let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::File, id)?, file))
+    }
+
+    fn ensure_absent(&self, dir: &CipherDir, name: &[u8]) -> Result<()> {
+        if self.lookup(dir, name)?.is_some() {
+            return Err(Error::io(
+                format!("{}/{}", dir.path.display(), String::from_utf8_lossy(name)),
+                std::io::Error::from_raw_os_error(libc::EEXIST),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates directory `name` with its IV file, atomically: it appears under its final
+    /// name only once its `veilfs.diriv` exists.
+    pub fn mkdir(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
+        self.ensure_absent(dir, name)?;
+        let (entry, sub) = self.mkdir_unchecked(dir, name, mode)?;
+        Ok((entry, sub))
+    }
+
+    /// [`mkdir`](Self::mkdir) without the existence check (the caller knows the name is free).
+    pub fn mkdir_unchecked(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
+        let iv: DirIv = crate::random::bytes();
+        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Dir, &iv)?;
+        let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+        sys::mkdirat(dir.fd(), tmp.as_bytes(), 0o700).ctx(|| dir.child_path(&tmp))?;
+        let result = (|| {
+            let fd = sys::open_dir_at(dir.fd(), tmp.as_bytes()).ctx(|| dir.child_path(&tmp))?;
+            sys::write_new_file(fd.as_fd(), DIRIV_NAME.as_bytes(), &iv, 0o400).ctx(|| dir.child_path(&tmp))?;
+            // Set the final mode only now, so a mode without write permission still works.
+            sys::fchmodat(dir.fd(), tmp.as_bytes(), mode & 0o7777).ctx(|| dir.child_path(&tmp))?;
+            sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+                .ctx(|| dir.child_path(&on_disk))?;
+            Ok(fd)
+        })();
+        match result {
+            Ok(fd) => {
+                let sub = CipherDir { fd, iv, path: dir.path.join(&on_disk) };
+                Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, iv)?, sub))
+            }
+            Err(e) => {
+                let _ = sys::unlinkat(dir.fd(), format!("{tmp}/{DIRIV_NAME}").as_bytes(), false);
+                let _ = sys::unlinkat(dir.fd(), tmp.as_bytes(), true);
+                Err(e)
+            }
+        }
+    }
+
+    /// Encrypts a symlink target: `base64url(ID ‖ nonce ‖ ciphertext ‖ tag)`, sealed as the
+    /// last block 0 of a "file" whose ID is the symlink's identity.
+    pub fn encrypt_target(&self, id: &Identity, target: &[u8]) -> Result<Vec<u8>> {
+        let codec = crate::content::BlockCodec::new(self.ctx.cipher, &self.ctx.keys, *id);
+        let mut blob = vec![0u8; 16 + target.len() + codec.overhead()];
+        blob[..16].copy_from_slice(id);
+        codec.seal_into(0, true, target, &mut blob[16..]);
+        let enc = crate::names::b64_encode(&blob).into_bytes();
+        if enc.len() > 4095 {
+            return Err(Error::io("symlink", std::io::Error::from_raw_os_error(libc::ENAMETOOLONG)));
+        }
+        Ok(enc)
+    }
+
+    /// Decrypts a symlink target stored for identity `id`; `what` names it in errors.
+    pub fn decrypt_target(&self, id: &Identity, stored: &[u8], what: &str) -> Result<Vec<u8>> {
+        let blob = std::str::from_utf8(stored)
+            .ok()
+            .and_then(crate::names::b64_decode)
+            .ok_or_else(|| Error::auth(what, "symlink target is not base64url"))?;
+        if blob.len() <= 16 + self.ctx.cipher.overhead() || blob[..16] != id[..] {
+            return Err(Error::auth(what, "symlink target does not belong to this entry"));
+        }
+        let codec = crate::content::BlockCodec::new(self.ctx.cipher, &self.ctx.keys, *id);
+        let mut out = vec![0u8; blob.len() - 16 - codec.overhead()];
+        codec.open_into(0, true, &blob[16..], &mut out, what)?;
+        Ok(out)
+    }
+
+    /// Creates symlink `name` → `target`.
+    pub fn symlink(&self, dir: &CipherDir, name: &[u8], target: &[u8]) -> Result<Entry> {
+        self.ensure_absent(dir, name)?;
+        let id: Identity = crate::random::bytes();
+        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Symlink, &id)?;
+        let stored = self.encrypt_target(&id, target)?;
+        sys::symlinkat(&stored, dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        self.entry_after_create(dir, name, key, on_disk, EntryKind::Symlink, id)
+    }
+
+    /// Reads the target of the symlink `entry`.
+    pub fn readlink(&self, dir: &CipherDir, entry: &Entry) -> Result<Vec<u8>> {
+        let what = dir.child_path(&entry.on_disk);
+        let stored = sys::readlinkat(dir.fd(), entry.on_disk.as_bytes()).ctx(|| what.clone())?;
+        self.decrypt_target(&entry.identity, &stored, &what)
+    }
+
+    /// Creates a FIFO, socket or device node.
+    pub fn mknod(&self, dir: &CipherDir, name: &[u8], mode: u32, rdev: u64) -> Result<Entry> {
+        self.ensure_absent(dir, name)?;
+        let id: Identity = crate::random::bytes();
+        let kind = EntryKind::from_mode(mode);
+        let (key, on_disk) = self.new_entry_name(dir, name, kind, &id)?;
+        sys::mknodat(dir.fd(), on_disk.as_bytes(), mode, rdev).ctx(|| dir.child_path(&on_disk))?;
+        self.entry_after_create(dir, name, key, on_disk, kind, id)
+    }
+
+    /// Removes `entry` (a directory must be empty but for its IV file).
+    pub fn remove(&self, dir: &CipherDir, entry: &Entry) -> Result<()> {
+        let what = dir.child_path(&entry.on_disk);
+        if entry.kind == EntryKind::Dir {
+            let sub = sys::open_dir_at(dir.fd(), entry.on_disk.as_bytes()).ctx(|| what.clone())?;
+            let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| what.clone())?;
+            if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
+                return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
+            }
+            // Move the directory out of the way first, so a crash never leaves a live
+            // directory without its IV file.
+            let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+            sys::renameat2(dir.fd(), entry.on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(|| what.clone())?;
+            let _ = sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false);
+            if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
+                // Something appeared inside meanwhile: put it back.
+                let _ = sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), &entry.identity, 0o400);
+                let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), entry.on_disk.as_bytes(), libc::RENAME_NOREPLACE);
+                return Err(Error::io(what, e));
+            }
+        } else {
+            sys::unlinkat(dir.fd(), entry.on_disk.as_bytes(), false).ctx(|| what.clone())?;
+        }
+        self.drop_side_file(dir, &entry.key);
+        Ok(())
+    }
+
+    /// The on-disk name `entry` gets as `new_name` in `to` (same identity, new binding).
+    pub fn rebind(&self, to: &CipherDir, new_name: &[u8], entry: &Entry) -> Result<(NameKey, String)> {
+        self.new_entry_name(to, new_name, entry.kind, &entry.identity)
+    }
+
+    /// Renames `entry` of `from` to `new_name` in `to`, replacing an existing `replaced`
+    /// entry (found by the caller) unless `noreplace`. The backing rename moves the object
+    /// atomically; the old entry of the target name is removed right after (a crash between
+    /// leaves two entries for one name, resolved in favour of the newer).
+    pub fn rename(&self, from: &CipherDir, entry: &Entry, to: &CipherDir, new_name: &[u8], replaced: Option<&Entry>) -> Result<Entry> {
+        if let Some(r) = replaced {
+            if r.kind == EntryKind::Dir && entry.kind != EntryKind::Dir {
+                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::EISDIR)));
+            }
+            if r.kind != EntryKind::Dir && entry.kind == EntryKind::Dir {
+                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
+            }
+            if r.kind == EntryKind::Dir {
+                let sub = sys::open_dir_at(to.fd(), r.on_disk.as_bytes()).ctx(|| to.child_path(&r.on_disk))?;
+                let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| to.child_path(&r.on_disk))?;
+                if raw.iter().any(|x| x.name != b"." && x.name != b".." && x.name != DIRIV_NAME.as_bytes()) {
+                    return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
+                }
+            }
+        }
+        let (key, on_disk) = self.rebind(to, new_name, entry)?;
+        sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+            .ctx(|| to.child_path(&on_disk))?;
+        if let Some(r) = replaced {
+            if r.on_disk != entry.on_disk || from.path != to.path {
+                self.remove(to, r)?;
+            }
+        }
+        if !(from.path == to.path && entry.key.key == key.key) {
+            self.drop_side_file(from, &entry.key);
+        }
+        let stat = sys::fstatat(to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity: entry.identity, stat })
+    }
+
+    /// Creates a hard link `new_name` in `to` to the file `entry` of `from`.
+    pub fn link(&self, from: &CipherDir, entry: &Entry, to: &CipherDir, new_name: &[u8]) -> Result<Entry> {
+        if entry.kind == EntryKind::Dir {
+            return Err(Error::io(from.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::EPERM)));
+        }
+        self.ensure_absent(to, new_name)?;
+        let (key, on_disk) = self.rebind(to, new_name, entry)?;
+        sys::linkat(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        self.entry_after_create(to, new_name, key, on_disk, entry.kind, entry.identity)
+    }
+
+    /// Resolves a plaintext path relative to the vault root to its parent directory and
+    /// entry (`None` entry = the root itself, or a missing last component).
+    pub fn resolve(&self, path: &Path) -> Result<(CipherDir, Option<Entry>)> {
+        let mut dir = self.root()?;
+        let comps: Vec<&[u8]> = path_components(path)?;
+        let Some((last, parents)) = comps.split_last() else { return Ok((dir, None)) };
+        for c in parents {
+            let e = self.lookup(&dir, c)?.ok_or_else(|| not_found(path))?;
+            dir = self.open_dir(&dir, &e)?;
+        }
+        let e = self.lookup(&dir, last)?;
+        Ok((dir, e))
+    }
+
+    /// The ciphertext path (relative to the vault) of an existing plaintext path.
+    pub fn encrypt_path(&self, path: &Path) -> Result<PathBuf> {
+        let (dir, entry) = self.resolve(path)?;
+        let rel = dir.path.strip_prefix(&self.root_path).unwrap_or(Path::new("")).to_path_buf();
+        match entry {
+            Some(e) => Ok(rel.join(e.on_disk)),
+            None if path_components(path)?.is_empty() => Ok(rel),
+            None => Err(not_found(path)),
+        }
+    }
+
+    /// The plaintext path of a ciphertext path relative to the vault.
+    pub fn decrypt_path(&self, cipher_path: &Path) -> Result<PathBuf> {
+        let mut dir = self.root()?;
+        let mut out = PathBuf::new();
+        let comps = path_components(cipher_path)?;
+        for (i, c) in comps.iter().enumerate() {
+            let st = sys::fstatat(dir.fd(), c).ctx(|| dir.child_path(&String::from_utf8_lossy(c)))?;
+            let e = self
+                .decode_entry(&dir, c, st)?
+                .ok_or_else(|| Error::Invalid(format!("{} is a file of the vault itself", String::from_utf8_lossy(c))))?;
+            out.push(std::ffi::OsStr::from_bytes(&e.name));
+            if i + 1 < comps.len() {
+                dir = self.open_dir(&dir, &e)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Relabels an integrity error with the path of the entry it concerns.
+fn relabel(e: Error, what: &str) -> Error {
+    match e {
+        Error::Auth { what: w, detail } => Error::auth(what, format!("{w} {detail}")),
+        e => e,
+    }
+}
+
+fn ctime(st: &libc::stat) -> (i64, i64) {
+    (st.st_ctime, st.st_ctime_nsec)
+}
+
+fn not_found(path: &Path) -> Error {
+    Error::io(path.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
+}
+
+/// The components of a relative path as bytes (`.` skipped, `..` refused).
+pub fn path_components(path: &Path) -> Result<Vec<&[u8]>> {
+    use std::path::Component;
+    let mut out = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(s) => out.push(sys::os_bytes(s)),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir => return Err(Error::Invalid(format!("{}: '..' is not allowed in vault paths", path.display()))),
+            Component::Prefix(_) => return Err(Error::Invalid(format!("{}: unsupported path", path.display()))),
+        }
+    }
+    Ok(out)
+}
