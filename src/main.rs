@@ -1,1 +1,89 @@
-fn main() {}
+//! `veilfs`: create, inspect and use encrypted vaults from the command line.
+
+mod cmd;
+mod exit;
+mod password;
+mod target;
+
+use clap::{Parser, Subcommand};
+
+const ABOUT: &str = "veilfs: an encrypted overlay filesystem.
+
+A vault is an ordinary directory (CIPHERDIR) in which every file is encrypted on its own,
+names included; copy, sync or back it up like any folder. Create one with `veilfs init`,
+then mount it or use the offline tools (import, export, cat, ls) that need no FUSE.";
+
+#[derive(Parser, Debug)]
+#[command(name = "veilfs", version, about = ABOUT, after_help = exit::HELP, propagate_version = true)]
+struct Cli {
+    /// More log output (-v: debug, -vv: trace). Keys and plaintext names are never logged.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only errors.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new vault in CIPHERDIR (created if missing; must be empty).
+    Init(cmd::init::Args),
+    /// Show a vault's format, cipher, KDF and key slots (no password needed).
+    Info(cmd::info::Args),
+    /// Change a password, add or remove a key slot, or reset a password with the recovery key.
+    Passwd(cmd::passwd::Args),
+    /// Encrypt a plaintext file or tree into the vault (offline; no mount needed).
+    Import(cmd::import::Args),
+    /// Decrypt a vault (or a path in it) into a plain folder (offline; for recovery too).
+    Export(cmd::export::Args),
+    /// Print a decrypted file to standard output.
+    Cat(cmd::cat::Args),
+    /// List a vault directory with decrypted names.
+    Ls(cmd::ls::Args),
+    /// Print the ciphertext path of a plaintext path.
+    EncryptPath(cmd::paths::EncryptArgs),
+    /// Print the plaintext path of a ciphertext path.
+    DecryptPath(cmd::paths::DecryptArgs),
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VEILFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet);
+    let result = match cli.command {
+        Command::Init(a) => cmd::init::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Passwd(a) => cmd::passwd::run(a),
+        Command::Import(a) => cmd::import::run(a),
+        Command::Export(a) => cmd::export::run(a),
+        Command::Cat(a) => cmd::cat::run(a),
+        Command::Ls(a) => cmd::ls::run(a),
+        Command::EncryptPath(a) => cmd::paths::encrypt(a),
+        Command::DecryptPath(a) => cmd::paths::decrypt(a),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            let code = exit::classify(&e);
+            eprintln!("veilfs: error: {e:#}");
+            std::process::exit(code);
+        }
+    }
+}

@@ -49,7 +49,9 @@ impl ContentCipher {
     pub fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {
             "aes-256-gcm" | "aes256gcm" | "aes" | "gcm" => Some(ContentCipher::Aes256Gcm),
-            "xchacha20-poly1305" | "xchacha" | "xchacha20" => Some(ContentCipher::XChaCha20Poly1305),
+            "xchacha20-poly1305" | "xchacha" | "xchacha20" => {
+                Some(ContentCipher::XChaCha20Poly1305)
+            }
             _ => None,
         }
     }
@@ -88,7 +90,8 @@ impl BlockKey {
     pub fn seal(&self, nonce: &[u8], aad: &[u8], buf: &mut [u8]) -> [u8; TAG_LEN] {
         match self {
             BlockKey::Gcm(k) => {
-                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce).expect("12-byte nonce");
+                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce)
+                    .expect("12-byte nonce");
                 let tag = k
                     .seal_in_place_separate_tag(n, aws_lc_rs::aead::Aad::from(aad), buf)
                     .expect("AES-GCM seal cannot fail for block-sized input");
@@ -109,11 +112,15 @@ impl BlockKey {
     pub fn open(&self, nonce: &[u8], aad: &[u8], buf: &mut [u8], tag: &[u8]) -> Result<()> {
         let ok = match self {
             BlockKey::Gcm(k) => {
-                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce).expect("12-byte nonce");
-                k.open_in_place_separate_tag(n, aws_lc_rs::aead::Aad::from(aad), tag, buf).is_ok()
+                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce)
+                    .expect("12-byte nonce");
+                k.open_in_place_separate_tag(n, aws_lc_rs::aead::Aad::from(aad), tag, buf)
+                    .is_ok()
             }
             BlockKey::XChaCha(k) => {
-                tag.len() == TAG_LEN && k.decrypt_in_place_detached(nonce.into(), aad, buf, tag.into()).is_ok()
+                tag.len() == TAG_LEN
+                    && k.decrypt_in_place_detached(nonce.into(), aad, buf, tag.into())
+                        .is_ok()
             }
         };
         if ok {
@@ -124,4 +131,3 @@ impl BlockKey {
         }
     }
 }
-

@@ -21,7 +21,10 @@ pub struct Layout {
 impl Layout {
     /// A layout for `block_size` plaintext bytes and `overhead` extra bytes per block.
     pub const fn new(block_size: u64, overhead: u64) -> Self {
-        Layout { block_size, overhead }
+        Layout {
+            block_size,
+            overhead,
+        }
     }
 
     /// Bytes of one full ciphertext block.
@@ -53,13 +56,19 @@ impl Layout {
             return Ok(0);
         }
         if cipher_size < self.header() {
-            return Err(Error::auth("file", format!("ciphertext of {cipher_size} bytes is shorter than the header")));
+            return Err(Error::auth(
+                "file",
+                format!("ciphertext of {cipher_size} bytes is shorter than the header"),
+            ));
         }
         let body = cipher_size - self.header();
         let blocks = body.div_ceil(self.cipher_block());
         let last = body - blocks.saturating_sub(1) * self.cipher_block();
         if blocks > 0 && last <= self.overhead {
-            return Err(Error::auth("file", format!("last block of {last} bytes is too short (truncated file)")));
+            return Err(Error::auth(
+                "file",
+                format!("last block of {last} bytes is too short (truncated file)"),
+            ));
         }
         Ok(body - blocks * self.overhead)
     }
@@ -123,7 +132,10 @@ mod tests {
         assert_eq!(L.plain_size(0).unwrap(), 0);
         assert_eq!(L.plain_size(36).unwrap(), 0);
         assert!(L.plain_size(35).is_err());
-        assert!(L.plain_size(36 + 28).is_err(), "a block with no payload is invalid");
+        assert!(
+            L.plain_size(36 + 28).is_err(),
+            "a block with no payload is invalid"
+        );
         assert!(L.plain_size(36 + 4124 + 10).is_err());
     }
 

@@ -1,0 +1,246 @@
+//! `veilfs export`: decrypt a vault (or part of it) into a plain folder without mounting.
+//! Also the disaster-recovery tool: a damaged file is reported by name and skipped, and
+//! everything else still comes out.
+
+use super::UnlockArgs;
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
+
+/// Arguments of `veilfs export`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Like `cp -a`: modes, times, symlinks and hard links are kept, owners too when run as root. \
+Files that fail authentication (tampered or damaged) are named on stderr and left out; the rest is exported \
+and the exit code is 6."
+)]
+pub struct Args {
+    /// CIPHERDIR, optionally followed by a plaintext path inside the vault.
+    pub src: PathBuf,
+    /// Destination folder (created if missing).
+    pub dest: PathBuf,
+    #[command(flatten)]
+    pub unlock: UnlockArgs,
+}
+
+struct Exporter<'a> {
+    vault: &'a Vault,
+    links: HashMap<(u64, u64), PathBuf>,
+    damaged: usize,
+    errors: usize,
+    pb: indicatif::ProgressBar,
+    is_root: bool,
+    /// Directories whose times are set after their contents.
+    dir_times: Vec<(PathBuf, libc::stat)>,
+}
+
+fn set_times(path: &Path, st: &libc::stat, follow: bool) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let ts = [
+        libc::timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec,
+        },
+        libc::timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec,
+        },
+    ];
+    let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+    // SAFETY: valid C string and two-element timespec array.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), flags) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl Exporter<'_> {
+    fn note(&mut self, what: &str, e: &anyhow::Error) {
+        let integrity = crate::exit::classify(e) == crate::exit::INTEGRITY;
+        if integrity {
+            self.damaged += 1;
+        } else {
+            self.errors += 1;
+        }
+        let label = if integrity {
+            "DAMAGED, not exported"
+        } else {
+            "error"
+        };
+        self.pb
+            .suspend(|| eprintln!("veilfs: export: {what}: {label}: {e:#}"));
+    }
+
+    fn export_dir(&mut self, dir: &CipherDir, dest: &Path) {
+        let (entries, bad) = match self.vault.list(dir) {
+            Ok(x) => x,
+            Err(e) => return self.note(&dest.display().to_string(), &e.into()),
+        };
+        for b in bad {
+            let e: anyhow::Error = b.error.into();
+            self.note(
+                &format!(
+                    "{} (ciphertext entry {})",
+                    dest.display(),
+                    String::from_utf8_lossy(&b.on_disk)
+                ),
+                &e,
+            );
+        }
+        for e in entries {
+            let out = dest.join(OsStr::from_bytes(&e.name));
+            if let Err(err) = self.export_entry(dir, &e, &out) {
+                self.note(
+                    &format!(
+                        "{} (ciphertext {})",
+                        out.display(),
+                        dir.path.join(&e.on_disk).display()
+                    ),
+                    &err,
+                );
+            }
+        }
+    }
+
+    fn export_entry(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
+        let st = e.stat;
+        if e.kind != EntryKind::Dir && st.st_nlink > 1 {
+            if let Some(first) = self.links.get(&(st.st_dev, st.st_ino)) {
+                std::fs::hard_link(first, out)?;
+                return Ok(());
+            }
+        }
+        match e.kind {
+            EntryKind::Dir => {
+                let sub = self.vault.open_dir(dir, e)?;
+                match std::fs::create_dir(out) {
+                    Ok(()) => {}
+                    Err(x) if x.kind() == std::io::ErrorKind::AlreadyExists && out.is_dir() => {}
+                    Err(x) => return Err(x.into()),
+                }
+                std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o700))?;
+                self.export_dir(&sub, out);
+                self.finish_meta(out, &st, true)?;
+                self.dir_times.push((out.to_path_buf(), st));
+                return Ok(());
+            }
+            EntryKind::File => {
+                if let Err(err) = self.export_file(dir, e, out) {
+                    let _ = std::fs::remove_file(out);
+                    return Err(err);
+                }
+            }
+            EntryKind::Symlink => {
+                let target = self.vault.readlink(dir, e)?;
+                std::os::unix::fs::symlink(OsStr::from_bytes(&target), out)?;
+            }
+            EntryKind::Special => {
+                let c = std::ffi::CString::new(out.as_os_str().as_bytes())?;
+                // SAFETY: valid C string; mode and rdev come from the backing stat.
+                if unsafe { libc::mknod(c.as_ptr(), st.st_mode, st.st_rdev) } < 0 {
+                    return Err(std::io::Error::last_os_error()).context("mknod");
+                }
+            }
+        }
+        self.finish_meta(out, &st, e.kind != EntryKind::Symlink)?;
+        if st.st_nlink > 1 {
+            self.links.insert((st.st_dev, st.st_ino), out.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn export_file(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
+        let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
+        let size = f.plain_size()?;
+        let mut w = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(out)?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        while off < size {
+            let n = f.read_at(&mut buf, off, size)?;
+            if n == 0 {
+                break;
+            }
+            std::io::Write::write_all(&mut w, &buf[..n])?;
+            off += n as u64;
+            self.pb.inc(n as u64);
+        }
+        Ok(())
+    }
+
+    fn finish_meta(&self, out: &Path, st: &libc::stat, chmod: bool) -> Result<()> {
+        if self.is_root {
+            std::os::unix::fs::lchown(out, Some(st.st_uid), Some(st.st_gid))?;
+        }
+        if chmod {
+            std::fs::set_permissions(out, std::fs::Permissions::from_mode(st.st_mode & 0o7777))?;
+        }
+        set_times(out, st, false)?;
+        Ok(())
+    }
+}
+
+/// Runs `veilfs export`.
+pub fn run(a: Args) -> Result<i32> {
+    let t = crate::target::split(&a.src)?;
+    let vault = a.unlock.open(&t.cipherdir)?;
+    let (parent, entry) = vault.resolve(&t.inner)?;
+    // SAFETY: geteuid has no preconditions.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let pb = super::progress(0, "exporting");
+    let mut ex = Exporter {
+        vault: &vault,
+        links: HashMap::new(),
+        damaged: 0,
+        errors: 0,
+        pb,
+        is_root,
+        dir_times: Vec::new(),
+    };
+    match entry {
+        None if t.inner.as_os_str().is_empty() => {
+            std::fs::create_dir_all(&a.dest)
+                .with_context(|| format!("creating {}", a.dest.display()))?;
+            ex.export_dir(&parent, &a.dest);
+        }
+        None => anyhow::bail!(veilfs_core::Error::io(
+            t.inner.display().to_string(),
+            std::io::Error::from_raw_os_error(libc::ENOENT)
+        )),
+        Some(e) => {
+            let out = if a.dest.is_dir() {
+                a.dest.join(OsStr::from_bytes(&e.name))
+            } else {
+                a.dest.clone()
+            };
+            if let Err(err) = ex.export_entry(&parent, &e, &out) {
+                ex.note(&out.display().to_string(), &err);
+            }
+        }
+    }
+    // Directory times last: writing into a directory changes its mtime.
+    for (p, st) in std::mem::take(&mut ex.dir_times).iter().rev() {
+        let _ = set_times(p, st, false);
+    }
+    ex.pb.finish_and_clear();
+    if ex.damaged > 0 {
+        eprintln!(
+            "veilfs: export finished: {} damaged item(s) left out, {} other error(s)",
+            ex.damaged, ex.errors
+        );
+        return Ok(crate::exit::INTEGRITY);
+    }
+    if ex.errors > 0 {
+        eprintln!("veilfs: export finished with {} error(s)", ex.errors);
+        return Ok(crate::exit::OTHER);
+    }
+    Ok(crate::exit::OK)
+}

@@ -1,0 +1,209 @@
+//! `veilfs import`: encrypt a plaintext tree into a vault without mounting.
+
+use super::UnlockArgs;
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
+
+/// Arguments of `veilfs import`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Like `cp -a SRC DEST`: if DEST is an existing directory of the vault, SRC is copied into it \
+under its own name; otherwise DEST names the copy. A SRC ending in `/.` copies the contents of SRC. \
+Existing entries are never overwritten (reported, skipped). Modes, times, symlinks and hard links are kept; \
+owners too when run as root."
+)]
+pub struct Args {
+    /// Plaintext file or directory to encrypt.
+    pub src: PathBuf,
+    /// CIPHERDIR, optionally followed by a path inside the vault.
+    pub dest: PathBuf,
+    #[command(flatten)]
+    pub unlock: UnlockArgs,
+}
+
+struct Importer<'a> {
+    vault: &'a Vault,
+    links: HashMap<(u64, u64), (Rc<CipherDir>, Entry)>,
+    errors: usize,
+    pb: indicatif::ProgressBar,
+    is_root: bool,
+}
+
+/// Total bytes of regular files under `p` (for the progress bar).
+fn total_bytes(p: &Path) -> u64 {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(p)
+            .map(|it| it.flatten().map(|e| total_bytes(&e.path())).sum())
+            .unwrap_or(0),
+        Ok(m) if m.is_file() => m.len(),
+        _ => 0,
+    }
+}
+
+/// Sets mode, owner and times of a freshly created entry from the source's metadata.
+pub fn apply_meta(
+    dir: &CipherDir,
+    on_disk: &str,
+    m: &std::fs::Metadata,
+    kind: EntryKind,
+    chown: bool,
+) -> std::io::Result<()> {
+    use veilfs_core::sys;
+    let name = on_disk.as_bytes();
+    if chown {
+        sys::fchownat(dir.fd(), name, m.uid(), m.gid())?;
+    }
+    if kind != EntryKind::Symlink {
+        sys::fchmodat(dir.fd(), name, m.mode() & 0o7777)?;
+    }
+    let ts = |s: i64, ns: i64| libc::timespec {
+        tv_sec: s,
+        tv_nsec: ns,
+    };
+    sys::utimensat(
+        dir.fd(),
+        name,
+        &[ts(m.atime(), m.atime_nsec()), ts(m.mtime(), m.mtime_nsec())],
+    )
+}
+
+impl Importer<'_> {
+    fn fail(&mut self, what: &Path, e: impl std::fmt::Display) {
+        self.errors += 1;
+        self.pb
+            .suspend(|| eprintln!("veilfs: import: {}: {e}", what.display()));
+    }
+
+    fn import(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8]) {
+        if let Err(e) = self.import_one(src, dir, name) {
+            self.fail(src, format!("{e:#}"));
+        }
+    }
+
+    fn import_one(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8]) -> Result<()> {
+        let m = std::fs::symlink_metadata(src)?;
+        let ft = m.file_type();
+        if !ft.is_dir() && m.nlink() > 1 {
+            if let Some((first_dir, first)) = self.links.get(&(m.dev(), m.ino())) {
+                self.vault.link(first_dir, first, dir, name)?;
+                return Ok(());
+            }
+        }
+        let existing = self.vault.lookup(dir, name)?;
+        let entry = if ft.is_dir() {
+            let sub = match existing {
+                Some(e) if e.kind == EntryKind::Dir => self.vault.open_dir(dir, &e)?,
+                Some(_) => anyhow::bail!("exists in the vault and is not a directory; skipped"),
+                None => self.vault.mkdir_unchecked(dir, name, 0o700)?.1,
+            };
+            let sub = Rc::new(sub);
+            let mut children: Vec<_> = std::fs::read_dir(src)?.collect::<std::io::Result<_>>()?;
+            children.sort_by_key(|e| e.file_name());
+            for c in children {
+                self.import(&c.path(), &sub, c.file_name().as_bytes());
+            }
+            let e = self
+                .vault
+                .lookup(dir, name)?
+                .context("directory vanished during import")?;
+            apply_meta(dir, &e.on_disk, &m, EntryKind::Dir, self.is_root)?;
+            return Ok(());
+        } else if existing.is_some() {
+            anyhow::bail!("already exists in the vault; skipped (nothing is overwritten)");
+        } else if ft.is_file() {
+            let (entry, file) = self.vault.create_file(dir, name, 0o600)?;
+            let mut input = std::fs::File::open(src)?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut size = 0u64;
+            loop {
+                let n = std::io::Read::read(&mut input, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                size = file.write_at(&buf[..n], size, size)?;
+                self.pb.inc(n as u64);
+            }
+            entry
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(src)?;
+            self.vault
+                .symlink(dir, name, target.as_os_str().as_bytes())?
+        } else {
+            self.vault.mknod(dir, name, m.mode(), m.rdev())?
+        };
+        apply_meta(dir, &entry.on_disk, &m, entry.kind, self.is_root)?;
+        if !ft.is_dir() && m.nlink() > 1 {
+            self.links.insert((m.dev(), m.ino()), (dir.clone(), entry));
+        }
+        Ok(())
+    }
+}
+
+/// Runs `veilfs import`.
+pub fn run(a: Args) -> Result<i32> {
+    let t = crate::target::split(&a.dest)?;
+    std::fs::symlink_metadata(&a.src).with_context(|| format!("{}", a.src.display()))?;
+    let vault = a.unlock.open(&t.cipherdir)?;
+    let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
+    let (parent, entry) = vault.resolve(&t.inner)?;
+    let src_name = a
+        .src
+        .canonicalize()?
+        .file_name()
+        .map(|n| n.as_bytes().to_vec());
+    // Where the copy goes: (directory, name) or "into this directory" for `/.` sources.
+    let (dest_dir, dest_name): (Rc<CipherDir>, Option<Vec<u8>>) = match entry {
+        Some(e) if e.kind == EntryKind::Dir => (
+            Rc::new(vault.open_dir(&parent, &e)?),
+            if contents_only { None } else { src_name },
+        ),
+        Some(_) => anyhow::bail!(
+            "{} already exists in the vault; nothing is overwritten",
+            t.inner.display()
+        ),
+        None if t.inner.as_os_str().is_empty() => {
+            (Rc::new(parent), if contents_only { None } else { src_name })
+        }
+        None => {
+            let last = t
+                .inner
+                .file_name()
+                .context("bad destination")?
+                .as_bytes()
+                .to_vec();
+            (Rc::new(parent), Some(last))
+        }
+    };
+    let pb = super::progress(total_bytes(&a.src), "importing");
+    // SAFETY: geteuid has no preconditions.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let mut imp = Importer {
+        vault: &vault,
+        links: HashMap::new(),
+        errors: 0,
+        pb,
+        is_root,
+    };
+    match dest_name {
+        Some(name) => imp.import(&a.src, &dest_dir, &name),
+        None => {
+            let mut children: Vec<_> =
+                std::fs::read_dir(&a.src)?.collect::<std::io::Result<_>>()?;
+            children.sort_by_key(|e| e.file_name());
+            for c in children {
+                imp.import(&c.path(), &dest_dir, c.file_name().as_bytes());
+            }
+        }
+    }
+    imp.pb.finish_and_clear();
+    if imp.errors > 0 {
+        eprintln!("veilfs: import finished with {} error(s)", imp.errors);
+        return Ok(crate::exit::OTHER);
+    }
+    Ok(crate::exit::OK)
+}

@@ -1,0 +1,64 @@
+//! One module per subcommand; shared helpers here.
+
+pub mod cat;
+pub mod export;
+pub mod import;
+pub mod info;
+pub mod init;
+pub mod ls;
+pub mod passwd;
+pub mod paths;
+
+use crate::password::PasswordArgs;
+use anyhow::{Context, Result};
+use std::path::Path;
+use veilfs_core::{RecoveryKey, Secret, Vault};
+
+/// How to unlock an existing vault.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct UnlockArgs {
+    #[command(flatten)]
+    pub password: PasswordArgs,
+    /// Unlock with the recovery key (shown at `veilfs init`) instead of a password.
+    #[arg(long)]
+    pub recovery_key: bool,
+    /// Try only key slot N (see `veilfs info`).
+    #[arg(long, value_name = "N")]
+    pub slot: Option<u32>,
+}
+
+impl UnlockArgs {
+    /// Reads the secret and opens the vault.
+    pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
+        // Fail on a missing or damaged config before asking for a password.
+        veilfs_core::VaultConfig::load(cipherdir)?;
+        let secret = if self.recovery_key {
+            let text = self.password.read("Recovery key")?;
+            use secrecy::ExposeSecret;
+            Secret::Recovery(RecoveryKey::parse(text.expose_secret())?)
+        } else {
+            Secret::Password(self.password.read("Password")?)
+        };
+        let vault = Vault::open(cipherdir, &secret, self.slot)
+            .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
+        Ok(vault)
+    }
+}
+
+/// A progress bar on stderr when it is a terminal and not `--quiet`; hidden otherwise.
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
