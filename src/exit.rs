@@ -47,10 +47,7 @@ pub struct Exit {
 impl Exit {
     /// An error with an explicit code.
     pub fn new(code: i32, error: impl Into<anyhow::Error>) -> Self {
-        Exit {
-            code,
-            error: error.into(),
-        }
+        Exit { code, error: error.into() }
     }
 }
 

@@ -37,22 +37,13 @@ fn first_line(mut text: String, from: &str) -> Result<SecretString> {
 }
 
 /// Lines read from stdin so far (so `passwd` can take old and new password as two lines).
-static STDIN_LINES: std::sync::Mutex<Option<std::collections::VecDeque<String>>> =
-    std::sync::Mutex::new(None);
+static STDIN_LINES: std::sync::Mutex<Option<std::collections::VecDeque<String>>> = std::sync::Mutex::new(None);
 
 /// Next line of standard input.
 fn stdin_line() -> Result<SecretString> {
     let mut guard = STDIN_LINES.lock().expect("stdin lock");
-    let lines = guard.get_or_insert_with(|| {
-        std::io::stdin()
-            .lock()
-            .lines()
-            .map_while(|l| l.ok())
-            .collect()
-    });
-    let line = lines
-        .pop_front()
-        .ok_or_else(|| source_err("standard input has no (more) password lines"))?;
+    let lines = guard.get_or_insert_with(|| std::io::stdin().lock().lines().map_while(|l| l.ok()).collect());
+    let line = lines.pop_front().ok_or_else(|| source_err("standard input has no (more) password lines"))?;
     first_line(line, "standard input")
 }
 
@@ -65,13 +56,10 @@ fn from_extpass(cmd: &str) -> Result<SecretString> {
         .output()
         .map_err(|e| source_err(format!("--extpass: cannot run /bin/sh: {e}")))?;
     if !out.status.success() {
-        return Err(source_err(format!(
-            "--extpass program failed ({})",
-            out.status
-        )));
+        return Err(source_err(format!("--extpass program failed ({})", out.status)));
     }
-    let text = String::from_utf8(out.stdout)
-        .map_err(|_| source_err("--extpass printed a password that is not UTF-8"))?;
+    let text =
+        String::from_utf8(out.stdout).map_err(|_| source_err("--extpass printed a password that is not UTF-8"))?;
     first_line(text, "--extpass")
 }
 
@@ -81,8 +69,7 @@ fn prompt(text: &str) -> Result<SecretString> {
             "no terminal to ask for the password: use --passfile FILE, --password-stdin or --extpass CMD",
         ));
     }
-    let pw = rpassword::prompt_password(text)
-        .map_err(|e| source_err(format!("reading the password: {e}")))?;
+    let pw = rpassword::prompt_password(text).map_err(|e| source_err(format!("reading the password: {e}")))?;
     first_line(pw, "the prompt")
 }
 
@@ -95,8 +82,8 @@ impl PasswordArgs {
     /// Reads one secret (password or recovery key) with `what` in the prompt.
     pub fn read(&self, what: &str) -> Result<SecretString> {
         if let Some(f) = &self.passfile {
-            let text = std::fs::read_to_string(f)
-                .map_err(|e| source_err(format!("--passfile {}: {e}", f.display())))?;
+            let text =
+                std::fs::read_to_string(f).map_err(|e| source_err(format!("--passfile {}: {e}", f.display())))?;
             return first_line(text, &format!("--passfile {}", f.display()));
         }
         if self.password_stdin {

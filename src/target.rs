@@ -24,22 +24,12 @@ pub fn split(arg: &Path) -> Result<Target> {
     loop {
         if VaultConfig::path_in(&prefix).is_file() {
             let inner: PathBuf = rest.iter().rev().collect();
-            return Ok(Target {
-                cipherdir: prefix,
-                inner,
-            });
+            return Ok(Target { cipherdir: prefix, inner });
         }
-        match (
-            prefix.file_name().map(|s| s.to_os_string()),
-            prefix.parent(),
-        ) {
+        match (prefix.file_name().map(|s| s.to_os_string()), prefix.parent()) {
             (Some(name), Some(parent)) => {
                 rest.push(name);
-                prefix = if parent.as_os_str().is_empty() {
-                    PathBuf::from(".")
-                } else {
-                    parent.to_path_buf()
-                };
+                prefix = if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() };
             }
             _ => break,
         }

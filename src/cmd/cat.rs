@@ -20,10 +20,7 @@ pub fn run(a: Args) -> Result<i32> {
     let vault = a.unlock.open(&t.cipherdir)?;
     let (dir, entry) = vault.resolve(&t.inner)?;
     let entry = entry.ok_or_else(|| {
-        veilfs_core::Error::io(
-            t.inner.display().to_string(),
-            std::io::Error::from_raw_os_error(libc::ENOENT),
-        )
+        veilfs_core::Error::io(t.inner.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
     })?;
     let f = vault.open_file(&dir, &entry, libc::O_RDONLY)?;
     let size = f.plain_size()?;

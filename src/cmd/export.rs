@@ -13,11 +13,9 @@ use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 
 /// Arguments of `veilfs export`.
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Like `cp -a`: modes, times, symlinks and hard links are kept, owners too when run as root. \
+#[command(after_help = "Like `cp -a`: modes, times, symlinks and hard links are kept, owners too when run as root. \
 Files that fail authentication (tampered or damaged) are named on stderr and left out; the rest is exported \
-and the exit code is 6."
-)]
+and the exit code is 6.")]
 pub struct Args {
     /// CIPHERDIR, optionally followed by a plaintext path inside the vault.
     pub src: PathBuf,
@@ -41,14 +39,8 @@ struct Exporter<'a> {
 fn set_times(path: &Path, st: &libc::stat, follow: bool) -> std::io::Result<()> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
     let ts = [
-        libc::timespec {
-            tv_sec: st.st_atime,
-            tv_nsec: st.st_atime_nsec,
-        },
-        libc::timespec {
-            tv_sec: st.st_mtime,
-            tv_nsec: st.st_mtime_nsec,
-        },
+        libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
+        libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
     ];
     let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
     // SAFETY: valid C string and two-element timespec array.
@@ -68,13 +60,8 @@ impl Exporter<'_> {
         } else {
             self.errors += 1;
         }
-        let label = if integrity {
-            "DAMAGED, not exported"
-        } else {
-            "error"
-        };
-        self.pb
-            .suspend(|| eprintln!("veilfs: export: {what}: {label}: {e:#}"));
+        let label = if integrity { "DAMAGED, not exported" } else { "error" };
+        self.pb.suspend(|| eprintln!("veilfs: export: {what}: {label}: {e:#}"));
     }
 
     fn export_dir(&mut self, dir: &CipherDir, dest: &Path) {
@@ -84,26 +71,12 @@ impl Exporter<'_> {
         };
         for b in bad {
             let e: anyhow::Error = b.error.into();
-            self.note(
-                &format!(
-                    "{} (ciphertext entry {})",
-                    dest.display(),
-                    String::from_utf8_lossy(&b.on_disk)
-                ),
-                &e,
-            );
+            self.note(&format!("{} (ciphertext entry {})", dest.display(), String::from_utf8_lossy(&b.on_disk)), &e);
         }
         for e in entries {
             let out = dest.join(OsStr::from_bytes(&e.name));
             if let Err(err) = self.export_entry(dir, &e, &out) {
-                self.note(
-                    &format!(
-                        "{} (ciphertext {})",
-                        out.display(),
-                        dir.path.join(&e.on_disk).display()
-                    ),
-                    &err,
-                );
+                self.note(&format!("{} (ciphertext {})", out.display(), dir.path.join(&e.on_disk).display()), &err);
             }
         }
     }
@@ -158,10 +131,7 @@ impl Exporter<'_> {
     fn export_file(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
         let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
         let size = f.plain_size()?;
-        let mut w = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(out)?;
+        let mut w = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
         let mut buf = vec![0u8; 1 << 20];
         let mut off = 0u64;
         while off < size {
@@ -196,19 +166,11 @@ pub fn run(a: Args) -> Result<i32> {
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
     let pb = super::progress(0, "exporting");
-    let mut ex = Exporter {
-        vault: &vault,
-        links: HashMap::new(),
-        damaged: 0,
-        errors: 0,
-        pb,
-        is_root,
-        dir_times: Vec::new(),
-    };
+    let mut ex =
+        Exporter { vault: &vault, links: HashMap::new(), damaged: 0, errors: 0, pb, is_root, dir_times: Vec::new() };
     match entry {
         None if t.inner.as_os_str().is_empty() => {
-            std::fs::create_dir_all(&a.dest)
-                .with_context(|| format!("creating {}", a.dest.display()))?;
+            std::fs::create_dir_all(&a.dest).with_context(|| format!("creating {}", a.dest.display()))?;
             ex.export_dir(&parent, &a.dest);
         }
         None => anyhow::bail!(veilfs_core::Error::io(
@@ -216,11 +178,7 @@ pub fn run(a: Args) -> Result<i32> {
             std::io::Error::from_raw_os_error(libc::ENOENT)
         )),
         Some(e) => {
-            let out = if a.dest.is_dir() {
-                a.dest.join(OsStr::from_bytes(&e.name))
-            } else {
-                a.dest.clone()
-            };
+            let out = if a.dest.is_dir() { a.dest.join(OsStr::from_bytes(&e.name)) } else { a.dest.clone() };
             if let Err(err) = ex.export_entry(&parent, &e, &out) {
                 ex.note(&out.display().to_string(), &err);
             }
@@ -232,10 +190,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
     ex.pb.finish_and_clear();
     if ex.damaged > 0 {
-        eprintln!(
-            "veilfs: export finished: {} damaged item(s) left out, {} other error(s)",
-            ex.damaged, ex.errors
-        );
+        eprintln!("veilfs: export finished: {} damaged item(s) left out, {} other error(s)", ex.damaged, ex.errors);
         return Ok(crate::exit::INTEGRITY);
     }
     if ex.errors > 0 {

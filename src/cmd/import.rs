@@ -11,12 +11,10 @@ use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 
 /// Arguments of `veilfs import`.
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Like `cp -a SRC DEST`: if DEST is an existing directory of the vault, SRC is copied into it \
+#[command(after_help = "Like `cp -a SRC DEST`: if DEST is an existing directory of the vault, SRC is copied into it \
 under its own name; otherwise DEST names the copy. A SRC ending in `/.` copies the contents of SRC. \
 Existing entries are never overwritten (reported, skipped). Modes, times, symlinks and hard links are kept; \
-owners too when run as root."
-)]
+owners too when run as root.")]
 pub struct Args {
     /// Plaintext file or directory to encrypt.
     pub src: PathBuf,
@@ -37,9 +35,9 @@ struct Importer<'a> {
 /// Total bytes of regular files under `p` (for the progress bar).
 fn total_bytes(p: &Path) -> u64 {
     match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::read_dir(p)
-            .map(|it| it.flatten().map(|e| total_bytes(&e.path())).sum())
-            .unwrap_or(0),
+        Ok(m) if m.is_dir() => {
+            std::fs::read_dir(p).map(|it| it.flatten().map(|e| total_bytes(&e.path())).sum()).unwrap_or(0)
+        }
         Ok(m) if m.is_file() => m.len(),
         _ => 0,
     }
@@ -61,22 +59,14 @@ pub fn apply_meta(
     if kind != EntryKind::Symlink {
         sys::fchmodat(dir.fd(), name, m.mode() & 0o7777)?;
     }
-    let ts = |s: i64, ns: i64| libc::timespec {
-        tv_sec: s,
-        tv_nsec: ns,
-    };
-    sys::utimensat(
-        dir.fd(),
-        name,
-        &[ts(m.atime(), m.atime_nsec()), ts(m.mtime(), m.mtime_nsec())],
-    )
+    let ts = |s: i64, ns: i64| libc::timespec { tv_sec: s, tv_nsec: ns };
+    sys::utimensat(dir.fd(), name, &[ts(m.atime(), m.atime_nsec()), ts(m.mtime(), m.mtime_nsec())])
 }
 
 impl Importer<'_> {
     fn fail(&mut self, what: &Path, e: impl std::fmt::Display) {
         self.errors += 1;
-        self.pb
-            .suspend(|| eprintln!("veilfs: import: {}: {e}", what.display()));
+        self.pb.suspend(|| eprintln!("veilfs: import: {}: {e}", what.display()));
     }
 
     fn import(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8]) {
@@ -107,10 +97,7 @@ impl Importer<'_> {
             for c in children {
                 self.import(&c.path(), &sub, c.file_name().as_bytes());
             }
-            let e = self
-                .vault
-                .lookup(dir, name)?
-                .context("directory vanished during import")?;
+            let e = self.vault.lookup(dir, name)?.context("directory vanished during import")?;
             apply_meta(dir, &e.on_disk, &m, EntryKind::Dir, self.is_root)?;
             return Ok(());
         } else if existing.is_some() {
@@ -131,8 +118,7 @@ impl Importer<'_> {
             entry
         } else if ft.is_symlink() {
             let target = std::fs::read_link(src)?;
-            self.vault
-                .symlink(dir, name, target.as_os_str().as_bytes())?
+            self.vault.symlink(dir, name, target.as_os_str().as_bytes())?
         } else {
             self.vault.mknod(dir, name, m.mode(), m.rdev())?
         };
@@ -151,49 +137,27 @@ pub fn run(a: Args) -> Result<i32> {
     let vault = a.unlock.open(&t.cipherdir)?;
     let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
     let (parent, entry) = vault.resolve(&t.inner)?;
-    let src_name = a
-        .src
-        .canonicalize()?
-        .file_name()
-        .map(|n| n.as_bytes().to_vec());
+    let src_name = a.src.canonicalize()?.file_name().map(|n| n.as_bytes().to_vec());
     // Where the copy goes: (directory, name) or "into this directory" for `/.` sources.
     let (dest_dir, dest_name): (Rc<CipherDir>, Option<Vec<u8>>) = match entry {
-        Some(e) if e.kind == EntryKind::Dir => (
-            Rc::new(vault.open_dir(&parent, &e)?),
-            if contents_only { None } else { src_name },
-        ),
-        Some(_) => anyhow::bail!(
-            "{} already exists in the vault; nothing is overwritten",
-            t.inner.display()
-        ),
-        None if t.inner.as_os_str().is_empty() => {
-            (Rc::new(parent), if contents_only { None } else { src_name })
+        Some(e) if e.kind == EntryKind::Dir => {
+            (Rc::new(vault.open_dir(&parent, &e)?), if contents_only { None } else { src_name })
         }
+        Some(_) => anyhow::bail!("{} already exists in the vault; nothing is overwritten", t.inner.display()),
+        None if t.inner.as_os_str().is_empty() => (Rc::new(parent), if contents_only { None } else { src_name }),
         None => {
-            let last = t
-                .inner
-                .file_name()
-                .context("bad destination")?
-                .as_bytes()
-                .to_vec();
+            let last = t.inner.file_name().context("bad destination")?.as_bytes().to_vec();
             (Rc::new(parent), Some(last))
         }
     };
     let pb = super::progress(total_bytes(&a.src), "importing");
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
-    let mut imp = Importer {
-        vault: &vault,
-        links: HashMap::new(),
-        errors: 0,
-        pb,
-        is_root,
-    };
+    let mut imp = Importer { vault: &vault, links: HashMap::new(), errors: 0, pb, is_root };
     match dest_name {
         Some(name) => imp.import(&a.src, &dest_dir, &name),
         None => {
-            let mut children: Vec<_> =
-                std::fs::read_dir(&a.src)?.collect::<std::io::Result<_>>()?;
+            let mut children: Vec<_> = std::fs::read_dir(&a.src)?.collect::<std::io::Result<_>>()?;
             children.sort_by_key(|e| e.file_name());
             for c in children {
                 imp.import(&c.path(), &dest_dir, c.file_name().as_bytes());

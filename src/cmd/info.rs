@@ -7,10 +7,8 @@ use veilfs_core::VaultConfig;
 
 /// Arguments of `veilfs info`.
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "No password is needed, so the fields shown are not yet authenticated: every command that \
-unlocks the vault verifies the whole config and refuses an edited one."
-)]
+#[command(after_help = "No password is needed, so the fields shown are not yet authenticated: every command that \
+unlocks the vault verifies the whole config and refuses an edited one.")]
 pub struct Args {
     /// The vault.
     pub cipherdir: PathBuf,
@@ -26,12 +24,7 @@ pub fn run(a: Args) -> Result<i32> {
         .slots
         .iter()
         .map(|s| match &s.kdf {
-            SlotKdf::Argon2id {
-                memory_kib,
-                iterations,
-                parallelism,
-                ..
-            } => serde_json::json!({
+            SlotKdf::Argon2id { memory_kib, iterations, parallelism, .. } => serde_json::json!({
                 "id": s.id, "kind": s.kind, "kdf": "argon2id",
                 "memory_kib": memory_kib, "iterations": iterations, "parallelism": parallelism,
             }),
@@ -55,29 +48,14 @@ pub fn run(a: Args) -> Result<i32> {
         return Ok(crate::exit::OK);
     }
     println!("vault:      {}", a.cipherdir.display());
-    println!(
-        "format:     {} version {} (created by {})",
-        cfg.format, cfg.version, cfg.creator
-    );
-    println!(
-        "cipher:     {} with {} B blocks",
-        cfg.cipher.name(),
-        cfg.block_size
-    );
+    println!("format:     {} version {} (created by {})", cfg.format, cfg.version, cfg.creator);
+    println!("cipher:     {} with {} B blocks", cfg.cipher.name(), cfg.block_size);
     println!("names:      AES-256-SIV, per-directory IV, identity-bound entries");
     println!("features:   {}", cfg.features.join(", "));
     println!("key slots:");
     for s in &cfg.slots {
         match (&s.kind, &s.kdf) {
-            (
-                SlotKind::Password,
-                SlotKdf::Argon2id {
-                    memory_kib,
-                    iterations,
-                    parallelism,
-                    ..
-                },
-            ) => println!(
+            (SlotKind::Password, SlotKdf::Argon2id { memory_kib, iterations, parallelism, .. }) => println!(
                 "  {}: password (Argon2id, {} MiB, {} passes, {} lanes)",
                 s.id,
                 memory_kib / 1024,

@@ -41,8 +41,7 @@ pub struct Args {
 }
 
 fn parse_cipher(s: &str) -> Result<ContentCipher, String> {
-    ContentCipher::parse(s)
-        .ok_or_else(|| format!("unknown cipher {s:?}: use aes-256-gcm or xchacha20-poly1305"))
+    ContentCipher::parse(s).ok_or_else(|| format!("unknown cipher {s:?}: use aes-256-gcm or xchacha20-poly1305"))
 }
 
 /// Runs `veilfs init`.
@@ -57,12 +56,7 @@ pub fn run(a: Args) -> Result<i32> {
         eprintln!("veilfs: warning: weak key derivation settings; only use them for tests");
     }
     let password = a.password.read_new("Choose a password")?;
-    let opts = InitOptions {
-        cipher: a.cipher,
-        block_size: a.block_size,
-        kdf,
-        recovery_key: !a.no_recovery_key,
-    };
+    let opts = InitOptions { cipher: a.cipher, block_size: a.block_size, kdf, recovery_key: !a.no_recovery_key };
     let t = Instant::now();
     let (_vault, rk) = Vault::create(&a.cipherdir, &password, &opts)?;
     let secs = t.elapsed().as_secs_f64();

@@ -7,11 +7,9 @@ use veilfs_core::EntryKind;
 
 /// Arguments of `veilfs ls`.
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "The path after CIPHERDIR may be plaintext (docs/2024) or the ciphertext directory itself \
+#[command(after_help = "The path after CIPHERDIR may be plaintext (docs/2024) or the ciphertext directory itself \
 (as `find CIPHERDIR` shows it). Entries whose names fail authentication are listed on stderr with their \
-ciphertext names."
-)]
+ciphertext names.")]
 pub struct Args {
     /// CIPHERDIR, optionally followed by a directory inside the vault.
     pub dir: PathBuf,
@@ -62,12 +60,7 @@ pub fn run(a: Args) -> Result<i32> {
             } else {
                 e.stat.st_size as u64
             };
-            line.push_str(&format!(
-                "{ty}{:04o} {:>12} {} ",
-                e.stat.st_mode & 0o7777,
-                size,
-                e.stat.st_mtime
-            ));
+            line.push_str(&format!("{ty}{:04o} {:>12} {} ", e.stat.st_mode & 0o7777, size, e.stat.st_mtime));
         }
         line.push_str(&name);
         if a.long && e.kind == EntryKind::Symlink {
@@ -81,15 +74,7 @@ pub fn run(a: Args) -> Result<i32> {
         println!("{line}");
     }
     for b in &bad {
-        eprintln!(
-            "veilfs: ls: {}: {}",
-            String::from_utf8_lossy(&b.on_disk),
-            b.error
-        );
+        eprintln!("veilfs: ls: {}: {}", String::from_utf8_lossy(&b.on_disk), b.error);
     }
-    Ok(if bad.is_empty() {
-        crate::exit::OK
-    } else {
-        crate::exit::INTEGRITY
-    })
+    Ok(if bad.is_empty() { crate::exit::OK } else { crate::exit::INTEGRITY })
 }

@@ -59,29 +59,17 @@ pub fn run(a: Args) -> Result<i32> {
         return Ok(crate::exit::OK);
     }
     if a.new_recovery_key {
-        let old: Vec<u32> = cfg
-            .slots
-            .iter()
-            .filter(|s| s.kind == SlotKind::Recovery)
-            .map(|s| s.id)
-            .collect();
+        let old: Vec<u32> = cfg.slots.iter().filter(|s| s.kind == SlotKind::Recovery).map(|s| s.id).collect();
         let rk = RecoveryKey::generate();
         let id = cfg.add_recovery_slot(vault.master_key(), &rk);
         cfg.slots.retain(|s| !old.contains(&s.id));
         vault.save_config(cfg)?;
-        eprintln!(
-            "veilfs: new recovery key in slot {id} (shown only now; the old one no longer works):"
-        );
+        eprintln!("veilfs: new recovery key in slot {id} (shown only now; the old one no longer works):");
         println!("{}", rk.display());
         return Ok(crate::exit::OK);
     }
     // Which slots a replacement drops: decided before asking for the new password.
-    let password_slots: Vec<u32> = cfg
-        .slots
-        .iter()
-        .filter(|s| s.kind == SlotKind::Password)
-        .map(|s| s.id)
-        .collect();
+    let password_slots: Vec<u32> = cfg.slots.iter().filter(|s| s.kind == SlotKind::Password).map(|s| s.id).collect();
     let drop: Vec<u32> = match (a.add, a.unlock.recovery_key, a.unlock.slot) {
         (true, _, _) => Vec::new(),
         // The password was lost: every password slot is replaced by the new one.
@@ -94,17 +82,9 @@ pub fn run(a: Args) -> Result<i32> {
         ),
     };
     let new_src = if a.new_passfile.is_some() || a.new_extpass.is_some() {
-        PasswordArgs {
-            passfile: a.new_passfile.clone(),
-            password_stdin: false,
-            extpass: a.new_extpass.clone(),
-        }
+        PasswordArgs { passfile: a.new_passfile.clone(), password_stdin: false, extpass: a.new_extpass.clone() }
     } else {
-        PasswordArgs {
-            passfile: None,
-            password_stdin: a.unlock.password.password_stdin,
-            extpass: None,
-        }
+        PasswordArgs { passfile: None, password_stdin: a.unlock.password.password_stdin, extpass: None }
     };
     let new_pw = new_src.read_new("New password")?;
     let params = Argon2Params {

@@ -27,13 +27,7 @@ pub const FORMAT_NAME: &str = "veilfs";
 pub const FORMAT_VERSION: u32 = 1;
 /// Feature flags of format v1. All are required; a config naming one this build does not
 /// know was made by a newer veilfs and is refused.
-pub const FEATURES_V1: &[&str] = &[
-    "header-mac",
-    "last-block-flag",
-    "long-names",
-    "name-binding",
-    "sparse-flag",
-];
+pub const FEATURES_V1: &[&str] = &["header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag"];
 /// Largest config file we read (a config with many slots is still a few KiB).
 const MAX_CONFIG_LEN: usize = 1 << 20;
 
@@ -120,10 +114,7 @@ pub enum Secret {
 /// The AAD of a slot's key wrap: the format identity and the slot's own parameters.
 fn slot_aad(slot_id: u32, kind: SlotKind, kdf: &SlotKdf) -> Vec<u8> {
     let mut aad = b"veilfs v1 key slot\0".to_vec();
-    aad.extend(
-        serde_json::to_vec(&(FORMAT_NAME, FORMAT_VERSION, slot_id, kind, kdf))
-            .expect("serializable"),
-    );
+    aad.extend(serde_json::to_vec(&(FORMAT_NAME, FORMAT_VERSION, slot_id, kind, kdf)).expect("serializable"));
     aad
 }
 
@@ -137,9 +128,7 @@ impl VaultConfig {
     /// A new config (without slots) for a fresh vault.
     pub fn new(cipher: ContentCipher, block_size: u32, root_iv: &DirIv) -> Result<Self> {
         if !(512..=(1 << 20)).contains(&block_size) || !block_size.is_power_of_two() {
-            return Err(Error::Invalid(format!(
-                "block size {block_size} must be a power of two in 512..=1048576"
-            )));
+            return Err(Error::Invalid(format!("block size {block_size} must be a power of two in 512..=1048576")));
         }
         Ok(VaultConfig {
             format: FORMAT_NAME.into(),
@@ -163,10 +152,7 @@ impl VaultConfig {
     /// that needs a key, see [`unlock`](Self::unlock)).
     pub fn load(cipherdir: &Path) -> Result<Self> {
         let path = Self::path_in(cipherdir);
-        let cfg_err = |detail: String| Error::Config {
-            path: path.clone(),
-            detail,
-        };
+        let cfg_err = |detail: String| Error::Config { path: path.clone(), detail };
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -178,15 +164,10 @@ impl VaultConfig {
             Err(e) => return Err(cfg_err(format!("cannot be read: {e}"))),
         };
         if bytes.len() > MAX_CONFIG_LEN {
-            return Err(cfg_err(
-                "is larger than 1 MiB; it is not a veilfs config".into(),
-            ));
+            return Err(cfg_err("is larger than 1 MiB; it is not a veilfs config".into()));
         }
-        let cfg: VaultConfig = serde_json::from_slice(&bytes).map_err(|e| {
-            cfg_err(format!(
-                "is damaged or was edited ({e}); restore it from a backup"
-            ))
-        })?;
+        let cfg: VaultConfig = serde_json::from_slice(&bytes)
+            .map_err(|e| cfg_err(format!("is damaged or was edited ({e}); restore it from a backup")))?;
         cfg.check_structure().map_err(|d| cfg_err(d))?;
         Ok(cfg)
     }
@@ -203,9 +184,7 @@ impl VaultConfig {
         }
         for f in &self.features {
             if !FEATURES_V1.contains(&f.as_str()) {
-                return Err(format!(
-                    "needs feature {f:?}, unknown to this veilfs; upgrade veilfs"
-                ));
+                return Err(format!("needs feature {f:?}, unknown to this veilfs; upgrade veilfs"));
             }
         }
         for f in FEATURES_V1 {
@@ -250,10 +229,7 @@ impl VaultConfig {
     pub fn verify(&self, master: &MasterKey, path: &Path) -> Result<()> {
         let expect = self.compute_mac(master);
         // Compare MACs of the MACs so the comparison time does not depend on the data.
-        let (a, b) = (
-            hmac16(b"cmp", &[expect.as_bytes()]),
-            hmac16(b"cmp", &[self.mac.as_bytes()]),
-        );
+        let (a, b) = (hmac16(b"cmp", &[expect.as_bytes()]), hmac16(b"cmp", &[self.mac.as_bytes()]));
         if subtle::ConstantTimeEq::ct_eq(&a[..], &b[..]).into() {
             Ok(())
         } else {
@@ -266,38 +242,18 @@ impl VaultConfig {
 
     /// Finds the master key with `secret` (trying every slot of the matching kind, or only
     /// `only_slot`) and authenticates the whole config with it.
-    pub fn unlock(
-        &self,
-        secret: &Secret,
-        only_slot: Option<u32>,
-        path: &Path,
-    ) -> Result<MasterKey> {
+    pub fn unlock(&self, secret: &Secret, only_slot: Option<u32>, path: &Path) -> Result<MasterKey> {
         let want = match secret {
             Secret::Password(_) => SlotKind::Password,
             Secret::Recovery(_) => SlotKind::Recovery,
         };
         let mut tried = 0;
-        for slot in self
-            .slots
-            .iter()
-            .filter(|s| s.kind == want && only_slot.is_none_or(|id| id == s.id))
-        {
+        for slot in self.slots.iter().filter(|s| s.kind == want && only_slot.is_none_or(|id| id == s.id)) {
             tried += 1;
             let kek = match (&slot.kdf, secret) {
-                (
-                    SlotKdf::Argon2id {
-                        memory_kib,
-                        iterations,
-                        parallelism,
-                        salt,
-                    },
-                    Secret::Password(pw),
-                ) => {
-                    let p = Argon2Params {
-                        memory_kib: *memory_kib,
-                        iterations: *iterations,
-                        parallelism: *parallelism,
-                    };
+                (SlotKdf::Argon2id { memory_kib, iterations, parallelism, salt }, Secret::Password(pw)) => {
+                    let p =
+                        Argon2Params { memory_kib: *memory_kib, iterations: *iterations, parallelism: *parallelism };
                     match p.derive(pw.expose_secret().as_bytes(), &decode_salt(salt)?) {
                         Ok(k) => k,
                         Err(_) => continue,
@@ -311,9 +267,7 @@ impl VaultConfig {
             let Some(wrapped) = b64_decode(&slot.wrapped_key) else {
                 continue;
             };
-            if let Some(master) =
-                kdf::unwrap(&kek, &wrapped, &slot_aad(slot.id, slot.kind, &slot.kdf))
-            {
+            if let Some(master) = kdf::unwrap(&kek, &wrapped, &slot_aad(slot.id, slot.kind, &slot.kdf)) {
                 self.verify(&master, path)?;
                 return Ok(master);
             }
@@ -323,14 +277,7 @@ impl VaultConfig {
                 path: path.to_path_buf(),
                 detail: match only_slot {
                     Some(id) => format!("has no {want:?} slot {id}").to_lowercase(),
-                    None => format!(
-                        "has no {} slot",
-                        if want == SlotKind::Password {
-                            "password"
-                        } else {
-                            "recovery"
-                        }
-                    ),
+                    None => format!("has no {} slot", if want == SlotKind::Password { "password" } else { "recovery" }),
                 },
             });
         }
@@ -363,14 +310,7 @@ impl VaultConfig {
     pub fn add_recovery_slot(&mut self, master: &MasterKey, rk: &RecoveryKey) -> u32 {
         let salt: [u8; 32] = crate::random::bytes();
         let kek = kdf::recovery_kek(rk.bytes(), &salt);
-        self.push_slot(
-            master,
-            SlotKind::Recovery,
-            SlotKdf::HkdfSha256 {
-                salt: b64_encode(&salt),
-            },
-            &kek,
-        )
+        self.push_slot(master, SlotKind::Recovery, SlotKdf::HkdfSha256 { salt: b64_encode(&salt) }, &kek)
     }
 
     fn push_slot(
@@ -382,12 +322,7 @@ impl VaultConfig {
     ) -> u32 {
         let id = self.next_slot_id();
         let wrapped = kdf::wrap(kek, master, &slot_aad(id, kind, &kdf));
-        self.slots.push(KeySlot {
-            id,
-            kind,
-            kdf,
-            wrapped_key: b64_encode(&wrapped),
-        });
+        self.slots.push(KeySlot { id, kind, kdf, wrapped_key: b64_encode(&wrapped) });
         id
     }
 
@@ -399,17 +334,8 @@ impl VaultConfig {
             .position(|s| s.id == id)
             .ok_or_else(|| Error::Invalid(format!("there is no slot {id}")))?;
         let s = &self.slots[pos];
-        if s.kind == SlotKind::Password
-            && self
-                .slots
-                .iter()
-                .filter(|x| x.kind == SlotKind::Password)
-                .count()
-                == 1
-        {
-            return Err(Error::Invalid(format!(
-                "slot {id} is the last password slot; add another password first"
-            )));
+        if s.kind == SlotKind::Password && self.slots.iter().filter(|x| x.kind == SlotKind::Password).count() == 1 {
+            return Err(Error::Invalid(format!("slot {id} is the last password slot; add another password first")));
         }
         Ok(self.slots.remove(pos))
     }
@@ -422,11 +348,7 @@ impl VaultConfig {
         body.push(b'\n');
         let write = || -> std::io::Result<()> {
             let _ = std::fs::remove_file(&tmp);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o400)
-                .open(&tmp)?;
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(&tmp)?;
             f.write_all(&body)?;
             f.sync_all()?;
             std::fs::rename(&tmp, &path)?;

@@ -58,18 +58,12 @@ pub enum Error {
 impl Error {
     /// Wraps an `io::Error` with a context string.
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
-        Error::Io {
-            context: context.into(),
-            source,
-        }
+        Error::Io { context: context.into(), source }
     }
 
     /// An authentication failure for `what` with `detail`.
     pub fn auth(what: impl Into<String>, detail: impl Into<String>) -> Self {
-        Error::Auth {
-            what: what.into(),
-            detail: detail.into(),
-        }
+        Error::Auth { what: what.into(), detail: detail.into() }
     }
 
     /// The errno a filesystem should return for this error.

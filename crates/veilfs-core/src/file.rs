@@ -31,11 +31,7 @@ pub struct ContentCtx {
 impl ContentCtx {
     /// A context for `cipher` with `block_size`-byte blocks.
     pub fn new(cipher: ContentCipher, block_size: u32, keys: Arc<SubKeys>) -> Self {
-        ContentCtx {
-            cipher,
-            layout: Layout::new(block_size.into(), cipher.overhead() as u64),
-            keys,
-        }
+        ContentCtx { cipher, layout: Layout::new(block_size.into(), cipher.overhead() as u64), keys }
     }
 }
 
@@ -61,13 +57,7 @@ impl CryptFile {
     /// carries that identity. `what` names the file in errors (the ciphertext path).
     pub fn open(file: File, ctx: ContentCtx, id: FileId, what: String) -> Result<Self> {
         let codec = BlockCodec::new(ctx.cipher, &ctx.keys, id);
-        let f = CryptFile {
-            file,
-            ctx,
-            codec,
-            header: AtomicU8::new(HDR_UNKNOWN),
-            what,
-        };
+        let f = CryptFile { file, ctx, codec, header: AtomicU8::new(HDR_UNKNOWN), what };
         f.load_header()?;
         Ok(f)
     }
@@ -93,8 +83,7 @@ impl CryptFile {
 
     fn load_header(&self) -> Result<u8> {
         let mut buf = [0u8; HEADER_LEN];
-        let n = sys::pread_full(self.fd(), &mut buf, 0)
-            .ctx(|| format!("reading header of {}", self.what))?;
+        let n = sys::pread_full(self.fd(), &mut buf, 0).ctx(|| format!("reading header of {}", self.what))?;
         let state = if n == 0 {
             HDR_ABSENT
         } else {
@@ -121,28 +110,20 @@ impl CryptFile {
 
     /// Plaintext size from the backing file's size.
     pub fn plain_size(&self) -> Result<u64> {
-        let len = self
-            .file
-            .metadata()
-            .ctx(|| format!("stat {}", self.what))?
-            .len();
+        let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         self.ctx.layout.plain_size(len).map_err(|e| match e {
             Error::Auth { detail, .. } => Error::auth(&self.what, detail),
             e => e,
         })
     }
 
+    fn header_bytes(&self, sparse: bool) -> [u8; HEADER_LEN] {
+        FileHeader { flags: if sparse { FLAG_SPARSE } else { 0 }, id: *self.codec.file_id() }.encode(&self.ctx.keys)
+    }
+
     fn write_header(&self, sparse: bool) -> Result<()> {
-        let h = FileHeader {
-            flags: if sparse { FLAG_SPARSE } else { 0 },
-            id: *self.codec.file_id(),
-        };
-        sys::pwrite_all(self.fd(), &h.encode(&self.ctx.keys), 0)
-            .ctx(|| format!("writing header of {}", self.what))?;
-        self.header.store(
-            if sparse { HDR_SPARSE } else { HDR_PLAIN },
-            Ordering::Release,
-        );
+        sys::pwrite_all(self.fd(), &self.header_bytes(sparse), 0).ctx(|| format!("writing header of {}", self.what))?;
+        self.header.store(if sparse { HDR_SPARSE } else { HDR_PLAIN }, Ordering::Release);
         Ok(())
     }
 
@@ -154,9 +135,7 @@ impl CryptFile {
             out[..len].fill(0);
             return Ok(len);
         }
-        self.codec
-            .open_into(n, last, ct, out, &self.what)
-            .inspect_err(|e| tracing::error!("{e}"))
+        self.codec.open_into(n, last, ct, out, &self.what).inspect_err(|e| tracing::error!("{e}"))
     }
 
     /// Reads up to `buf.len()` bytes at `off` from a file of `size` plaintext bytes.
@@ -171,8 +150,7 @@ impl CryptFile {
         let ct_start = l.block_offset(first);
         let ct_end = l.block_offset(last) + l.block_len(last, size) + l.overhead;
         let mut ct = vec![0u8; (ct_end - ct_start) as usize];
-        let got = sys::pread_full(self.fd(), &mut ct, ct_start)
-            .ctx(|| format!("reading {}", self.what))?;
+        let got = sys::pread_full(self.fd(), &mut ct, ct_start).ctx(|| format!("reading {}", self.what))?;
         if got < ct.len() {
             return Err(Error::auth(
                 &self.what,
@@ -207,8 +185,7 @@ impl CryptFile {
             return Ok(0);
         }
         let mut ct = vec![0u8; (blen + l.overhead) as usize];
-        let got = sys::pread_full(self.fd(), &mut ct, l.block_offset(n))
-            .ctx(|| format!("reading {}", self.what))?;
+        let got = sys::pread_full(self.fd(), &mut ct, l.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
         if got < ct.len() {
             return Err(Error::auth(&self.what, format!("block {n} is truncated")));
         }
@@ -228,7 +205,11 @@ impl CryptFile {
         // Blocks strictly between the old end and this write stay holes.
         let old_blocks = l.block_count(size);
         let leaves_holes = first > old_blocks;
+        // A new file's header goes out with its first block in one write when they are
+        // adjacent, so a crash cannot leave a header without data.
+        let mut header_with_data = None;
         match self.header_state() {
+            HDR_ABSENT | HDR_UNKNOWN if size == 0 && first == 0 => header_with_data = Some(self.header_bytes(false)),
             HDR_ABSENT | HDR_UNKNOWN if size == 0 => self.write_header(leaves_holes)?,
             HDR_PLAIN if leaves_holes => self.write_header(true)?,
             _ => {}
@@ -243,14 +224,12 @@ impl CryptFile {
                 // Inner blocks are always full: zero-extend the old tail.
                 let mut ct = vec![0u8; (bs + l.overhead) as usize];
                 self.codec.seal_into(old_last, false, &blk, &mut ct);
-                sys::pwrite_all(self.fd(), &ct, l.block_offset(old_last))
-                    .ctx(|| format!("writing {}", self.what))?;
+                sys::pwrite_all(self.fd(), &ct, l.block_offset(old_last)).ctx(|| format!("writing {}", self.what))?;
             }
         }
         // Encrypt every touched block into one buffer and write it with one system call.
         let ct_start = l.block_offset(first);
-        let ct_len =
-            (l.block_offset(last) + l.block_len(last, new_size) + l.overhead - ct_start) as usize;
+        let ct_len = (l.block_offset(last) + l.block_len(last, new_size) + l.overhead - ct_start) as usize;
         let mut ct = vec![0u8; ct_len];
         let mut plain = vec![0u8; bs as usize];
         for n in first..=last {
@@ -258,8 +237,7 @@ impl CryptFile {
             let blen = l.block_len(n, new_size) as usize;
             let wfrom = off.max(bstart);
             let wto = (off + data.len() as u64).min(bstart + blen as u64);
-            let covers_old =
-                wfrom == bstart && (wto - bstart) as usize >= l.block_len(n, size) as usize;
+            let covers_old = wfrom == bstart && (wto - bstart) as usize >= l.block_len(n, size) as usize;
             let pb = &mut plain[..blen];
             if !covers_old && bstart < size {
                 let mut tmp = vec![0u8; bs as usize];
@@ -271,17 +249,20 @@ impl CryptFile {
             }
             let dfrom = (wfrom - off) as usize;
             let dto = (wto - off) as usize;
-            pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
-                .copy_from_slice(&data[dfrom..dto]);
+            pb[(wfrom - bstart) as usize..(wto - bstart) as usize].copy_from_slice(&data[dfrom..dto]);
             let cs = (l.block_offset(n) - ct_start) as usize;
-            self.codec.seal_into(
-                n,
-                n == new_last,
-                pb,
-                &mut ct[cs..cs + blen + l.overhead as usize],
-            );
+            self.codec.seal_into(n, n == new_last, pb, &mut ct[cs..cs + blen + l.overhead as usize]);
         }
-        sys::pwrite_all(self.fd(), &ct, ct_start).ctx(|| format!("writing {}", self.what))?;
+        match header_with_data {
+            Some(h) => {
+                let mut all = Vec::with_capacity(HEADER_LEN + ct.len());
+                all.extend_from_slice(&h);
+                all.extend_from_slice(&ct);
+                sys::pwrite_all(self.fd(), &all, 0).ctx(|| format!("writing {}", self.what))?;
+                self.header.store(HDR_PLAIN, Ordering::Release);
+            }
+            None => sys::pwrite_all(self.fd(), &ct, ct_start).ctx(|| format!("writing {}", self.what))?,
+        }
         Ok(new_size)
     }
 
@@ -312,20 +293,14 @@ impl CryptFile {
         let blen = l.block_len(n, new_size) as usize;
         let mut ct = vec![0u8; blen + l.overhead as usize];
         self.codec.seal_into(n, true, &blk[..blen], &mut ct);
-        sys::pwrite_all(self.fd(), &ct, l.block_offset(n))
-            .ctx(|| format!("writing {}", self.what))?;
-        sys::ftruncate(self.fd(), l.cipher_size(new_size))
-            .ctx(|| format!("truncating {}", self.what))?;
+        sys::pwrite_all(self.fd(), &ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
+        sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))?;
         Ok(())
     }
 
     /// Flushes data and metadata to stable storage (`fdatasync` when `data_only`).
     pub fn sync(&self, data_only: bool) -> Result<()> {
-        let r = if data_only {
-            sys::fdatasync(self.fd())
-        } else {
-            sys::fsync(self.fd())
-        };
+        let r = if data_only { sys::fdatasync(self.fd()) } else { sys::fsync(self.fd()) };
         r.ctx(|| format!("syncing {}", self.what))
     }
 }

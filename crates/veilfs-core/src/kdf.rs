@@ -26,33 +26,20 @@ pub struct Argon2Params {
 impl Argon2Params {
     /// The default: 128 MiB, 3 passes, 4 lanes (~0.5–1 s on the reference 2-core machine;
     /// see the closing note of the core issue and docs/SECURITY.md).
-    pub const DEFAULT: Argon2Params = Argon2Params {
-        memory_kib: 128 * 1024,
-        iterations: 3,
-        parallelism: 4,
-    };
+    pub const DEFAULT: Argon2Params = Argon2Params { memory_kib: 128 * 1024, iterations: 3, parallelism: 4 };
 
     /// Checks the parameters are within the ranges this implementation accepts (Argon2's own
     /// minimum of 8 KiB per lane up to 4 GiB; weak settings are allowed for tests and refused
     /// by nothing but good sense, so the CLI warns about them).
     pub fn validate(&self) -> Result<()> {
         if self.parallelism == 0 || self.parallelism > 64 {
-            return Err(Error::Invalid(format!(
-                "Argon2 parallelism {} is outside 1..=64",
-                self.parallelism
-            )));
+            return Err(Error::Invalid(format!("Argon2 parallelism {} is outside 1..=64", self.parallelism)));
         }
         if self.iterations == 0 || self.iterations > 100 {
-            return Err(Error::Invalid(format!(
-                "Argon2 iterations {} is outside 1..=100",
-                self.iterations
-            )));
+            return Err(Error::Invalid(format!("Argon2 iterations {} is outside 1..=100", self.iterations)));
         }
         if self.memory_kib < 8 * self.parallelism || self.memory_kib > 4 * 1024 * 1024 {
-            return Err(Error::Invalid(format!(
-                "Argon2 memory {} KiB is outside 8·p KiB..=4 GiB",
-                self.memory_kib
-            )));
+            return Err(Error::Invalid(format!("Argon2 memory {} KiB is outside 8·p KiB..=4 GiB", self.memory_kib)));
         }
         Ok(())
     }
@@ -60,13 +47,11 @@ impl Argon2Params {
     /// Derives a 32-byte KEK from `password` and `salt`.
     pub fn derive(&self, password: &[u8], salt: &[u8]) -> Result<SecretBytes<32>> {
         self.validate()?;
-        let params =
-            argon2::Params::new(self.memory_kib, self.iterations, self.parallelism, Some(32))
-                .map_err(|e| Error::Invalid(format!("Argon2 parameters: {e}")))?;
+        let params = argon2::Params::new(self.memory_kib, self.iterations, self.parallelism, Some(32))
+            .map_err(|e| Error::Invalid(format!("Argon2 parameters: {e}")))?;
         let a2 = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
         let mut out = SecretBytes([0u8; 32]);
-        a2.hash_password_into(password, salt, &mut out.0)
-            .map_err(|e| Error::Invalid(format!("Argon2: {e}")))?;
+        a2.hash_password_into(password, salt, &mut out.0).map_err(|e| Error::Invalid(format!("Argon2: {e}")))?;
         Ok(out)
     }
 }
@@ -87,11 +72,7 @@ pub fn wrap(kek: &SecretBytes<32>, master: &MasterKey, aad: &[u8]) -> [u8; WRAPP
     out[..12].copy_from_slice(&nonce);
     out[12..44].copy_from_slice(master.as_bytes());
     let tag = key
-        .seal_in_place_separate_tag(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(aad),
-            &mut out[12..44],
-        )
+        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), &mut out[12..44])
         .expect("seal 32 bytes");
     out[44..].copy_from_slice(tag.as_ref());
     out
@@ -106,8 +87,7 @@ pub fn unwrap(kek: &SecretBytes<32>, wrapped: &[u8], aad: &[u8]) -> Option<Maste
     let nonce = Nonce::try_assume_unique_for_key(&wrapped[..12]).ok()?;
     let mut buf = SecretBytes([0u8; MASTER_KEY_LEN]);
     buf.0.copy_from_slice(&wrapped[12..44]);
-    key.open_in_place_separate_tag(nonce, Aad::from(aad), &wrapped[44..], &mut buf.0)
-        .ok()?;
+    key.open_in_place_separate_tag(nonce, Aad::from(aad), &wrapped[44..], &mut buf.0).ok()?;
     Some(MasterKey::from_bytes(buf.0))
 }
 
@@ -126,20 +106,13 @@ mod tests {
         for i in 0..WRAPPED_LEN {
             let mut t = w;
             t[i] ^= 1;
-            assert!(
-                unwrap(&kek, &t, b"aad").is_none(),
-                "bit flip at {i} accepted"
-            );
+            assert!(unwrap(&kek, &t, b"aad").is_none(), "bit flip at {i} accepted");
         }
     }
 
     #[test]
     fn argon2_is_deterministic_and_salted() {
-        let p = Argon2Params {
-            memory_kib: 64,
-            iterations: 1,
-            parallelism: 1,
-        };
+        let p = Argon2Params { memory_kib: 64, iterations: 1, parallelism: 1 };
         let a = p.derive(b"pw", b"saltsaltsaltsalt").unwrap();
         let b = p.derive(b"pw", b"saltsaltsaltsalt").unwrap();
         let c = p.derive(b"pw", b"saltsaltsaltsal2").unwrap();

@@ -82,8 +82,7 @@ impl<const N: usize> std::fmt::Debug for SecretBytes<N> {
 pub(crate) fn hkdf_expand<const N: usize>(salt: &[u8], ikm: &[u8], info: &[u8]) -> SecretBytes<N> {
     let hk = Hkdf::<Sha256>::new(Some(salt), ikm);
     let mut out = [0u8; N];
-    hk.expand(info, &mut out)
-        .expect("HKDF output length is valid");
+    hk.expand(info, &mut out).expect("HKDF output length is valid");
     SecretBytes(out)
 }
 

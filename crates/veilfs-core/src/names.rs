@@ -84,10 +84,7 @@ impl EntryKind {
 /// Checks that `name` is a name Linux allows in a directory (not `.`/`..`).
 pub fn validate_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > NAME_MAX {
-        return Err(Error::BadName(format!(
-            "length {} is outside 1..=255 bytes",
-            name.len()
-        )));
+        return Err(Error::BadName(format!("length {} is outside 1..=255 bytes", name.len())));
     }
     if name == b"." || name == b".." {
         return Err(Error::BadName("'.' and '..' are not entries".into()));
@@ -162,17 +159,8 @@ impl<'a> ParsedEntry<'a> {
         }
         if let Some(rest) = name.strip_prefix(LONG_PREFIX) {
             return match rest.split_once('.') {
-                Some((hash, s))
-                    if hash.len() == HASH_B64_LEN
-                        && s.len() == S_B64_LEN
-                        && is_b64(hash)
-                        && is_b64(s) =>
-                {
-                    ParsedEntry::Long {
-                        key: &name[..LONG_PREFIX.len() + HASH_B64_LEN],
-                        hash,
-                        s,
-                    }
+                Some((hash, s)) if hash.len() == HASH_B64_LEN && s.len() == S_B64_LEN && is_b64(hash) && is_b64(s) => {
+                    ParsedEntry::Long { key: &name[..LONG_PREFIX.len() + HASH_B64_LEN], hash, s }
                 }
                 _ => ParsedEntry::Foreign,
             };
@@ -181,9 +169,7 @@ impl<'a> ParsedEntry<'a> {
             return ParsedEntry::Internal;
         }
         match name.split_once('.') {
-            Some((key, s))
-                if key.len() >= 23 && s.len() == S_B64_LEN && is_b64(key) && is_b64(s) =>
-            {
+            Some((key, s)) if key.len() >= 23 && s.len() == S_B64_LEN && is_b64(key) && is_b64(s) => {
                 ParsedEntry::Short { key, s }
             }
             _ => ParsedEntry::Foreign,
@@ -208,8 +194,7 @@ impl<'a> ParsedEntry<'a> {
 }
 
 fn is_b64(s: &str) -> bool {
-    s.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Decodes base64url without padding.
@@ -241,30 +226,21 @@ fn siv(key: &SecretBytes<64>) -> Aes256Siv {
 impl NameCipher {
     /// A name cipher from the vault's subkeys.
     pub fn new(keys: &SubKeys) -> Self {
-        NameCipher {
-            names: keys.names.clone(),
-            binding: keys.binding.clone(),
-        }
+        NameCipher { names: keys.names.clone(), binding: keys.binding.clone() }
     }
 
     /// `D` for `name` in the directory with IV `iv`.
     pub fn encrypt_name(&self, iv: &DirIv, name: &[u8]) -> Result<Vec<u8>> {
         validate_name(name)?;
-        Ok(siv(&self.names)
-            .encrypt([iv.as_slice()], name)
-            .expect("SIV encryption of a short name"))
+        Ok(siv(&self.names).encrypt([iv.as_slice()], name).expect("SIV encryption of a short name"))
     }
 
     /// The plaintext name for `D`, or an integrity error if `D` was not made in this directory.
     pub fn decrypt_name(&self, iv: &DirIv, d: &[u8]) -> Result<Vec<u8>> {
-        let name = siv(&self.names).decrypt([iv.as_slice()], d).map_err(|_| {
-            Error::auth(
-                "name",
-                "does not decrypt in this directory (moved, renamed or damaged)",
-            )
-        })?;
-        validate_name(&name)
-            .map_err(|e| Error::auth("name", format!("decrypts to an invalid name: {e}")))?;
+        let name = siv(&self.names)
+            .decrypt([iv.as_slice()], d)
+            .map_err(|_| Error::auth("name", "does not decrypt in this directory (moved, renamed or damaged)"))?;
+        validate_name(&name).map_err(|e| Error::auth("name", format!("decrypts to an invalid name: {e}")))?;
         Ok(name)
     }
 
@@ -278,11 +254,7 @@ impl NameCipher {
     pub fn key_for_d(d: Vec<u8>) -> NameKey {
         let short = B64.encode(&d);
         if short.len() + 1 + S_B64_LEN <= NAME_MAX {
-            NameKey {
-                d,
-                key: short,
-                side_file: None,
-            }
+            NameKey { d, key: short, side_file: None }
         } else {
             let hash = B64.encode(Sha256::digest(&d));
             NameKey {
@@ -307,15 +279,10 @@ impl NameCipher {
             ParsedEntry::Long { hash, .. } => {
                 let side = format!("{LONG_NAME_FILE_PREFIX}{hash}");
                 let content = read_side_file(&side)?;
-                let text = std::str::from_utf8(&content)
-                    .map_err(|_| Error::auth(side.clone(), "is not text"))?;
-                let d = b64_decode(text.trim_end())
-                    .ok_or_else(|| Error::auth(side.clone(), "is not base64url"))?;
+                let text = std::str::from_utf8(&content).map_err(|_| Error::auth(side.clone(), "is not text"))?;
+                let d = b64_decode(text.trim_end()).ok_or_else(|| Error::auth(side.clone(), "is not base64url"))?;
                 if B64.encode(Sha256::digest(&d)) != *hash {
-                    return Err(Error::auth(
-                        side,
-                        "does not match the hash in its entry name",
-                    ));
+                    return Err(Error::auth(side, "does not match the hash in its entry name"));
                 }
                 Ok(d)
             }
@@ -337,14 +304,8 @@ impl NameCipher {
         let s = b64_decode(s_b64).ok_or_else(|| Error::auth("name binding", "is not base64url"))?;
         let id = siv(&self.binding)
             .decrypt([iv.as_slice(), d, &[kind as u8]], s.as_slice())
-            .map_err(|_| {
-                Error::auth(
-                    "name binding",
-                    "does not verify (entry moved, swapped or changed type)",
-                )
-            })?;
-        id.try_into()
-            .map_err(|_| Error::auth("name binding", "has the wrong length"))
+            .map_err(|_| Error::auth("name binding", "does not verify (entry moved, swapped or changed type)"))?;
+        id.try_into().map_err(|_| Error::auth("name binding", "has the wrong length"))
     }
 }
 
@@ -376,10 +337,7 @@ mod tests {
         assert_eq!(ParsedEntry::parse(b"veilfs.conf"), ParsedEntry::Internal);
         assert_eq!(ParsedEntry::parse(b"."), ParsedEntry::Internal);
         assert_eq!(ParsedEntry::parse(b"hello.txt"), ParsedEntry::Foreign);
-        assert_eq!(
-            ParsedEntry::parse(b"x.sync-conflict-2024"),
-            ParsedEntry::Foreign
-        );
+        assert_eq!(ParsedEntry::parse(b"x.sync-conflict-2024"), ParsedEntry::Foreign);
     }
 
     #[test]
@@ -389,10 +347,7 @@ mod tests {
         let k = c.name_key(&iv1, b"report.pdf").unwrap();
         let s = c.bind(&iv1, &k.d, EntryKind::File, &[9; 16]);
         let s64 = b64_encode(&s);
-        assert_eq!(
-            c.unbind(&iv1, &k.d, EntryKind::File, &s64).unwrap(),
-            [9; 16]
-        );
+        assert_eq!(c.unbind(&iv1, &k.d, EntryKind::File, &s64).unwrap(), [9; 16]);
         assert!(c.unbind(&iv2, &k.d, EntryKind::File, &s64).is_err());
         assert!(c.unbind(&iv1, &k.d, EntryKind::Dir, &s64).is_err());
         let other = c.name_key(&iv1, b"other.pdf").unwrap();

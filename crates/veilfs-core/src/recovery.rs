@@ -30,10 +30,7 @@ impl RecoveryKey {
     }
 
     fn checksum(key: &[u8; 32]) -> u32 {
-        let h = Sha256::new()
-            .chain_update(b"veilfs recovery key")
-            .chain_update(key)
-            .finalize();
+        let h = Sha256::new().chain_update(b"veilfs recovery key").chain_update(key).finalize();
         (u32::from(h[0]) << 12) | (u32::from(h[1]) << 4) | (u32::from(h[2]) >> 4)
     }
 
@@ -57,11 +54,7 @@ impl RecoveryKey {
         for i in (0..CHECK_CHARS).rev() {
             chars.push(ALPHABET[((c >> (5 * i)) & 31) as usize]);
         }
-        chars
-            .chunks(4)
-            .map(|g| std::str::from_utf8(g).expect("ASCII"))
-            .collect::<Vec<_>>()
-            .join("-")
+        chars.chunks(4).map(|g| std::str::from_utf8(g).expect("ASCII")).collect::<Vec<_>>().join("-")
     }
 
     /// Parses the human form.
@@ -79,11 +72,7 @@ impl RecoveryKey {
             let v = ALPHABET
                 .iter()
                 .position(|&a| a as char == up)
-                .ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "recovery key contains '{ch}', which is not one of 0-9 A-Z"
-                    ))
-                })?;
+                .ok_or_else(|| Error::Invalid(format!("recovery key contains '{ch}', which is not one of 0-9 A-Z")))?;
             vals.push(v as u32);
         }
         if vals.len() != DATA_CHARS + CHECK_CHARS {
@@ -108,9 +97,7 @@ impl RecoveryKey {
         }
         let check = vals[DATA_CHARS..].iter().fold(0u32, |a, &v| (a << 5) | v);
         if check != Self::checksum(&key.0) {
-            return Err(Error::Invalid(
-                "the recovery key has a typo (its checksum does not match)".into(),
-            ));
+            return Err(Error::Invalid("the recovery key has a typo (its checksum does not match)".into()));
         }
         Ok(RecoveryKey(key))
     }

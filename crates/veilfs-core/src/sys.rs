@@ -22,46 +22,25 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// `openat(dir, name, flags, mode)` with `O_CLOEXEC`.
-pub fn openat(
-    dir: BorrowedFd<'_>,
-    name: &[u8],
-    flags: libc::c_int,
-    mode: libc::mode_t,
-) -> io::Result<OwnedFd> {
+pub fn openat(dir: BorrowedFd<'_>, name: &[u8], flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
     let c = cstr(name)?;
     // SAFETY: `c` is a valid NUL-terminated string and `dir` a valid fd for the call's duration.
-    let fd = check(unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            mode as libc::c_uint,
-        )
-    })?;
+    let fd =
+        check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
     // SAFETY: openat returned a fresh fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Opens a directory (`O_DIRECTORY | O_RDONLY`) relative to `dir`.
 pub fn open_dir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
-    openat(
-        dir,
-        name,
-        libc::O_DIRECTORY | libc::O_RDONLY | libc::O_NOFOLLOW,
-        0,
-    )
+    openat(dir, name, libc::O_DIRECTORY | libc::O_RDONLY | libc::O_NOFOLLOW, 0)
 }
 
 /// Opens a directory by path.
 pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
     let c = cstr(path.as_os_str().as_bytes())?;
     // SAFETY: valid C string; the returned fd is checked and owned below.
-    let fd = check(unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    })?;
+    let fd = check(unsafe { libc::open(c.as_ptr(), libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC) })?;
     // SAFETY: fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -69,11 +48,8 @@ pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`; an empty name stats `dir` itself.
 pub fn fstatat(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<libc::stat> {
     let c = cstr(name)?;
-    let flags = if name.is_empty() {
-        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW
-    } else {
-        libc::AT_SYMLINK_NOFOLLOW
-    };
+    let flags =
+        if name.is_empty() { libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW } else { libc::AT_SYMLINK_NOFOLLOW };
     // SAFETY: zeroed `stat` is a valid out-buffer; pointers are valid for the call.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -115,37 +91,14 @@ pub fn renameat2(
 ) -> io::Result<()> {
     let (o, n) = (cstr(old)?, cstr(new)?);
     // SAFETY: valid fds and C strings.
-    check(unsafe {
-        libc::renameat2(
-            olddir.as_raw_fd(),
-            o.as_ptr(),
-            newdir.as_raw_fd(),
-            n.as_ptr(),
-            flags,
-        )
-    })
-    .map(drop)
+    check(unsafe { libc::renameat2(olddir.as_raw_fd(), o.as_ptr(), newdir.as_raw_fd(), n.as_ptr(), flags) }).map(drop)
 }
 
 /// `linkat(olddir, old, newdir, new, 0)`.
-pub fn linkat(
-    olddir: BorrowedFd<'_>,
-    old: &[u8],
-    newdir: BorrowedFd<'_>,
-    new: &[u8],
-) -> io::Result<()> {
+pub fn linkat(olddir: BorrowedFd<'_>, old: &[u8], newdir: BorrowedFd<'_>, new: &[u8]) -> io::Result<()> {
     let (o, n) = (cstr(old)?, cstr(new)?);
     // SAFETY: valid fds and C strings.
-    check(unsafe {
-        libc::linkat(
-            olddir.as_raw_fd(),
-            o.as_ptr(),
-            newdir.as_raw_fd(),
-            n.as_ptr(),
-            0,
-        )
-    })
-    .map(drop)
+    check(unsafe { libc::linkat(olddir.as_raw_fd(), o.as_ptr(), newdir.as_raw_fd(), n.as_ptr(), 0) }).map(drop)
 }
 
 /// `symlinkat(target, dir, name)`.
@@ -160,14 +113,7 @@ pub fn readlinkat(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
     let c = cstr(name)?;
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
     // SAFETY: buffer pointer and length describe writable memory we own.
-    let n = unsafe {
-        libc::readlinkat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    let n = unsafe { libc::readlinkat(dir.as_raw_fd(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -176,12 +122,7 @@ pub fn readlinkat(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
 }
 
 /// `mknodat`.
-pub fn mknodat(
-    dir: BorrowedFd<'_>,
-    name: &[u8],
-    mode: libc::mode_t,
-    dev: libc::dev_t,
-) -> io::Result<()> {
+pub fn mknodat(dir: BorrowedFd<'_>, name: &[u8], mode: libc::mode_t, dev: libc::dev_t) -> io::Result<()> {
     let c = cstr(name)?;
     // SAFETY: valid fd and C string.
     check(unsafe { libc::mknodat(dir.as_raw_fd(), c.as_ptr(), mode, dev) }).map(drop)
@@ -198,11 +139,8 @@ pub fn fchmodat(dir: BorrowedFd<'_>, name: &[u8], mode: libc::mode_t) -> io::Res
 /// `fchownat(..., AT_SYMLINK_NOFOLLOW)`; `u32::MAX` leaves an id unchanged.
 pub fn fchownat(dir: BorrowedFd<'_>, name: &[u8], uid: u32, gid: u32) -> io::Result<()> {
     let c = cstr(name)?;
-    let flags = if name.is_empty() {
-        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW
-    } else {
-        libc::AT_SYMLINK_NOFOLLOW
-    };
+    let flags =
+        if name.is_empty() { libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW } else { libc::AT_SYMLINK_NOFOLLOW };
     // SAFETY: valid fd and C string.
     check(unsafe { libc::fchownat(dir.as_raw_fd(), c.as_ptr(), uid, gid, flags) }).map(drop)
 }
@@ -211,15 +149,7 @@ pub fn fchownat(dir: BorrowedFd<'_>, name: &[u8], uid: u32, gid: u32) -> io::Res
 pub fn utimensat(dir: BorrowedFd<'_>, name: &[u8], times: &[libc::timespec; 2]) -> io::Result<()> {
     let c = cstr(name)?;
     // SAFETY: valid fd, C string and a two-element timespec array.
-    check(unsafe {
-        libc::utimensat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
-    .map(drop)
+    check(unsafe { libc::utimensat(dir.as_raw_fd(), c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }).map(drop)
 }
 
 /// `pread` that loops until `buf` is full or EOF; returns the bytes read.
@@ -227,14 +157,7 @@ pub fn pread_full(fd: RawFd, buf: &mut [u8], mut off: u64) -> io::Result<usize> 
     let mut done = 0;
     while done < buf.len() {
         // SAFETY: the pointer/length pair describes the unfilled tail of `buf`.
-        let n = unsafe {
-            libc::pread(
-                fd,
-                buf[done..].as_mut_ptr().cast(),
-                buf.len() - done,
-                off as libc::off_t,
-            )
-        };
+        let n = unsafe { libc::pread(fd, buf[done..].as_mut_ptr().cast(), buf.len() - done, off as libc::off_t) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -256,14 +179,7 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], mut off: u64) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         // SAFETY: the pointer/length pair describes the unwritten tail of `buf`.
-        let n = unsafe {
-            libc::pwrite(
-                fd,
-                buf[done..].as_ptr().cast(),
-                buf.len() - done,
-                off as libc::off_t,
-            )
-        };
+        let n = unsafe { libc::pwrite(fd, buf[done..].as_ptr().cast(), buf.len() - done, off as libc::off_t) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -326,13 +242,7 @@ pub fn read_dir_fd(dir: BorrowedFd<'_>) -> io::Result<Vec<RawDirEntry>> {
         // SAFETY: readdir64 returned a valid entry whose d_name is NUL-terminated.
         let (name, ino, d_type) = unsafe {
             let e = &*ent;
-            (
-                std::ffi::CStr::from_ptr(e.d_name.as_ptr())
-                    .to_bytes()
-                    .to_vec(),
-                e.d_ino,
-                e.d_type,
-            )
+            (std::ffi::CStr::from_ptr(e.d_name.as_ptr()).to_bytes().to_vec(), e.d_ino, e.d_type)
         };
         out.push(RawDirEntry { name, ino, d_type });
     }
@@ -344,28 +254,15 @@ pub fn read_small_file(dir: BorrowedFd<'_>, name: &[u8], max: usize) -> io::Resu
     let mut buf = vec![0u8; max + 1];
     let n = pread_full(fd.as_raw_fd(), &mut buf, 0)?;
     if n > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "file is larger than expected",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "file is larger than expected"));
     }
     buf.truncate(n);
     Ok(buf)
 }
 
 /// Creates `name` in `dir` exclusively with `contents` and mode `mode`.
-pub fn write_new_file(
-    dir: BorrowedFd<'_>,
-    name: &[u8],
-    contents: &[u8],
-    mode: libc::mode_t,
-) -> io::Result<()> {
-    let fd = openat(
-        dir,
-        name,
-        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
-        mode,
-    )?;
+pub fn write_new_file(dir: BorrowedFd<'_>, name: &[u8], contents: &[u8], mode: libc::mode_t) -> io::Result<()> {
+    let fd = openat(dir, name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode)?;
     pwrite_all(fd.as_raw_fd(), contents, 0)
 }
 

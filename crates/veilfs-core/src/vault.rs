@@ -12,9 +12,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::file::{ContentCtx, CryptFile};
 use crate::kdf::Argon2Params;
 use crate::keys::{MasterKey, SubKeys};
-use crate::names::{
-    DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry, DIRIV_LEN, DIRIV_NAME,
-};
+use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry, DIRIV_LEN, DIRIV_NAME};
 use crate::recovery::RecoveryKey;
 use crate::sys;
 use secrecy::SecretString;
@@ -111,10 +109,7 @@ pub struct Vault {
 
 impl std::fmt::Debug for Vault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Vault")
-            .field("root", &self.root_path)
-            .field("cipher", &self.ctx.cipher)
-            .finish_non_exhaustive()
+        f.debug_struct("Vault").field("root", &self.root_path).field("cipher", &self.ctx.cipher).finish_non_exhaustive()
     }
 }
 
@@ -136,8 +131,7 @@ impl Vault {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(cipherdir)
-                    .ctx(|| format!("creating {}", cipherdir.display()))?;
+                std::fs::create_dir_all(cipherdir).ctx(|| format!("creating {}", cipherdir.display()))?;
             }
             Err(e) => return Err(Error::io(format!("reading {}", cipherdir.display()), e)),
         }
@@ -151,8 +145,7 @@ impl Vault {
             cfg.add_recovery_slot(&master, rk);
         }
         cfg.seal(&master);
-        let dirfd =
-            sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
+        let dirfd = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
         sys::write_new_file(dirfd.as_fd(), DIRIV_NAME.as_bytes(), &root_iv, 0o400)
             .ctx(|| format!("writing {}/{DIRIV_NAME}", cipherdir.display()))?;
         sys::fsync(dirfd.as_raw_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
@@ -172,13 +165,7 @@ impl Vault {
         let keys: SubKeys = master.subkeys();
         let names = Arc::new(NameCipher::new(&keys));
         let ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys));
-        Vault {
-            root_path: cipherdir.to_path_buf(),
-            config,
-            ctx,
-            names,
-            master,
-        }
+        Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master }
     }
 
     /// The ciphertext directory.
@@ -216,14 +203,9 @@ impl Vault {
 
     /// Opens the top directory and checks its `veilfs.diriv` against the config.
     pub fn root(&self) -> Result<CipherDir> {
-        let fd = sys::open_dir_path(&self.root_path)
-            .ctx(|| format!("opening {}", self.root_path.display()))?;
+        let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
         let iv = self.config.root_iv().expect("checked at load");
-        let dir = CipherDir {
-            fd,
-            iv,
-            path: self.root_path.clone(),
-        };
+        let dir = CipherDir { fd, iv, path: self.root_path.clone() };
         self.check_diriv(&dir)?;
         Ok(dir)
     }
@@ -232,9 +214,7 @@ impl Vault {
     pub fn read_diriv(dir: BorrowedFd<'_>, what: &str) -> Result<DirIv> {
         let bytes = sys::read_small_file(dir, DIRIV_NAME.as_bytes(), DIRIV_LEN)
             .ctx(|| format!("reading {what}/{DIRIV_NAME}"))?;
-        bytes
-            .try_into()
-            .map_err(|_| Error::auth(format!("{what}/{DIRIV_NAME}"), "is not 16 bytes long"))
+        bytes.try_into().map_err(|_| Error::auth(format!("{what}/{DIRIV_NAME}"), "is not 16 bytes long"))
     }
 
     /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promised. A copied IV file
@@ -255,22 +235,14 @@ impl Vault {
     }
 
     fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
-        tracing::warn!(
-            "{}/{DIRIV_NAME} is missing; restoring it from the directory's entry",
-            dir.path.display()
-        );
+        tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
         let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
         sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400)
             .ctx(|| format!("restoring {}/{DIRIV_NAME}", dir.path.display()))
     }
 
     /// Decodes one raw on-disk entry of `dir` (`st` = its backing stat).
-    pub fn decode_entry(
-        &self,
-        dir: &CipherDir,
-        on_disk: &[u8],
-        st: libc::stat,
-    ) -> Result<Option<Entry>> {
+    pub fn decode_entry(&self, dir: &CipherDir, on_disk: &[u8], st: libc::stat) -> Result<Option<Entry>> {
         let parsed = ParsedEntry::parse(on_disk);
         let what = || dir.child_path(&String::from_utf8_lossy(on_disk));
         match parsed {
@@ -280,28 +252,16 @@ impl Vault {
         }
         let d = self
             .names
-            .entry_d(&parsed, |side| {
-                sys::read_small_file(dir.fd(), side.as_bytes(), 4096).ctx(|| dir.child_path(side))
-            })
+            .entry_d(&parsed, |side| sys::read_small_file(dir.fd(), side.as_bytes(), 4096).ctx(|| dir.child_path(side)))
             .map_err(|e| relabel(e, &what()))?;
-        let name = self
-            .names
-            .decrypt_name(&dir.iv, &d)
-            .map_err(|e| relabel(e, &what()))?;
+        let name = self.names.decrypt_name(&dir.iv, &d).map_err(|e| relabel(e, &what()))?;
         let kind = EntryKind::from_mode(st.st_mode);
         let identity = self
             .names
             .unbind(&dir.iv, &d, kind, parsed.binding().expect("user entry"))
             .map_err(|e| relabel(e, &what()))?;
         let key = NameCipher::key_for_d(d);
-        Ok(Some(Entry {
-            name,
-            on_disk: String::from_utf8_lossy(on_disk).into_owned(),
-            key,
-            kind,
-            identity,
-            stat: st,
-        }))
+        Ok(Some(Entry { name, on_disk: String::from_utf8_lossy(on_disk).into_owned(), key, kind, identity, stat: st }))
     }
 
     /// Lists `dir`: its decrypted entries, and the on-disk entries that failed to decrypt
@@ -329,10 +289,7 @@ impl Vault {
                     // Two entries for one name only exist after a crash in the middle of a
                     // rename over an existing name: the newer one (ctime) is the rename's result.
                     Some(&i) => {
-                        tracing::warn!(
-                            "{}: two entries for one name; using the newer",
-                            dir.path.display()
-                        );
+                        tracing::warn!("{}: two entries for one name; using the newer", dir.path.display());
                         if ctime(&e.stat) > ctime(&good[i].stat) {
                             good[i] = e;
                         }
@@ -345,10 +302,7 @@ impl Vault {
                 Ok(None) => {}
                 Err(error) => {
                     tracing::error!("{error}");
-                    bad.push(BadEntry {
-                        on_disk: r.name,
-                        error,
-                    });
+                    bad.push(BadEntry { on_disk: r.name, error });
                 }
             }
         }
@@ -364,13 +318,9 @@ impl Vault {
             if ParsedEntry::parse(&r.name).key() != Some(key.key.as_str()) {
                 continue;
             }
-            let st = sys::fstatat(dir.fd(), &r.name)
-                .ctx(|| dir.child_path(&String::from_utf8_lossy(&r.name)))?;
+            let st = sys::fstatat(dir.fd(), &r.name).ctx(|| dir.child_path(&String::from_utf8_lossy(&r.name)))?;
             if let Some(e) = self.decode_entry(dir, &r.name, st)? {
-                if found
-                    .as_ref()
-                    .is_none_or(|f| ctime(&e.stat) > ctime(&f.stat))
-                {
+                if found.as_ref().is_none_or(|f| ctime(&e.stat) > ctime(&f.stat)) {
                     found = Some(e);
                 }
             }
@@ -381,42 +331,23 @@ impl Vault {
     /// Opens the subdirectory named by `entry` in `parent`, verifying its IV.
     pub fn open_dir(&self, parent: &CipherDir, entry: &Entry) -> Result<CipherDir> {
         if entry.kind != EntryKind::Dir {
-            return Err(Error::io(
-                parent.child_path(&entry.on_disk),
-                std::io::Error::from_raw_os_error(libc::ENOTDIR),
-            ));
+            return Err(Error::io(parent.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
         }
-        let fd = sys::open_dir_at(parent.fd(), entry.on_disk.as_bytes())
-            .ctx(|| parent.child_path(&entry.on_disk))?;
-        let dir = CipherDir {
-            fd,
-            iv: entry.identity,
-            path: parent.path.join(&entry.on_disk),
-        };
+        let fd = sys::open_dir_at(parent.fd(), entry.on_disk.as_bytes()).ctx(|| parent.child_path(&entry.on_disk))?;
+        let dir = CipherDir { fd, iv: entry.identity, path: parent.path.join(&entry.on_disk) };
         self.check_diriv(&dir)?;
         Ok(dir)
     }
 
     /// Opens the regular file named by `entry` with `flags` (`O_RDONLY`, `O_RDWR`, ...).
-    pub fn open_file(
-        &self,
-        parent: &CipherDir,
-        entry: &Entry,
-        flags: libc::c_int,
-    ) -> Result<CryptFile> {
+    pub fn open_file(&self, parent: &CipherDir, entry: &Entry, flags: libc::c_int) -> Result<CryptFile> {
         let what = parent.child_path(&entry.on_disk);
         if entry.kind != EntryKind::File {
-            return Err(Error::io(
-                what,
-                std::io::Error::from_raw_os_error(libc::EISDIR),
-            ));
+            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::EISDIR)));
         }
         // Writes need to read too (read-modify-write of partial blocks).
-        let flags = if flags & libc::O_ACCMODE == libc::O_WRONLY {
-            (flags & !libc::O_ACCMODE) | libc::O_RDWR
-        } else {
-            flags
-        };
+        let flags =
+            if flags & libc::O_ACCMODE == libc::O_WRONLY { (flags & !libc::O_ACCMODE) | libc::O_RDWR } else { flags };
         let fd = sys::openat(
             parent.fd(),
             entry.on_disk.as_bytes(),
@@ -453,10 +384,7 @@ impl Vault {
     pub fn drop_side_file(&self, dir: &CipherDir, key: &NameKey) {
         if let Some(side) = &key.side_file {
             let still_used = sys::read_dir_fd(dir.fd())
-                .map(|raw| {
-                    raw.iter()
-                        .any(|r| ParsedEntry::parse(&r.name).key() == Some(key.key.as_str()))
-                })
+                .map(|raw| raw.iter().any(|r| ParsedEntry::parse(&r.name).key() == Some(key.key.as_str())))
                 .unwrap_or(true);
             if !still_used {
                 let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
@@ -474,39 +402,19 @@ impl Vault {
         identity: Identity,
     ) -> Result<Entry> {
         let stat = sys::fstatat(dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
-        Ok(Entry {
-            name: name.to_vec(),
-            on_disk,
-            key,
-            kind,
-            identity,
-            stat,
-        })
+        Ok(Entry { name: name.to_vec(), on_disk, key, kind, identity, stat })
     }
 
     /// Creates an empty regular file `name` (fails if the name exists) and opens it.
-    pub fn create_file(
-        &self,
-        dir: &CipherDir,
-        name: &[u8],
-        mode: u32,
-    ) -> Result<(Entry, CryptFile)> {
+    pub fn create_file(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CryptFile)> {
         self.ensure_absent(dir, name)?;
         let id: Identity = crate::random::bytes();
         let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::File, &id)?;
         let what = dir.child_path(&on_disk);
-        let fd = sys::openat(
-            dir.fd(),
-            on_disk.as_bytes(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
-            mode & 0o7777,
-        )
-        .ctx(|| what.clone())?;
+        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode & 0o7777)
+            .ctx(|| what.clone())?;
         let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
-        Ok((
-            self.entry_after_create(dir, name, key, on_disk, EntryKind::File, id)?,
-            file,
-        ))
+        Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::File, id)?, file))
     }
 
     fn ensure_absent(&self, dir: &CipherDir, name: &[u8]) -> Result<()> {
@@ -528,46 +436,24 @@ impl Vault {
     }
 
     /// [`mkdir`](Self::mkdir) without the existence check (the caller knows the name is free).
-    pub fn mkdir_unchecked(
-        &self,
-        dir: &CipherDir,
-        name: &[u8],
-        mode: u32,
-    ) -> Result<(Entry, CipherDir)> {
+    pub fn mkdir_unchecked(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
         let iv: DirIv = crate::random::bytes();
         let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Dir, &iv)?;
-        let tmp = format!(
-            "veilfs.tmp.{}",
-            crate::names::b64_encode(&crate::random::bytes::<12>())
-        );
+        let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
         sys::mkdirat(dir.fd(), tmp.as_bytes(), 0o700).ctx(|| dir.child_path(&tmp))?;
         let result = (|| {
             let fd = sys::open_dir_at(dir.fd(), tmp.as_bytes()).ctx(|| dir.child_path(&tmp))?;
-            sys::write_new_file(fd.as_fd(), DIRIV_NAME.as_bytes(), &iv, 0o400)
-                .ctx(|| dir.child_path(&tmp))?;
+            sys::write_new_file(fd.as_fd(), DIRIV_NAME.as_bytes(), &iv, 0o400).ctx(|| dir.child_path(&tmp))?;
             // Set the final mode only now, so a mode without write permission still works.
             sys::fchmodat(dir.fd(), tmp.as_bytes(), mode & 0o7777).ctx(|| dir.child_path(&tmp))?;
-            sys::renameat2(
-                dir.fd(),
-                tmp.as_bytes(),
-                dir.fd(),
-                on_disk.as_bytes(),
-                libc::RENAME_NOREPLACE,
-            )
-            .ctx(|| dir.child_path(&on_disk))?;
+            sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+                .ctx(|| dir.child_path(&on_disk))?;
             Ok(fd)
         })();
         match result {
             Ok(fd) => {
-                let sub = CipherDir {
-                    fd,
-                    iv,
-                    path: dir.path.join(&on_disk),
-                };
-                Ok((
-                    self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, iv)?,
-                    sub,
-                ))
+                let sub = CipherDir { fd, iv, path: dir.path.join(&on_disk) };
+                Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, iv)?, sub))
             }
             Err(e) => {
                 let _ = sys::unlinkat(dir.fd(), format!("{tmp}/{DIRIV_NAME}").as_bytes(), false);
@@ -586,10 +472,7 @@ impl Vault {
         codec.seal_into(0, true, target, &mut blob[16..]);
         let enc = crate::names::b64_encode(&blob).into_bytes();
         if enc.len() > 4095 {
-            return Err(Error::io(
-                "symlink",
-                std::io::Error::from_raw_os_error(libc::ENAMETOOLONG),
-            ));
+            return Err(Error::io("symlink", std::io::Error::from_raw_os_error(libc::ENAMETOOLONG)));
         }
         Ok(enc)
     }
@@ -601,10 +484,7 @@ impl Vault {
             .and_then(crate::names::b64_decode)
             .ok_or_else(|| Error::auth(what, "symlink target is not base64url"))?;
         if blob.len() <= 16 + self.ctx.cipher.overhead() || blob[..16] != id[..] {
-            return Err(Error::auth(
-                what,
-                "symlink target does not belong to this entry",
-            ));
+            return Err(Error::auth(what, "symlink target does not belong to this entry"));
         }
         let codec = crate::content::BlockCodec::new(self.ctx.cipher, &self.ctx.keys, *id);
         let mut out = vec![0u8; blob.len() - 16 - codec.overhead()];
@@ -645,34 +525,18 @@ impl Vault {
         if entry.kind == EntryKind::Dir {
             let sub = sys::open_dir_at(dir.fd(), entry.on_disk.as_bytes()).ctx(|| what.clone())?;
             let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| what.clone())?;
-            if raw
-                .iter()
-                .any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes())
-            {
-                return Err(Error::io(
-                    what,
-                    std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
-                ));
+            if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
+                return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
             }
             // Move the directory out of the way first, so a crash never leaves a live
             // directory without its IV file.
-            let tmp = format!(
-                "veilfs.tmp.{}",
-                crate::names::b64_encode(&crate::random::bytes::<12>())
-            );
-            sys::renameat2(
-                dir.fd(),
-                entry.on_disk.as_bytes(),
-                dir.fd(),
-                tmp.as_bytes(),
-                libc::RENAME_NOREPLACE,
-            )
-            .ctx(|| what.clone())?;
+            let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+            sys::renameat2(dir.fd(), entry.on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)
+                .ctx(|| what.clone())?;
             let _ = sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false);
             if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
                 // Something appeared inside meanwhile: put it back.
-                let _ =
-                    sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), &entry.identity, 0o400);
+                let _ = sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), &entry.identity, 0o400);
                 let _ = sys::renameat2(
                     dir.fd(),
                     tmp.as_bytes(),
@@ -690,12 +554,7 @@ impl Vault {
     }
 
     /// The on-disk name `entry` gets as `new_name` in `to` (same identity, new binding).
-    pub fn rebind(
-        &self,
-        to: &CipherDir,
-        new_name: &[u8],
-        entry: &Entry,
-    ) -> Result<(NameKey, String)> {
+    pub fn rebind(&self, to: &CipherDir, new_name: &[u8], entry: &Entry) -> Result<(NameKey, String)> {
         self.new_entry_name(to, new_name, entry.kind, &entry.identity)
     }
 
@@ -713,25 +572,15 @@ impl Vault {
     ) -> Result<Entry> {
         if let Some(r) = replaced {
             if r.kind == EntryKind::Dir && entry.kind != EntryKind::Dir {
-                return Err(Error::io(
-                    to.child_path(&r.on_disk),
-                    std::io::Error::from_raw_os_error(libc::EISDIR),
-                ));
+                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::EISDIR)));
             }
             if r.kind != EntryKind::Dir && entry.kind == EntryKind::Dir {
-                return Err(Error::io(
-                    to.child_path(&r.on_disk),
-                    std::io::Error::from_raw_os_error(libc::ENOTDIR),
-                ));
+                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
             }
             if r.kind == EntryKind::Dir {
-                let sub = sys::open_dir_at(to.fd(), r.on_disk.as_bytes())
-                    .ctx(|| to.child_path(&r.on_disk))?;
+                let sub = sys::open_dir_at(to.fd(), r.on_disk.as_bytes()).ctx(|| to.child_path(&r.on_disk))?;
                 let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| to.child_path(&r.on_disk))?;
-                if raw
-                    .iter()
-                    .any(|x| x.name != b"." && x.name != b".." && x.name != DIRIV_NAME.as_bytes())
-                {
+                if raw.iter().any(|x| x.name != b"." && x.name != b".." && x.name != DIRIV_NAME.as_bytes()) {
                     return Err(Error::io(
                         to.child_path(&r.on_disk),
                         std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
@@ -740,14 +589,8 @@ impl Vault {
             }
         }
         let (key, on_disk) = self.rebind(to, new_name, entry)?;
-        sys::renameat2(
-            from.fd(),
-            entry.on_disk.as_bytes(),
-            to.fd(),
-            on_disk.as_bytes(),
-            libc::RENAME_NOREPLACE,
-        )
-        .ctx(|| to.child_path(&on_disk))?;
+        sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+            .ctx(|| to.child_path(&on_disk))?;
         if let Some(r) = replaced {
             if r.on_disk != entry.on_disk || from.path != to.path {
                 self.remove(to, r)?;
@@ -757,39 +600,18 @@ impl Vault {
             self.drop_side_file(from, &entry.key);
         }
         let stat = sys::fstatat(to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
-        Ok(Entry {
-            name: new_name.to_vec(),
-            on_disk,
-            key,
-            kind: entry.kind,
-            identity: entry.identity,
-            stat,
-        })
+        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity: entry.identity, stat })
     }
 
     /// Creates a hard link `new_name` in `to` to the file `entry` of `from`.
-    pub fn link(
-        &self,
-        from: &CipherDir,
-        entry: &Entry,
-        to: &CipherDir,
-        new_name: &[u8],
-    ) -> Result<Entry> {
+    pub fn link(&self, from: &CipherDir, entry: &Entry, to: &CipherDir, new_name: &[u8]) -> Result<Entry> {
         if entry.kind == EntryKind::Dir {
-            return Err(Error::io(
-                from.child_path(&entry.on_disk),
-                std::io::Error::from_raw_os_error(libc::EPERM),
-            ));
+            return Err(Error::io(from.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::EPERM)));
         }
         self.ensure_absent(to, new_name)?;
         let (key, on_disk) = self.rebind(to, new_name, entry)?;
-        sys::linkat(
-            from.fd(),
-            entry.on_disk.as_bytes(),
-            to.fd(),
-            on_disk.as_bytes(),
-        )
-        .ctx(|| to.child_path(&on_disk))?;
+        sys::linkat(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes())
+            .ctx(|| to.child_path(&on_disk))?;
         self.entry_after_create(to, new_name, key, on_disk, entry.kind, entry.identity)
     }
 
@@ -812,11 +634,7 @@ impl Vault {
     /// The ciphertext path (relative to the vault) of an existing plaintext path.
     pub fn encrypt_path(&self, path: &Path) -> Result<PathBuf> {
         let (dir, entry) = self.resolve(path)?;
-        let rel = dir
-            .path
-            .strip_prefix(&self.root_path)
-            .unwrap_or(Path::new(""))
-            .to_path_buf();
+        let rel = dir.path.strip_prefix(&self.root_path).unwrap_or(Path::new("")).to_path_buf();
         match entry {
             Some(e) => Ok(rel.join(e.on_disk)),
             None if path_components(path)?.is_empty() => Ok(rel),
@@ -830,13 +648,9 @@ impl Vault {
         let mut out = PathBuf::new();
         let comps = path_components(cipher_path)?;
         for (i, c) in comps.iter().enumerate() {
-            let st =
-                sys::fstatat(dir.fd(), c).ctx(|| dir.child_path(&String::from_utf8_lossy(c)))?;
+            let st = sys::fstatat(dir.fd(), c).ctx(|| dir.child_path(&String::from_utf8_lossy(c)))?;
             let e = self.decode_entry(&dir, c, st)?.ok_or_else(|| {
-                Error::Invalid(format!(
-                    "{} is a file of the vault itself",
-                    String::from_utf8_lossy(c)
-                ))
+                Error::Invalid(format!("{} is a file of the vault itself", String::from_utf8_lossy(c)))
             })?;
             out.push(std::ffi::OsStr::from_bytes(&e.name));
             if i + 1 < comps.len() {
@@ -860,10 +674,7 @@ fn ctime(st: &libc::stat) -> (i64, i64) {
 }
 
 fn not_found(path: &Path) -> Error {
-    Error::io(
-        path.display().to_string(),
-        std::io::Error::from_raw_os_error(libc::ENOENT),
-    )
+    Error::io(path.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
 }
 
 /// The components of a relative path as bytes (`.` skipped, `..` refused).
@@ -875,17 +686,9 @@ pub fn path_components(path: &Path) -> Result<Vec<&[u8]>> {
             Component::Normal(s) => out.push(sys::os_bytes(s)),
             Component::CurDir | Component::RootDir => {}
             Component::ParentDir => {
-                return Err(Error::Invalid(format!(
-                    "{}: '..' is not allowed in vault paths",
-                    path.display()
-                )))
+                return Err(Error::Invalid(format!("{}: '..' is not allowed in vault paths", path.display())))
             }
-            Component::Prefix(_) => {
-                return Err(Error::Invalid(format!(
-                    "{}: unsupported path",
-                    path.display()
-                )))
-            }
+            Component::Prefix(_) => return Err(Error::Invalid(format!("{}: unsupported path", path.display()))),
         }
     }
     Ok(out)

@@ -49,9 +49,7 @@ impl ContentCipher {
     pub fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {
             "aes-256-gcm" | "aes256gcm" | "aes" | "gcm" => Some(ContentCipher::Aes256Gcm),
-            "xchacha20-poly1305" | "xchacha" | "xchacha20" => {
-                Some(ContentCipher::XChaCha20Poly1305)
-            }
+            "xchacha20-poly1305" | "xchacha" | "xchacha20" => Some(ContentCipher::XChaCha20Poly1305),
             _ => None,
         }
     }
@@ -60,13 +58,11 @@ impl ContentCipher {
     pub fn key(self, key: &[u8; 32]) -> BlockKey {
         match self {
             ContentCipher::Aes256Gcm => {
-                let unbound = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, key)
-                    .expect("32-byte AES key");
+                let unbound =
+                    aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, key).expect("32-byte AES key");
                 BlockKey::Gcm(aws_lc_rs::aead::LessSafeKey::new(unbound))
             }
-            ContentCipher::XChaCha20Poly1305 => {
-                BlockKey::XChaCha(Box::new(XChaCha20Poly1305::new(key.into())))
-            }
+            ContentCipher::XChaCha20Poly1305 => BlockKey::XChaCha(Box::new(XChaCha20Poly1305::new(key.into()))),
         }
     }
 }
@@ -90,8 +86,7 @@ impl BlockKey {
     pub fn seal(&self, nonce: &[u8], aad: &[u8], buf: &mut [u8]) -> [u8; TAG_LEN] {
         match self {
             BlockKey::Gcm(k) => {
-                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce)
-                    .expect("12-byte nonce");
+                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce).expect("12-byte nonce");
                 let tag = k
                     .seal_in_place_separate_tag(n, aws_lc_rs::aead::Aad::from(aad), buf)
                     .expect("AES-GCM seal cannot fail for block-sized input");
@@ -112,15 +107,11 @@ impl BlockKey {
     pub fn open(&self, nonce: &[u8], aad: &[u8], buf: &mut [u8], tag: &[u8]) -> Result<()> {
         let ok = match self {
             BlockKey::Gcm(k) => {
-                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce)
-                    .expect("12-byte nonce");
-                k.open_in_place_separate_tag(n, aws_lc_rs::aead::Aad::from(aad), tag, buf)
-                    .is_ok()
+                let n = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(nonce).expect("12-byte nonce");
+                k.open_in_place_separate_tag(n, aws_lc_rs::aead::Aad::from(aad), tag, buf).is_ok()
             }
             BlockKey::XChaCha(k) => {
-                tag.len() == TAG_LEN
-                    && k.decrypt_in_place_detached(nonce.into(), aad, buf, tag.into())
-                        .is_ok()
+                tag.len() == TAG_LEN && k.decrypt_in_place_detached(nonce.into(), aad, buf, tag.into()).is_ok()
             }
         };
         if ok {

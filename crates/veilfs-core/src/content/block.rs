@@ -34,11 +34,7 @@ impl BlockCodec {
     /// A codec for the file with ID `file_id`.
     pub fn new(cipher: ContentCipher, keys: &SubKeys, file_id: FileId) -> Self {
         let fk = keys.file_key(&file_id);
-        BlockCodec {
-            cipher,
-            key: cipher.key(fk.expose()),
-            file_id,
-        }
+        BlockCodec { cipher, key: cipher.key(fk.expose()), file_id }
     }
 
     /// The file ID.
@@ -59,9 +55,7 @@ impl BlockCodec {
         crate::random::fill(nonce);
         let (body, tag) = rest.split_at_mut(plain.len());
         body.copy_from_slice(plain);
-        let t = self
-            .key
-            .seal(nonce, &block_aad(&self.file_id, n, last), body);
+        let t = self.key.seal(nonce, &block_aad(&self.file_id, n, last), body);
         tag.copy_from_slice(&t);
     }
 
@@ -71,9 +65,7 @@ impl BlockCodec {
         let mut out = Vec::with_capacity(plain.len() + self.overhead());
         out.extend_from_slice(nonce);
         let mut body = plain.to_vec();
-        let t = self
-            .key
-            .seal(nonce, &block_aad(&self.file_id, n, last), &mut body);
+        let t = self.key.seal(nonce, &block_aad(&self.file_id, n, last), &mut body);
         out.extend_from_slice(&body);
         out.extend_from_slice(&t);
         out
@@ -81,20 +73,10 @@ impl BlockCodec {
 
     /// Decrypts on-disk block `n` from `ct` into `out` (at least `ct.len() - overhead` long);
     /// returns the plaintext length. `what` names the file in errors.
-    pub fn open_into(
-        &self,
-        n: u64,
-        last: bool,
-        ct: &[u8],
-        out: &mut [u8],
-        what: &str,
-    ) -> Result<usize> {
+    pub fn open_into(&self, n: u64, last: bool, ct: &[u8], out: &mut [u8], what: &str) -> Result<usize> {
         let nl = self.cipher.nonce_len();
         if ct.len() <= nl + TAG_LEN {
-            return Err(Error::auth(
-                what,
-                format!("block {n} is truncated ({} bytes)", ct.len()),
-            ));
+            return Err(Error::auth(what, format!("block {n} is truncated ({} bytes)", ct.len())));
         }
         let plen = ct.len() - nl - TAG_LEN;
         let (nonce, rest) = ct.split_at(nl);

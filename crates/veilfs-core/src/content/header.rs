@@ -61,13 +61,7 @@ impl FileHeader {
     /// Parses and verifies a header; `what` names the file in errors.
     pub fn decode(bytes: &[u8], keys: &SubKeys, what: &str) -> Result<Self> {
         if bytes.len() < HEADER_LEN {
-            return Err(Error::auth(
-                what,
-                format!(
-                    "file header truncated ({} of {HEADER_LEN} bytes)",
-                    bytes.len()
-                ),
-            ));
+            return Err(Error::auth(what, format!("file header truncated ({} of {HEADER_LEN} bytes)", bytes.len())));
         }
         let bytes = &bytes[..HEADER_LEN];
         let tag = hmac16(keys.header.expose(), &[HEADER_LABEL, &bytes[..20]]);
@@ -76,17 +70,11 @@ impl FileHeader {
         }
         let version = u16::from_be_bytes([bytes[0], bytes[1]]);
         if version != HEADER_VERSION {
-            return Err(Error::auth(
-                what,
-                format!("unsupported file header version {version}"),
-            ));
+            return Err(Error::auth(what, format!("unsupported file header version {version}")));
         }
         let flags = u16::from_be_bytes([bytes[2], bytes[3]]);
         if flags & !KNOWN_FLAGS != 0 {
-            return Err(Error::auth(
-                what,
-                format!("unknown file header flags {flags:#x}"),
-            ));
+            return Err(Error::auth(what, format!("unknown file header flags {flags:#x}")));
         }
         let mut id = [0u8; 16];
         id.copy_from_slice(&bytes[4..20]);

@@ -21,10 +21,7 @@ pub struct Layout {
 impl Layout {
     /// A layout for `block_size` plaintext bytes and `overhead` extra bytes per block.
     pub const fn new(block_size: u64, overhead: u64) -> Self {
-        Layout {
-            block_size,
-            overhead,
-        }
+        Layout { block_size, overhead }
     }
 
     /// Bytes of one full ciphertext block.
@@ -42,8 +39,11 @@ impl Layout {
         plain_size.div_ceil(self.block_size)
     }
 
-    /// Ciphertext size of a file with a header and `plain_size` bytes.
+    /// Ciphertext size of a file of `plain_size` bytes.
     pub fn cipher_size(&self, plain_size: u64) -> u64 {
+        if plain_size == 0 {
+            return 0;
+        }
         let full = plain_size / self.block_size;
         let rem = plain_size % self.block_size;
         self.header() + full * self.cipher_block() + if rem > 0 { rem + self.overhead } else { 0 }
@@ -55,20 +55,17 @@ impl Layout {
         if cipher_size == 0 {
             return Ok(0);
         }
-        if cipher_size < self.header() {
+        if cipher_size <= self.header() {
             return Err(Error::auth(
                 "file",
-                format!("ciphertext of {cipher_size} bytes is shorter than the header"),
+                format!("ciphertext of {cipher_size} bytes has no complete block after the header (truncated file)"),
             ));
         }
         let body = cipher_size - self.header();
         let blocks = body.div_ceil(self.cipher_block());
         let last = body - blocks.saturating_sub(1) * self.cipher_block();
         if blocks > 0 && last <= self.overhead {
-            return Err(Error::auth(
-                "file",
-                format!("last block of {last} bytes is too short (truncated file)"),
-            ));
+            return Err(Error::auth("file", format!("last block of {last} bytes is too short (truncated file)")));
         }
         Ok(body - blocks * self.overhead)
     }
@@ -125,17 +122,14 @@ mod tests {
 
     #[test]
     fn sizes_at_edges() {
-        assert_eq!(L.cipher_size(0), 36);
+        assert_eq!(L.cipher_size(0), 0);
         assert_eq!(L.cipher_size(1), 36 + 1 + 28);
         assert_eq!(L.cipher_size(4096), 36 + 4124);
         assert_eq!(L.cipher_size(4097), 36 + 4124 + 29);
         assert_eq!(L.plain_size(0).unwrap(), 0);
-        assert_eq!(L.plain_size(36).unwrap(), 0);
+        assert!(L.plain_size(36).is_err(), "a header without blocks is a truncated file");
         assert!(L.plain_size(35).is_err());
-        assert!(
-            L.plain_size(36 + 28).is_err(),
-            "a block with no payload is invalid"
-        );
+        assert!(L.plain_size(36 + 28).is_err(), "a block with no payload is invalid");
         assert!(L.plain_size(36 + 4124 + 10).is_err());
     }
 
@@ -165,7 +159,7 @@ mod tests {
         fn invalid_sizes_are_rejected_or_consistent(c in 0u64..(1 << 24)) {
             // Every ciphertext size either maps to a plaintext size that maps back, or is invalid.
             if let Ok(p) = L.plain_size(c) {
-                prop_assert!(c == 0 || L.cipher_size(p) == c);
+                prop_assert_eq!(L.cipher_size(p), c);
             }
             prop_assert!(L.plain_size_lenient(c) <= L.plain_size(c).unwrap_or(u64::MAX));
         }

@@ -1,0 +1,48 @@
+//! Helpers shared by the core's integration tests.
+#![allow(dead_code)]
+
+use secrecy::SecretString;
+use std::path::{Path, PathBuf};
+use veilfs_core::kdf::Argon2Params;
+use veilfs_core::{CipherDir, Entry, InitOptions, Secret, Vault};
+
+/// Argon2 settings cheap enough for tests.
+pub const FAST_KDF: Argon2Params = Argon2Params { memory_kib: 64, iterations: 1, parallelism: 1 };
+
+pub fn password() -> SecretString {
+    SecretString::from("correct horse".to_string())
+}
+
+pub fn new_vault(dir: &Path) -> Vault {
+    let opts = InitOptions { kdf: FAST_KDF, ..InitOptions::default() };
+    Vault::create(dir, &password(), &opts).unwrap().0
+}
+
+pub fn reopen(dir: &Path) -> Vault {
+    Vault::open(dir, &Secret::Password(password()), None).unwrap()
+}
+
+pub fn write_file(v: &Vault, dir: &CipherDir, name: &str, data: &[u8]) -> Entry {
+    let (e, f) = v.create_file(dir, name.as_bytes(), 0o644).unwrap();
+    f.write_at(data, 0, 0).unwrap();
+    e
+}
+
+pub fn read_file(v: &Vault, dir: &CipherDir, name: &str) -> veilfs_core::Result<Vec<u8>> {
+    let e = v.lookup(dir, name.as_bytes())?.expect("entry exists");
+    let f = v.open_file(dir, &e, libc::O_RDONLY)?;
+    let size = f.plain_size()?;
+    let mut buf = vec![0u8; size as usize];
+    let n = f.read_at(&mut buf, 0, size)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+pub fn cipher_path(v: &Vault, dir: &CipherDir, name: &str) -> PathBuf {
+    dir.path.join(v.lookup(dir, name.as_bytes()).unwrap().unwrap().on_disk)
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn data(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(seed as u32).to_le_bytes()[1]).collect()
+}

@@ -1,0 +1,287 @@
+//! An attacker who can write the ciphertext: every modification below must be detected
+//! with an integrity error that names what failed, never returned as data.
+
+mod common;
+use common::*;
+use std::os::unix::fs::FileExt;
+use veilfs_core::{Error, Secret, Vault};
+
+const B: usize = 4096;
+const CB: u64 = 4096 + 28;
+const H: u64 = 36;
+
+fn assert_auth<T: std::fmt::Debug>(r: veilfs_core::Result<T>, needle: &str) {
+    match r {
+        Err(Error::Auth { what, detail }) => {
+            let msg = format!("{what}: {detail}");
+            assert!(msg.contains(needle), "integrity error {msg:?} should mention {needle:?}");
+        }
+        other => panic!("expected an integrity error mentioning {needle:?}, got {other:?}"),
+    }
+}
+
+fn setup() -> (tempfile::TempDir, Vault) {
+    let t = tempfile::tempdir().unwrap();
+    let v = new_vault(t.path());
+    (t, v)
+}
+
+#[test]
+fn bit_flip_anywhere_in_a_block_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", &data(3 * B, 1));
+    let p = cipher_path(&v, &root, "f");
+    let orig = std::fs::read(&p).unwrap();
+    // Every byte of block 1 (nonce, ciphertext, tag) and a sample of the others.
+    let positions: Vec<u64> = (H + CB..H + 2 * CB).chain((0..orig.len() as u64).step_by(97)).collect();
+    for pos in positions {
+        let mut bad = orig.clone();
+        bad[pos as usize] ^= 0x20;
+        std::fs::write(&p, &bad).unwrap();
+        let r = read_file(&v, &root, "f");
+        assert!(matches!(r, Err(Error::Auth { .. })), "flip at byte {pos} not detected: {r:?}");
+    }
+    std::fs::write(&p, &orig).unwrap();
+    assert_eq!(read_file(&v, &root, "f").unwrap(), data(3 * B, 1));
+    // The error names the file and the block.
+    let mut bad = orig.clone();
+    bad[(H + CB + 100) as usize] ^= 1;
+    std::fs::write(&p, &bad).unwrap();
+    assert_auth(read_file(&v, &root, "f"), "block 1");
+    assert_auth(read_file(&v, &root, "f"), p.file_name().unwrap().to_str().unwrap());
+}
+
+#[test]
+fn block_moved_within_file_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", &data(3 * B, 2));
+    let p = cipher_path(&v, &root, "f");
+    let mut c = std::fs::read(&p).unwrap();
+    let (a, b) = ((H) as usize, (H + CB) as usize);
+    let blk0: Vec<u8> = c[a..a + CB as usize].to_vec();
+    let blk1: Vec<u8> = c[b..b + CB as usize].to_vec();
+    c[a..a + CB as usize].copy_from_slice(&blk1);
+    c[b..b + CB as usize].copy_from_slice(&blk0);
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_file(&v, &root, "f"), "block 0");
+}
+
+#[test]
+fn block_moved_to_another_file_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "a", &data(2 * B, 3));
+    write_file(&v, &root, "b", &data(2 * B, 4));
+    let (pa, pb) = (cipher_path(&v, &root, "a"), cipher_path(&v, &root, "b"));
+    let cb = std::fs::read(&pb).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&pa).unwrap();
+    f.write_all_at(&cb[H as usize..(H + CB) as usize], H).unwrap();
+    assert_auth(read_file(&v, &root, "a"), "block 0");
+}
+
+#[test]
+fn header_swapped_between_files_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "a", &data(100, 5));
+    write_file(&v, &root, "b", &data(100, 6));
+    let (pa, pb) = (cipher_path(&v, &root, "a"), cipher_path(&v, &root, "b"));
+    let (ca, cb) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
+    let mut na = cb[..H as usize].to_vec();
+    na.extend_from_slice(&ca[H as usize..]);
+    std::fs::write(&pa, na).unwrap();
+    assert_auth(read_file(&v, &root, "a"), "belongs to another file");
+}
+
+#[test]
+fn swapped_file_contents_are_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "salary.txt", b"alice: 100");
+    write_file(&v, &root, "public.txt", b"nothing to see");
+    let (pa, pb) = (cipher_path(&v, &root, "salary.txt"), cipher_path(&v, &root, "public.txt"));
+    let tmp = pa.with_extension("tmp");
+    std::fs::rename(&pa, &tmp).unwrap();
+    std::fs::rename(&pb, &pa).unwrap();
+    std::fs::rename(&tmp, &pb).unwrap();
+    assert_auth(read_file(&v, &root, "salary.txt"), "belongs to another file");
+    assert_auth(read_file(&v, &root, "public.txt"), "belongs to another file");
+}
+
+#[test]
+fn swapped_contents_of_empty_and_full_files_are_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "full", b"data");
+    v.create_file(&root, b"empty", 0o644).unwrap();
+    let (pf, pe) = (cipher_path(&v, &root, "full"), cipher_path(&v, &root, "empty"));
+    std::fs::write(&pe, std::fs::read(&pf).unwrap()).unwrap();
+    assert_auth(read_file(&v, &root, "empty"), "belongs to another file");
+}
+
+#[test]
+fn entry_moved_to_another_directory_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let (_e, sub) = v.mkdir(&root, b"sub", 0o755).unwrap();
+    write_file(&v, &root, "secret", b"top secret");
+    let p = cipher_path(&v, &root, "secret");
+    std::fs::rename(&p, sub.path.join(p.file_name().unwrap())).unwrap();
+    let (good, bad) = v.list(&sub).unwrap();
+    assert!(good.is_empty(), "a moved entry must not decrypt in its new directory");
+    assert_eq!(bad.len(), 1);
+    assert!(matches!(bad[0].error, Error::Auth { .. }), "{:?}", bad[0].error);
+    assert!(v.lookup(&sub, b"secret").unwrap().is_none());
+}
+
+#[test]
+fn entry_moved_with_its_directory_iv_is_detected() {
+    // The attacker moves an entry to another directory *and* copies the source directory's
+    // IV file there, so the name decrypts: the target directory's own binding catches it.
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let (_a, da) = v.mkdir(&root, b"a", 0o755).unwrap();
+    let (_b, db) = v.mkdir(&root, b"b", 0o755).unwrap();
+    write_file(&v, &da, "x", b"from a");
+    let iv_a = std::fs::read(da.path.join("veilfs.diriv")).unwrap();
+    let pb_iv = db.path.join("veilfs.diriv");
+    std::fs::remove_file(&pb_iv).unwrap();
+    std::fs::write(&pb_iv, iv_a).unwrap();
+    let e = v.lookup(&root, b"b").unwrap().unwrap();
+    assert_auth(v.open_dir(&root, &e), "copied from another directory");
+}
+
+#[test]
+fn truncation_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", &data(3 * B + 10, 7));
+    let p = cipher_path(&v, &root, "f");
+    let orig = std::fs::read(&p).unwrap();
+    // At a block boundary (the classic undetected truncation), inside a block, inside the
+    // header, and right after the header.
+    for cut in [H + 2 * CB, H + CB, H + CB + 1000, H + 3 * CB + 5, 20, H] {
+        std::fs::write(&p, &orig[..cut as usize]).unwrap();
+        let r = read_file(&v, &root, "f");
+        assert!(matches!(r, Err(Error::Auth { .. })), "truncation to {cut} bytes not detected: {r:?}");
+    }
+}
+
+#[test]
+fn zero_blocks_are_not_holes_in_ordinary_files() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", &data(3 * B, 8));
+    let p = cipher_path(&v, &root, "f");
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(&vec![0u8; CB as usize], H + CB).unwrap();
+    assert_auth(read_file(&v, &root, "f"), "block 1");
+}
+
+#[test]
+fn sparse_flag_cannot_be_set_by_an_attacker() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", &data(3 * B, 9));
+    let p = cipher_path(&v, &root, "f");
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(&[0, 1], 2).unwrap(); // flags := SPARSE
+    f.write_all_at(&vec![0u8; CB as usize], H + CB).unwrap();
+    assert_auth(read_file(&v, &root, "f"), "header authentication failed");
+}
+
+#[test]
+fn symlink_target_swap_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let a = v.symlink(&root, b"a", b"/etc/passwd").unwrap();
+    let b = v.symlink(&root, b"b", b"/home/me").unwrap();
+    let pa = root.path.join(&a.on_disk);
+    let target_b = std::fs::read_link(root.path.join(&b.on_disk)).unwrap();
+    std::fs::remove_file(&pa).unwrap();
+    std::os::unix::fs::symlink(target_b, &pa).unwrap();
+    assert_auth(v.readlink(&root, &a), "does not belong");
+}
+
+#[test]
+fn file_replaced_by_directory_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let e = write_file(&v, &root, "f", b"x");
+    let p = root.path.join(&e.on_disk);
+    std::fs::remove_file(&p).unwrap();
+    std::fs::create_dir(&p).unwrap();
+    let (good, bad) = v.list(&root).unwrap();
+    assert!(good.is_empty());
+    assert!(matches!(bad[0].error, Error::Auth { .. }));
+}
+
+#[test]
+fn edited_config_fields_are_detected_and_nothing_is_written() {
+    let t = tempfile::tempdir().unwrap();
+    new_vault(t.path());
+    let cfg_path = t.path().join("veilfs.conf");
+    let orig = std::fs::read_to_string(&cfg_path).unwrap();
+    let edits: &[(&str, &str)] = &[
+        ("\"creator\": \"veilfs", "\"creator\": \"evilfs"),
+        ("\"block_size\": 4096", "\"block_size\": 8192"),
+        ("\"cipher\": \"AES-256-GCM\"", "\"cipher\": \"XChaCha20-Poly1305\""),
+        ("\"name-binding\",\n", ""),
+        ("\"iterations\": 1", "\"iterations\": 2"),
+        ("\"memory_kib\": 64", "\"memory_kib\": 128"),
+    ];
+    for (from, to) in edits {
+        assert!(orig.contains(from), "test setup: {from:?} not in config");
+        let edited = orig.replacen(from, to, 1);
+        let mut perms = std::fs::metadata(&cfg_path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+        std::fs::set_permissions(&cfg_path, perms).unwrap();
+        std::fs::write(&cfg_path, &edited).unwrap();
+        let r = Vault::open(t.path(), &Secret::Password(password()), None);
+        match r {
+            Err(Error::Config { detail, .. }) => assert!(!detail.is_empty()),
+            Err(Error::WrongPassword) => assert!(to.contains("iterations") || to.contains("memory"), "{from} → {r:?}"),
+            other => panic!("edit {from:?} → {to:?} was not detected: {other:?}"),
+        }
+        assert_eq!(std::fs::read_to_string(&cfg_path).unwrap(), edited, "unlocking must not write the config");
+    }
+    // Flip the root IV: MAC failure.
+    let iv_edit = orig.replacen("\"root_dir_iv\": \"", "\"root_dir_iv\": \"A", 1);
+    let iv_edit = {
+        // Keep it 22 characters of base64url so only the MAC can tell.
+        let start = iv_edit.find("\"root_dir_iv\": \"").unwrap() + 16;
+        let mut s = iv_edit.clone();
+        s.replace_range(start..start + 23, &iv_edit[start..start + 22]);
+        s
+    };
+    std::fs::write(&cfg_path, &iv_edit).unwrap();
+    assert!(matches!(Vault::open(t.path(), &Secret::Password(password()), None), Err(Error::Config { .. })));
+    // Restore: opens again.
+    std::fs::write(&cfg_path, &orig).unwrap();
+    reopen(t.path());
+}
+
+#[test]
+fn wrong_password_is_a_clear_error_and_changes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    new_vault(t.path());
+    let before = std::fs::read(t.path().join("veilfs.conf")).unwrap();
+    let r = Vault::open(t.path(), &Secret::Password(secrecy::SecretString::from("wrong".to_string())), None);
+    assert!(matches!(r, Err(Error::WrongPassword)), "{r:?}");
+    assert_eq!(std::fs::read(t.path().join("veilfs.conf")).unwrap(), before);
+}
+
+#[test]
+fn damaged_config_is_a_clear_error() {
+    let t = tempfile::tempdir().unwrap();
+    new_vault(t.path());
+    let p = t.path().join("veilfs.conf");
+    let orig = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &orig[..orig.len() / 2]).unwrap();
+    match Vault::open(t.path(), &Secret::Password(password()), None) {
+        Err(Error::Config { detail, .. }) => assert!(detail.contains("damaged"), "{detail}"),
+        other => panic!("{other:?}"),
+    }
+}
