@@ -1,0 +1,118 @@
+//! Property tests: the file API against a plain `Vec<u8>` model, for every size from 0 to a
+//! few blocks, random writes (including past EOF), truncates up and down, and reopening.
+
+mod common;
+use common::*;
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write { off: u64, len: usize, seed: u8 },
+    Truncate(u64),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u64..5 * 4096, 1usize..3 * 4096, any::<u8>()).prop_map(|(off, len, seed)| Op::Write { off, len, seed }),
+        1 => (0u64..6 * 4096).prop_map(Op::Truncate),
+        1 => (0u64..2_000_000).prop_map(|n| Op::Truncate(n)),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn check_equal(v: &veilfs_core::Vault, root: &veilfs_core::CipherDir, model: &[u8]) {
+    let got = read_file(v, root, "f").unwrap();
+    assert_eq!(got.len(), model.len(), "size");
+    assert!(got == model, "content differs");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn file_matches_model(ops in prop::collection::vec(op(), 1..25)) {
+        let t = tempfile::tempdir().unwrap();
+        let v = new_vault(t.path());
+        let root = v.root().unwrap();
+        let (_e, mut f) = v.create_file(&root, b"f", 0o644).unwrap();
+        let mut model: Vec<u8> = Vec::new();
+        for op in ops {
+            let size = model.len() as u64;
+            match op {
+                Op::Write { off, len, seed } => {
+                    let d = data(len, seed);
+                    let new = f.write_at(&d, off, size).unwrap();
+                    let end = off as usize + len;
+                    if model.len() < end { model.resize(end, 0); }
+                    model[off as usize..end].copy_from_slice(&d);
+                    prop_assert_eq!(new, model.len() as u64);
+                }
+                Op::Truncate(n) => {
+                    f.truncate(n, size).unwrap();
+                    model.resize(n as usize, 0);
+                }
+                Op::Reopen => {
+                    let e = v.lookup(&root, b"f").unwrap().unwrap();
+                    f = v.open_file(&root, &e, libc::O_RDWR).unwrap();
+                }
+            }
+            prop_assert_eq!(f.plain_size().unwrap(), model.len() as u64);
+        }
+        check_equal(&v, &root, &model);
+        // Partial reads at random places agree too.
+        let size = model.len() as u64;
+        for (off, len) in [(0u64, 1usize), (4095, 2), (4096, 4096), (size / 2, 10_000), (size.saturating_sub(1), 5)] {
+            let mut buf = vec![0u8; len];
+            let n = f.read_at(&mut buf, off, size).unwrap();
+            let want = &model[(off.min(size)) as usize..((off + len as u64).min(size)) as usize];
+            prop_assert_eq!(&buf[..n], want);
+        }
+    }
+
+    #[test]
+    fn every_small_size_round_trips(len in 0usize..(4 * 4096 + 2)) {
+        let t = tempfile::tempdir().unwrap();
+        let v = new_vault(t.path());
+        let root = v.root().unwrap();
+        let d = data(len, 42);
+        write_file(&v, &root, "f", &d);
+        prop_assert_eq!(read_file(&v, &root, "f").unwrap(), d);
+        let on_disk = std::fs::metadata(cipher_path(&v, &root, "f")).unwrap().len();
+        prop_assert_eq!(on_disk, v.content().layout.cipher_size(len as u64));
+    }
+}
+
+#[test]
+fn sparse_file_reads_back_and_stays_sparse() {
+    let t = tempfile::tempdir().unwrap();
+    let v = new_vault(t.path());
+    let root = v.root().unwrap();
+    let (_e, f) = v.create_file(&root, b"sparse", 0o644).unwrap();
+    let size = 64u64 << 20;
+    f.truncate(size, 0).unwrap();
+    f.write_at(b"middle", 32 << 20, size).unwrap();
+    let p = cipher_path(&v, &root, "sparse");
+    let blocks = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&p).unwrap());
+    assert!(blocks * 512 < 1 << 20, "a 64 MiB sparse file should use almost no disk, uses {} bytes", blocks * 512);
+    let mut buf = vec![1u8; 1 << 20];
+    let n = f.read_at(&mut buf, 0, size).unwrap();
+    assert_eq!(n, 1 << 20);
+    assert!(buf.iter().all(|&b| b == 0));
+    let mut m = [0u8; 6];
+    f.read_at(&mut m, 32 << 20, size).unwrap();
+    assert_eq!(&m, b"middle");
+}
+
+#[test]
+fn empty_file_is_zero_bytes_on_disk() {
+    let t = tempfile::tempdir().unwrap();
+    let v = new_vault(t.path());
+    let root = v.root().unwrap();
+    let (e, f) = v.create_file(&root, b"empty", 0o644).unwrap();
+    assert_eq!(std::fs::metadata(root.path.join(&e.on_disk)).unwrap().len(), 0);
+    f.write_at(b"x", 0, 0).unwrap();
+    f.truncate(0, 1).unwrap();
+    assert_eq!(std::fs::metadata(root.path.join(&e.on_disk)).unwrap().len(), 0);
+    assert_eq!(read_file(&v, &root, "empty").unwrap(), b"");
+}
