@@ -43,6 +43,12 @@ impl MasterKey {
         &self.0
     }
 
+    /// The raw key bytes. Only for known-answer tests and an explicit, user-requested key
+    /// export; never log them.
+    pub fn expose_secret(&self) -> &[u8; MASTER_KEY_LEN] {
+        &self.0
+    }
+
     /// Derives `N` bytes for `label` (HKDF-SHA256, salt "veilfs v1", info = label).
     pub(crate) fn derive<const N: usize>(&self, label: &str) -> SecretBytes<N> {
         hkdf_expand(HKDF_SALT, &self.0, label.as_bytes())

@@ -24,6 +24,11 @@ impl RecoveryKey {
         RecoveryKey(SecretBytes(crate::random::bytes()))
     }
 
+    /// A recovery key from its 32 bytes (known-answer tests).
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        RecoveryKey(SecretBytes(bytes))
+    }
+
     /// The key bytes.
     pub fn bytes(&self) -> &[u8; 32] {
         self.0.expose()
