@@ -124,9 +124,6 @@ mod tests {
     #[test]
     fn negative_times() {
         let t = time(-1, 500_000_000);
-        assert_eq!(
-            UNIX_EPOCH.duration_since(t).unwrap(),
-            Duration::from_millis(500)
-        );
+        assert_eq!(UNIX_EPOCH.duration_since(t).unwrap(), Duration::from_millis(500));
     }
 }

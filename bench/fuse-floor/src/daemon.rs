@@ -36,8 +36,7 @@ pub fn daemonize() -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: pipe2 returned two fresh descriptors that nothing else owns.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // SAFETY: the process is still single-threaded, so the child inherits a
     // consistent address space.
     match unsafe { libc::fork() } {
@@ -62,10 +61,7 @@ pub fn daemonize() -> io::Result<OwnedFd> {
 /// Tells the waiting parent the mount is live, then detaches stdio.
 pub fn notify_ready(pipe: OwnedFd) -> io::Result<()> {
     std::fs::File::from(pipe).write_all(b"1")?;
-    let devnull = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")?;
+    let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
     for target in 0..=2 {
         // SAFETY: dup2 onto the standard descriptors; both fds are valid.
         unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&devnull), target) };
@@ -118,18 +114,16 @@ pub fn spawn_signal_handler(
     mut unmounter: SessionUnmounter,
     mountpoint: PathBuf,
 ) -> io::Result<()> {
-    std::thread::Builder::new()
-        .name("fuse-floor-signals".into())
-        .spawn(move || {
-            wait_for(&signals);
-            // fuser tries umount(2) (or `fusermount3 -u` when unprivileged);
-            // it fails with EBUSY while files are open, so detach instead.
-            if unmounter.unmount().is_err() {
-                detach(&mountpoint);
-            }
-            wait_for(&signals);
+    std::thread::Builder::new().name("fuse-floor-signals".into()).spawn(move || {
+        wait_for(&signals);
+        // fuser tries umount(2) (or `fusermount3 -u` when unprivileged);
+        // it fails with EBUSY while files are open, so detach instead.
+        if unmounter.unmount().is_err() {
             detach(&mountpoint);
-            std::process::exit(0);
-        })?;
+        }
+        wait_for(&signals);
+        detach(&mountpoint);
+        std::process::exit(0);
+    })?;
     Ok(())
 }

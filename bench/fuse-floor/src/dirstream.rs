@@ -15,7 +15,12 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::inodes::Inode;
 use crate::sys;
+
+/// Set in every directory handle, so a directory `fh` can never be mistaken
+/// for a file handle (a backing descriptor number, see `sys::handle_fd`).
+pub const DIR_HANDLE_BIT: u64 = 1 << 63;
 
 const BUF_SIZE: usize = 32 * 1024;
 
@@ -56,6 +61,8 @@ struct Cursor {
 /// An open backing directory and its read position.
 #[derive(Debug)]
 pub struct DirStream {
+    /// The directory's inode: entries are looked up relative to it.
+    inode: Arc<Inode>,
     fd: OwnedFd,
     cursor: Mutex<Cursor>,
 }
@@ -76,32 +83,20 @@ fn parse(buf: &[u8]) -> Option<(DirEntry<'_>, usize)> {
     }
     let raw_name = &buf[19..reclen];
     let len = raw_name.iter().position(|&b| b == 0)?;
-    Some((
-        DirEntry {
-            ino,
-            next_offset: off as u64,
-            d_type,
-            name: &raw_name[..len],
-        },
-        reclen,
-    ))
+    Some((DirEntry { ino, next_offset: off as u64, d_type, name: &raw_name[..len] }, reclen))
 }
 
 impl DirStream {
-    pub fn new(fd: OwnedFd) -> Self {
-        DirStream {
-            fd,
-            cursor: Mutex::new(Cursor {
-                buf: vec![0; BUF_SIZE],
-                start: 0,
-                end: 0,
-                offset: 0,
-            }),
-        }
+    pub fn new(inode: Arc<Inode>, fd: OwnedFd) -> Self {
+        DirStream { inode, fd, cursor: Mutex::new(Cursor { buf: vec![0; BUF_SIZE], start: 0, end: 0, offset: 0 }) }
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    pub fn inode(&self) -> &Arc<Inode> {
+        &self.inode
     }
 
     /// Feeds entries from `offset` on to `take` until it reports [`Take::Full`]
@@ -150,17 +145,13 @@ pub struct DirHandles {
 
 impl DirHandles {
     pub fn insert(&self, stream: DirStream) -> u64 {
-        let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let fh = (self.next.fetch_add(1, Ordering::Relaxed) + 1) | DIR_HANDLE_BIT;
         self.map.lock().insert(fh, Arc::new(stream));
         fh
     }
 
     pub fn get(&self, fh: u64) -> io::Result<Arc<DirStream>> {
-        self.map
-            .lock()
-            .get(&fh)
-            .cloned()
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+        self.map.lock().get(&fh).cloned().ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
     }
 
     pub fn remove(&self, fh: u64) {
@@ -181,10 +172,7 @@ mod tests {
         rec.push(libc::DT_REG);
         rec.extend_from_slice(b"abc\0\0");
         let (e, len) = parse(&rec).unwrap();
-        assert_eq!(
-            (e.ino, e.next_offset, e.d_type, e.name),
-            (42, 7, libc::DT_REG, &b"abc"[..])
-        );
+        assert_eq!((e.ino, e.next_offset, e.d_type, e.name), (42, 7, libc::DT_REG, &b"abc"[..]));
         assert_eq!(len, 24);
     }
 }

@@ -65,11 +65,7 @@ fn session_config(opts: &Options, backing: &std::path::Path) -> Config {
     let mut config = Config::default();
     config.mount_options = mount_options;
     // allow_other when we can (root, or required by auto_unmount).
-    config.acl = if root || opts.auto_unmount {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
+    config.acl = if root || opts.auto_unmount { SessionACL::All } else { SessionACL::Owner };
     config.n_threads = Some(opts.threads);
     config.clone_fd = opts.clone_fd;
     config
@@ -80,11 +76,7 @@ fn run(opts: &Options) -> io::Result<()> {
     // would itself be a request to this very process.
     let mountpoint = opts.mountpoint.canonicalize()?;
     let backing = opts.backing.canonicalize()?;
-    let ready_pipe = if opts.foreground {
-        None
-    } else {
-        Some(daemon::daemonize()?)
-    };
+    let ready_pipe = if opts.foreground { None } else { Some(daemon::daemonize()?) };
     let signals = daemon::block_termination_signals()?;
     // The kernel has already applied the caller's umask to create modes.
     sys::set_umask(0);
@@ -92,11 +84,7 @@ fn run(opts: &Options) -> io::Result<()> {
 
     let fs = FloorFs::new(
         &backing,
-        FsOptions {
-            ttl: opts.ttl,
-            negative_ttl: opts.negative_ttl,
-            writeback: opts.writeback,
-        },
+        FsOptions { ttl: opts.ttl, negative_ttl: opts.negative_ttl, writeback: opts.writeback },
     )?;
     let mut session = Session::new(fs, &mountpoint, &session_config(opts, &backing))?;
     daemon::spawn_signal_handler(signals, session.unmount_callable(), mountpoint.clone())?;

@@ -63,9 +63,7 @@ fn default_threads() -> usize {
 fn seconds(flag: &str, value: Option<OsString>) -> Result<Duration, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
     let text = value.to_string_lossy();
-    let secs: f64 = text
-        .parse()
-        .map_err(|_| format!("{flag}: not a number of seconds: {text}"))?;
+    let secs: f64 = text.parse().map_err(|_| format!("{flag}: not a number of seconds: {text}"))?;
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{flag}: out of range: {text}"))
 }
 
@@ -88,10 +86,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String>
             Some("--daemon") => foreground = false,
             Some("--threads") => {
                 let v = args.next().ok_or("--threads needs a value")?;
-                let n: usize = v
-                    .to_string_lossy()
-                    .parse()
-                    .map_err(|_| "--threads: not a number".to_string())?;
+                let n: usize = v.to_string_lossy().parse().map_err(|_| "--threads: not a number".to_string())?;
                 if n == 0 {
                     return Err("--threads must be at least 1".into());
                 }
@@ -100,15 +95,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String>
             Some("--no-clone-fd") => clone_fd = false,
             Some("--no-writeback") => writeback = false,
             Some("--attr-timeout") => ttl = seconds("--attr-timeout", args.next())?,
-            Some("--negative-timeout") => {
-                negative_ttl = Some(seconds("--negative-timeout", args.next())?)
-            }
+            Some("--negative-timeout") => negative_ttl = Some(seconds("--negative-timeout", args.next())?),
             Some("--auto-unmount") => auto_unmount = true,
-            Some("--pid-file") => {
-                pid_file = Some(PathBuf::from(
-                    args.next().ok_or("--pid-file needs a value")?,
-                ))
-            }
+            Some("--pid-file") => pid_file = Some(PathBuf::from(args.next().ok_or("--pid-file needs a value")?)),
             Some("--") => positional.extend(args.by_ref()),
             Some(s) if s.starts_with('-') && s.len() > 1 => {
                 return Err(format!("unknown option {s}"));
@@ -116,9 +105,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String>
             _ => positional.push(arg),
         }
     }
-    let [backing, mountpoint]: [OsString; 2] = positional
-        .try_into()
-        .map_err(|_| "expected exactly BACKING_DIR and MOUNTPOINT".to_string())?;
+    let [backing, mountpoint]: [OsString; 2] =
+        positional.try_into().map_err(|_| "expected exactly BACKING_DIR and MOUNTPOINT".to_string())?;
     Ok(Parsed::Run(Options {
         backing: backing.into(),
         mountpoint: mountpoint.into(),

@@ -1,17 +1,18 @@
 //! Thin, safe wrappers over the Linux syscalls the passthrough needs.
 //!
-//! Every `unsafe` block of the crate that talks to the kernel lives here, so the
-//! filesystem logic in `fs.rs` is plain safe Rust. Each wrapper turns the C
-//! "-1 and errno" convention into `io::Result`, which converts straight into
-//! `fuser::Errno` for replies.
+//! Every `unsafe` block of the crate that talks to the filesystem lives here
+//! (process plumbing is in `daemon.rs`), so the logic in `fs.rs` is plain safe
+//! Rust. Each wrapper turns the C "-1 and errno" convention into
+//! `io::Result`, which converts straight into `fuser::Errno` for replies.
 //!
-//! Inodes are held as `O_PATH` descriptors (see `inodes.rs`), so most metadata
-//! calls use the `*at(fd, "", …, AT_EMPTY_PATH)` form; the few calls that have
-//! no such form (truncate, xattrs, re-opening for I/O) go through the
-//! `/proc/self/fd/N` magic link instead, as libfuse's passthrough_ll does.
+//! Directories are held as `O_PATH` descriptors and everything else as
+//! (directory descriptor, name) (see `inodes.rs`), so calls come in two
+//! shapes: `*at(dirfd, name, …)` and `*at(fd, "", …, AT_EMPTY_PATH)` to act
+//! on a descriptor itself. Calls with neither form (path xattr calls) go
+//! through the `/proc/self/fd/N` magic link.
 
 use std::ffi::{CStr, CString, OsStr};
-use std::io::{self, Write as _};
+use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -58,25 +59,27 @@ pub fn with_cstr<T>(name: &OsStr, f: impl FnOnce(&CStr) -> io::Result<T>) -> io:
     }
 }
 
-/// `/proc/self/fd/N` for `fd`, built on the stack.
-///
-/// Used where Linux has no `AT_EMPTY_PATH` variant of a call; resolving the
-/// magic link lands on the very inode the descriptor refers to (a symlink
-/// descriptor resolves to the symlink itself, not its target).
-pub struct ProcPath([u8; 40]);
+/// A `/proc/self/fd/N[/name]` path, for the calls Linux offers no
+/// descriptor-relative form of (path-based xattr calls, chmod of an O_PATH
+/// fd before Linux 6.6). Resolving the magic link lands on the very inode
+/// the descriptor refers to. The caller keeps `fd` open while it is used.
+pub struct ProcPath(CString);
 
 impl ProcPath {
     pub fn new(fd: BorrowedFd<'_>) -> Self {
-        let mut buf = [0u8; 40];
-        let mut cursor = &mut buf[..];
-        // Cannot fail: "/proc/self/fd/" + at most 10 digits fits in 40 bytes,
-        // and the zero-initialised tail provides the terminating NUL.
-        let _ = write!(cursor, "/proc/self/fd/{}", fd.as_raw_fd());
-        ProcPath(buf)
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        ProcPath(CString::new(path).expect("digits contain no NUL"))
+    }
+
+    /// `name` inside the directory `dir`.
+    pub fn child(dir: BorrowedFd<'_>, name: &CStr) -> Self {
+        let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+        path.extend_from_slice(name.to_bytes());
+        ProcPath(CString::new(path).expect("a CStr has no interior NUL"))
     }
 
     pub fn as_cstr(&self) -> &CStr {
-        CStr::from_bytes_until_nul(&self.0).expect("ProcPath is NUL-terminated")
+        &self.0
     }
 }
 
@@ -104,24 +107,9 @@ pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<libc:
 pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     // SAFETY: `name` is NUL-terminated; the mode is passed as the variadic
     // argument open(2) expects.
-    let fd = cvt(unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            mode as libc::c_uint,
-        )
-    })?;
+    let fd =
+        cvt(unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
     // SAFETY: openat returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Opens the file behind an `O_PATH` descriptor for real I/O.
-pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
-    let path = ProcPath::new(fd);
-    // SAFETY: the path is NUL-terminated; no O_CREAT so the mode is ignored.
-    let fd = cvt(unsafe { libc::open(path.as_cstr().as_ptr(), flags | libc::O_CLOEXEC) })?;
-    // SAFETY: open returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -158,12 +146,7 @@ pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usiz
         let rest = &mut buf[done..];
         // SAFETY: `rest` is a valid writable buffer of `rest.len()` bytes.
         let n = cvt_size(unsafe {
-            libc::pread(
-                fd.as_raw_fd(),
-                rest.as_mut_ptr().cast(),
-                rest.len(),
-                (offset + done as u64) as libc::off_t,
-            )
+            libc::pread(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t)
         });
         match n {
             Ok(0) => break,
@@ -182,12 +165,7 @@ pub fn pwrite(fd: BorrowedFd<'_>, data: &[u8], offset: u64) -> io::Result<usize>
         let rest = &data[done..];
         // SAFETY: `rest` is a valid readable buffer of `rest.len()` bytes.
         let n = cvt_size(unsafe {
-            libc::pwrite(
-                fd.as_raw_fd(),
-                rest.as_ptr().cast(),
-                rest.len(),
-                (offset + done as u64) as libc::off_t,
-            )
+            libc::pwrite(fd.as_raw_fd(), rest.as_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t)
         });
         match n {
             Ok(0) => break,
@@ -232,96 +210,36 @@ pub fn renameat2(
     flags: u32,
 ) -> io::Result<()> {
     // SAFETY: both names are NUL-terminated.
-    cvt(unsafe {
-        libc::renameat2(
-            olddir.as_raw_fd(),
-            oldname.as_ptr(),
-            newdir.as_raw_fd(),
-            newname.as_ptr(),
-            flags,
-        )
-    })?;
+    cvt(unsafe { libc::renameat2(olddir.as_raw_fd(), oldname.as_ptr(), newdir.as_raw_fd(), newname.as_ptr(), flags) })?;
     Ok(())
 }
 
-/// Hard-links the inode behind `fd` as `newdir/newname`.
-pub fn link_fd(fd: BorrowedFd<'_>, newdir: BorrowedFd<'_>, newname: &CStr) -> io::Result<()> {
-    // SAFETY: both paths are NUL-terminated. AT_EMPTY_PATH links the inode the
-    // O_PATH descriptor refers to (needs CAP_DAC_READ_SEARCH).
-    let res = cvt(unsafe {
-        libc::linkat(
-            fd.as_raw_fd(),
-            EMPTY.as_ptr(),
-            newdir.as_raw_fd(),
-            newname.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
-    });
-    match res {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EPERM)) => {
-            // Unprivileged fallback: follow the /proc magic link.
-            let path = ProcPath::new(fd);
-            // SAFETY: both paths are NUL-terminated.
-            cvt(unsafe {
-                libc::linkat(
-                    libc::AT_FDCWD,
-                    path.as_cstr().as_ptr(),
-                    newdir.as_raw_fd(),
-                    newname.as_ptr(),
-                    libc::AT_SYMLINK_FOLLOW,
-                )
-            })?;
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
+pub fn linkat(olddir: BorrowedFd<'_>, oldname: &CStr, newdir: BorrowedFd<'_>, newname: &CStr) -> io::Result<()> {
+    // SAFETY: both names are NUL-terminated.
+    cvt(unsafe { libc::linkat(olddir.as_raw_fd(), oldname.as_ptr(), newdir.as_raw_fd(), newname.as_ptr(), 0) })?;
+    Ok(())
 }
 
-pub fn readlink_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-    // SAFETY: `buf` is writable for `buf.len()` bytes; readlinkat with an empty
-    // path reads the symlink the O_PATH|O_NOFOLLOW descriptor refers to.
-    let n = cvt_size(unsafe {
-        libc::readlinkat(
-            fd.as_raw_fd(),
-            EMPTY.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    })?;
+    // SAFETY: `name` is NUL-terminated and `buf` is writable for its length.
+    let n = cvt_size(unsafe { libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
     buf.truncate(n);
     Ok(buf)
 }
 
-/// chown(2) on the inode behind `fd`; `u32::MAX` leaves an id unchanged.
-pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: EMPTY is NUL-terminated; AT_EMPTY_PATH acts on `fd` itself, and
-    // AT_SYMLINK_NOFOLLOW keeps a symlink descriptor on the link.
-    cvt(unsafe {
-        libc::fchownat(
-            fd.as_raw_fd(),
-            EMPTY.as_ptr(),
-            uid,
-            gid,
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
+/// fchownat(2); `u32::MAX` leaves an id unchanged. With `AT_EMPTY_PATH` and
+/// an empty name it acts on `dir` itself (O_PATH descriptors included).
+pub fn chown_at(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32, flags: i32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::fchownat(dir.as_raw_fd(), name.as_ptr(), uid, gid, flags) })?;
     Ok(())
 }
 
-/// chown(2) of `dir/name` without following a final symlink.
-pub fn chown_at(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+/// fchmodat(2) of `dir/name` (follows a final symlink, as chmod(2) does).
+pub fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
     // SAFETY: `name` is NUL-terminated.
-    cvt(unsafe {
-        libc::fchownat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            uid,
-            gid,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
+    cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t, 0) })?;
     Ok(())
 }
 
@@ -332,13 +250,7 @@ pub fn chown_at(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32) -> io::Res
 pub fn chmod_fd(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     // SAFETY: raw fchmodat2(dirfd, path, mode, flags) with a NUL-terminated path.
     let res = unsafe {
-        libc::syscall(
-            libc::SYS_fchmodat2,
-            fd.as_raw_fd(),
-            EMPTY.as_ptr(),
-            mode as libc::mode_t,
-            libc::AT_EMPTY_PATH,
-        )
+        libc::syscall(libc::SYS_fchmodat2, fd.as_raw_fd(), EMPTY.as_ptr(), mode as libc::mode_t, libc::AT_EMPTY_PATH)
     };
     if res == 0 {
         return Ok(());
@@ -370,19 +282,12 @@ pub enum Stamp {
 impl Stamp {
     fn timespec(self) -> libc::timespec {
         match self {
-            Stamp::Omit => libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-            Stamp::Now => libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_NOW,
-            },
+            Stamp::Omit => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+            Stamp::Now => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
             Stamp::At(t) => match t.duration_since(UNIX_EPOCH) {
-                Ok(d) => libc::timespec {
-                    tv_sec: d.as_secs() as libc::time_t,
-                    tv_nsec: d.subsec_nanos() as libc::c_long,
-                },
+                Ok(d) => {
+                    libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long }
+                }
                 Err(before) => {
                     // Pre-1970: seconds round down, nanoseconds stay positive.
                     let d = before.duration();
@@ -392,42 +297,25 @@ impl Stamp {
                         secs -= 1;
                         nsec = 1_000_000_000 - nsec;
                     }
-                    libc::timespec {
-                        tv_sec: secs as libc::time_t,
-                        tv_nsec: nsec as libc::c_long,
-                    }
+                    libc::timespec { tv_sec: secs as libc::time_t, tv_nsec: nsec as libc::c_long }
                 }
             },
         }
     }
 }
 
-/// utimensat(2) on the inode behind `fd` (works on O_PATH and symlinks).
-pub fn utimens_fd(fd: BorrowedFd<'_>, atime: Stamp, mtime: Stamp) -> io::Result<()> {
+/// utimensat(2); with `AT_EMPTY_PATH` and an empty name it acts on `dir`
+/// itself (O_PATH descriptors included).
+pub fn utimens_at(dir: BorrowedFd<'_>, name: &CStr, atime: Stamp, mtime: Stamp, flags: i32) -> io::Result<()> {
     let times = [atime.timespec(), mtime.timespec()];
-    // SAFETY: `times` is a valid two-element array; EMPTY is NUL-terminated.
-    cvt(unsafe {
-        libc::utimensat(
-            fd.as_raw_fd(),
-            EMPTY.as_ptr(),
-            times.as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
+    // SAFETY: `times` is a valid two-element array; `name` is NUL-terminated.
+    cvt(unsafe { libc::utimensat(dir.as_raw_fd(), name.as_ptr(), times.as_ptr(), flags) })?;
     Ok(())
 }
 
 pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     // SAFETY: plain syscall on a valid descriptor.
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) })?;
-    Ok(())
-}
-
-/// truncate(2) on the inode behind an `O_PATH` descriptor (no fd form exists).
-pub fn truncate_fd(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
-    let path = ProcPath::new(fd);
-    // SAFETY: the path is NUL-terminated.
-    cvt(unsafe { libc::truncate(path.as_cstr().as_ptr(), size as libc::off_t) })?;
     Ok(())
 }
 
@@ -445,14 +333,7 @@ pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
 
 pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: plain syscall on a valid descriptor.
-    cvt(unsafe {
-        libc::fallocate(
-            fd.as_raw_fd(),
-            mode,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    })?;
+    cvt(unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) })?;
     Ok(())
 }
 
@@ -474,55 +355,67 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs> {
     Ok(unsafe { st.assume_init() })
 }
 
-pub fn faccess_fd(fd: BorrowedFd<'_>, mask: i32) -> io::Result<()> {
-    // SAFETY: EMPTY is NUL-terminated; glibc routes AT_EMPTY_PATH to faccessat2.
-    cvt(unsafe { libc::faccessat(fd.as_raw_fd(), EMPTY.as_ptr(), mask, libc::AT_EMPTY_PATH) })?;
+pub fn faccessat(dir: BorrowedFd<'_>, name: &CStr, mask: i32, flags: i32) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; glibc routes non-zero flags to faccessat2.
+    cvt(unsafe { libc::faccessat(dir.as_raw_fd(), name.as_ptr(), mask, flags) })?;
     Ok(())
 }
 
-/// getxattr(2) through /proc; an empty `buf` asks for the value's size.
-pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
-    let path = ProcPath::new(fd);
-    // SAFETY: path and name are NUL-terminated, `buf` is writable for its length
-    // (a null pointer with length 0 is the documented size query).
+/// getxattr(2), or lgetxattr(2) when `!follow`; an empty `buf` asks for the
+/// value's size.
+pub fn getxattr(path: &ProcPath, follow: bool, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let (p, n) = (path.as_cstr().as_ptr(), name.as_ptr());
+    let (b, len) = (buf.as_mut_ptr().cast(), buf.len());
+    // SAFETY: path and name are NUL-terminated and `buf` is writable for its
+    // length (length 0 is the documented size query).
     cvt_size(unsafe {
-        libc::getxattr(
-            path.as_cstr().as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
+        if follow {
+            libc::getxattr(p, n, b, len)
+        } else {
+            libc::lgetxattr(p, n, b, len)
+        }
     })
 }
 
-/// listxattr(2) through /proc; an empty `buf` asks for the list's size.
-pub fn listxattr_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    let path = ProcPath::new(fd);
+/// listxattr(2), or llistxattr(2) when `!follow`; an empty `buf` asks for
+/// the list's size.
+pub fn listxattr(path: &ProcPath, follow: bool, buf: &mut [u8]) -> io::Result<usize> {
+    let p = path.as_cstr().as_ptr();
+    let (b, len) = (buf.as_mut_ptr().cast(), buf.len());
     // SAFETY: the path is NUL-terminated and `buf` is writable for its length.
     cvt_size(unsafe {
-        libc::listxattr(path.as_cstr().as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        if follow {
+            libc::listxattr(p, b, len)
+        } else {
+            libc::llistxattr(p, b, len)
+        }
     })
 }
 
-pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
-    let path = ProcPath::new(fd);
+pub fn setxattr(path: &ProcPath, follow: bool, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    let (p, n) = (path.as_cstr().as_ptr(), name.as_ptr());
+    let (v, len) = (value.as_ptr().cast(), value.len());
     // SAFETY: path and name are NUL-terminated, `value` readable for its length.
     cvt(unsafe {
-        libc::setxattr(
-            path.as_cstr().as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
+        if follow {
+            libc::setxattr(p, n, v, len, flags)
+        } else {
+            libc::lsetxattr(p, n, v, len, flags)
+        }
     })?;
     Ok(())
 }
 
-pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    let path = ProcPath::new(fd);
+pub fn removexattr(path: &ProcPath, follow: bool, name: &CStr) -> io::Result<()> {
+    let (p, n) = (path.as_cstr().as_ptr(), name.as_ptr());
     // SAFETY: path and name are NUL-terminated.
-    cvt(unsafe { libc::removexattr(path.as_cstr().as_ptr(), name.as_ptr()) })?;
+    cvt(unsafe {
+        if follow {
+            libc::removexattr(p, n)
+        } else {
+            libc::lremovexattr(p, n)
+        }
+    })?;
     Ok(())
 }
 
@@ -530,14 +423,7 @@ pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
 pub fn getdents64(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is writable for `buf.len()` bytes; the kernel writes whole
     // records only.
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_getdents64,
-            fd.as_raw_fd(),
-            buf.as_mut_ptr(),
-            buf.len(),
-        )
-    };
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len()) };
     cvt_size(n as isize)
 }
 
@@ -552,10 +438,7 @@ pub fn set_umask(mask: u32) -> u32 {
 /// The passthrough keeps one O_PATH descriptor per inode the kernel remembers,
 /// so `ls -lR` of a big tree needs far more than the usual 1024.
 pub fn raise_nofile_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit struct.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return 0;
@@ -563,10 +446,7 @@ pub fn raise_nofile_limit() -> u64 {
     // Root may lift the hard limit up to fs.nr_open.
     if let Ok(s) = std::fs::read_to_string("/proc/sys/fs/nr_open") {
         if let Ok(max) = s.trim().parse::<libc::rlim_t>() {
-            let want = libc::rlimit {
-                rlim_cur: max,
-                rlim_max: max,
-            };
+            let want = libc::rlimit { rlim_cur: max, rlim_max: max };
             // SAFETY: `want` is a valid rlimit struct.
             if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
                 return max;
