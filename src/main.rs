@@ -46,6 +46,8 @@ enum Command {
     EncryptPath(cmd::paths::EncryptArgs),
     /// Print the plaintext path of a ciphertext path.
     DecryptPath(cmd::paths::DecryptArgs),
+    /// Measure this machine's speed for veilfs's ciphers and key derivation.
+    Speed(cmd::speed::Args),
 }
 
 fn init_logging(verbose: u8, quiet: bool) {
@@ -73,6 +75,7 @@ fn main() {
         Command::Ls(a) => cmd::ls::run(a),
         Command::EncryptPath(a) => cmd::paths::encrypt(a),
         Command::DecryptPath(a) => cmd::paths::decrypt(a),
+        Command::Speed(a) => cmd::speed::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -8,6 +8,7 @@ pub mod init;
 pub mod ls;
 pub mod passwd;
 pub mod paths;
+pub mod speed;
 
 use crate::password::PasswordArgs;
 use anyhow::{Context, Result};

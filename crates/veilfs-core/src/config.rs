@@ -168,7 +168,7 @@ impl VaultConfig {
         }
         let cfg: VaultConfig = serde_json::from_slice(&bytes)
             .map_err(|e| cfg_err(format!("is damaged or was edited ({e}); restore it from a backup")))?;
-        cfg.check_structure().map_err(|d| cfg_err(d))?;
+        cfg.check_structure().map_err(cfg_err)?;
         Ok(cfg)
     }
 

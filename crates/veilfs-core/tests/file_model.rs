@@ -16,7 +16,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u64..5 * 4096, 1usize..3 * 4096, any::<u8>()).prop_map(|(off, len, seed)| Op::Write { off, len, seed }),
         1 => (0u64..6 * 4096).prop_map(Op::Truncate),
-        1 => (0u64..2_000_000).prop_map(|n| Op::Truncate(n)),
+        1 => (0u64..2_000_000).prop_map(Op::Truncate),
         1 => Just(Op::Reopen),
     ]
 }
