@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One command from a fresh machine to a working vault: installs what is missing, builds
+# veilfs in release mode, creates ./demo/cipher (password "demo"), puts sample files in and
+# shows plaintext and ciphertext side by side.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+cargo build --release --quiet
+V=target/release/veilfs
+D=demo
+rm -rf "$D" && mkdir -p "$D/samples/letters"
+printf 'demo\n' > "$D/passfile"
+echo "Dear diary, the launch code is 0000." > "$D/samples/diary.txt"
+printf 'Quarterly numbers: %s\n' 1 2 3 > "$D/samples/letters/report for the board.txt"
+head -c 300000 /dev/urandom > "$D/samples/photo.raw"
+ln -s diary.txt "$D/samples/shortcut"
+
+echo "== veilfs init: a vault in $D/cipher (password: demo)"
+$V init "$D/cipher" --passfile "$D/passfile" --kdf-memory 64 > "$D/recovery-key.txt"
+echo "   recovery key saved to $D/recovery-key.txt (normally you write it down)"
+echo
+echo "== veilfs import: encrypt $D/samples into the vault"
+$V import "$D/samples/." "$D/cipher" --passfile "$D/passfile"
+echo
+echo "== what you see (veilfs ls -l -c: plaintext names, their ciphertext names)"
+$V ls -l -c "$D/cipher" --passfile "$D/passfile"
+echo
+echo "== what is on disk (find $D/cipher): names and contents are encrypted"
+find "$D/cipher" -printf '%10s  %P\n' | sort -k2
+echo
+echo "== veilfs cat diary.txt"
+$V cat "$D/cipher/diary.txt" --passfile "$D/passfile"
+echo
+echo "== the same file on disk (first bytes)"
+od -A d -t x1 "$D/cipher/$($V encrypt-path "$D/cipher" diary.txt --passfile "$D/passfile")" | head -3
+echo
+echo "Try: $V export $D/cipher $D/out --passfile $D/passfile   (decrypt everything into $D/out)"
+echo "     $V info $D/cipher"
+echo "Remove the demo with: rm -rf $D"

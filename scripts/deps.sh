@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the system packages veilfs needs to build, test and benchmark, when missing.
+# Usage: scripts/deps.sh [--bench]   (--bench adds the peer filesystems and tools of bench/)
+set -euo pipefail
+need=(fuse3 rsync attr python3)
+if [[ "${1:-}" == "--bench" ]]; then
+  need+=(gocryptfs encfs cryfs securefs fio stress-ng linux-source-6.1 python3-matplotlib e2fsprogs fscryptctl)
+fi
+missing=()
+for p in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "veilfs: missing packages: ${missing[*]} (run as root or: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  echo "veilfs: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null 2>&1 || true
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if [[ ! -e /dev/fuse ]]; then
+  modprobe fuse 2>/dev/null || true
+fi
