@@ -1,0 +1,1036 @@
+#!/usr/bin/env python3
+"""Independent reference reader for the veilfs on-disk format, version 1.
+
+Written from docs/FORMAT.md alone (section numbers below refer to it), not from the Rust
+code, so that it checks the document as much as the implementation. It needs only the
+`cryptography` package (>= 44, for Argon2id): XChaCha20-Poly1305 is built here from a
+pure-Python HChaCha20 and `cryptography`'s ChaCha20-Poly1305.
+
+    python3 tests/vectors/reference_reader.py --vectors tests/vectors/v1.json
+    python3 tests/vectors/reference_reader.py --vault DIR --password-file F [--compare SRC]
+    python3 tests/vectors/reference_reader.py --vault DIR --recovery-key-file F [--compare SRC]
+    python3 tests/vectors/reference_reader.py --vault DIR --password-file F --tamper-selftest
+
+Exit status 0 when every check passed; the last line is "N passed, N failed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac as std_hmac
+import json
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESSIV, ChaCha20Poly1305
+    from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+except ImportError as e:  # pragma: no cover
+    sys.exit(f"reference_reader: needs the 'cryptography' package >= 44 (pip install cryptography): {e}")
+
+
+class IntegrityError(Exception):
+    """Ciphertext failed authentication or is structurally invalid (tampered or damaged)."""
+
+
+class ConfigError(Exception):
+    """The config is malformed, of another version, or failed its MAC."""
+
+
+class WrongSecret(Exception):
+    """No key slot accepted the password or recovery key."""
+
+
+# ---------------------------------------------------------------- §1 primitives
+
+B64_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+_B64_SET = frozenset(B64_ALPHABET)
+
+
+def b64(data: bytes) -> str:
+    """base64url without padding (§1)."""
+    out = []
+    for i in range(0, len(data), 3):
+        chunk = data[i : i + 3]
+        n = int.from_bytes(chunk + b"\0" * (3 - len(chunk)), "big")
+        chars = [B64_ALPHABET[(n >> s) & 63] for s in (18, 12, 6, 0)]
+        out.append("".join(chars[: len(chunk) + 1]))
+    return "".join(out)
+
+
+def unb64(s: str) -> bytes:
+    """Strict base64url decoding (§1): no padding, alphabet only, len mod 4 != 1, zero trailing bits."""
+    if not isinstance(s, str) or any(c not in _B64_SET for c in s) or len(s) % 4 == 1:
+        raise ValueError("not canonical base64url")
+    acc, bits, out = 0, 0, bytearray()
+    for c in s:
+        acc = (acc << 6) | B64_ALPHABET.index(c)
+        bits += 6
+        if bits >= 8:
+            bits -= 8
+            out.append((acc >> bits) & 0xFF)
+    if acc & ((1 << bits) - 1):
+        raise ValueError("non-zero trailing bits in base64url")
+    return bytes(out)
+
+
+def hkdf(salt: bytes, ikm: bytes, info: bytes, length: int) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
+
+
+def hmac256(key: bytes, msg: bytes) -> bytes:
+    return std_hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def siv_encrypt(key: bytes, ad: list[bytes], plaintext: bytes) -> bytes:
+    return AESSIV(key).encrypt(plaintext, ad)
+
+
+def siv_decrypt(key: bytes, ad: list[bytes], data: bytes) -> bytes:
+    try:
+        return AESSIV(key).decrypt(data, ad)
+    except (InvalidTag, ValueError) as e:
+        raise IntegrityError("AES-SIV authentication failed") from e
+
+
+def _rotl32(v: int, c: int) -> int:
+    return ((v << c) & 0xFFFFFFFF) | (v >> (32 - c))
+
+
+def hchacha20(key: bytes, nonce16: bytes) -> bytes:
+    """HChaCha20 (draft-irtf-cfrg-xchacha-03 §2.2): the XChaCha20 subkey."""
+    st = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574]
+    st += list(struct.unpack("<8I", key)) + list(struct.unpack("<4I", nonce16))
+
+    def qr(a, b, c, d):
+        st[a] = (st[a] + st[b]) & 0xFFFFFFFF; st[d] = _rotl32(st[d] ^ st[a], 16)
+        st[c] = (st[c] + st[d]) & 0xFFFFFFFF; st[b] = _rotl32(st[b] ^ st[c], 12)
+        st[a] = (st[a] + st[b]) & 0xFFFFFFFF; st[d] = _rotl32(st[d] ^ st[a], 8)
+        st[c] = (st[c] + st[d]) & 0xFFFFFFFF; st[b] = _rotl32(st[b] ^ st[c], 7)
+
+    for _ in range(10):
+        qr(0, 4, 8, 12); qr(1, 5, 9, 13); qr(2, 6, 10, 14); qr(3, 7, 11, 15)
+        qr(0, 5, 10, 15); qr(1, 6, 11, 12); qr(2, 7, 8, 13); qr(3, 4, 9, 14)
+    return struct.pack("<8I", *(st[0:4] + st[12:16]))
+
+
+class ContentAead:
+    """The two content AEADs of §1, with their nonce lengths."""
+
+    def __init__(self, name: str):
+        if name not in ("AES-256-GCM", "XChaCha20-Poly1305"):
+            raise ConfigError(f"unknown cipher {name!r}")
+        self.name = name
+        self.nonce_len = 12 if name == "AES-256-GCM" else 24
+        self.overhead = self.nonce_len + 16
+
+    def _seal_or_open(self, key: bytes, nonce: bytes, aad: bytes, data: bytes, seal: bool) -> bytes:
+        if self.name == "AES-256-GCM":
+            c, n = AESGCM(key), nonce
+        else:
+            c, n = ChaCha20Poly1305(hchacha20(key, nonce[:16])), b"\0\0\0\0" + nonce[16:24]
+        return c.encrypt(n, data, aad) if seal else c.decrypt(n, data, aad)
+
+    def seal(self, key: bytes, nonce: bytes, aad: bytes, plaintext: bytes) -> bytes:
+        """nonce ‖ ciphertext ‖ tag (§5.2)."""
+        return nonce + self._seal_or_open(key, nonce, aad, plaintext, True)
+
+    def open(self, key: bytes, aad: bytes, block: bytes) -> bytes:
+        if len(block) <= self.overhead:
+            raise IntegrityError(f"block of {len(block)} bytes is too short")
+        try:
+            return self._seal_or_open(key, block[: self.nonce_len], aad, block[self.nonce_len :], False)
+        except InvalidTag as e:
+            raise IntegrityError("block authentication failed") from e
+
+
+# ---------------------------------------------------------------- §4 keys
+
+SUBKEY_LABELS = {  # name -> (info, length)
+    "content": (b"content", 32),
+    "header": (b"header-mac", 32),
+    "names": (b"names", 64),
+    "binding": (b"name-binding", 64),
+    "config_mac": (b"config-mac", 32),
+    "xattr_names": (b"xattr-names", 64),
+}
+
+
+def subkeys(master: bytes) -> dict[str, bytes]:
+    return {k: hkdf(b"veilfs v1", master, info, n) for k, (info, n) in SUBKEY_LABELS.items()}
+
+
+def file_key(keys: dict[str, bytes], file_id: bytes) -> bytes:
+    return hkdf(file_id, keys["content"], b"file-content", 32)
+
+
+# ---------------------------------------------------------------- §5 contents
+
+HEADER_LEN = 36
+FLAG_SPARSE = 0x0001
+
+
+def block_aad(file_id: bytes, n: int, last: bool) -> bytes:
+    return file_id + struct.pack(">Q", n) + bytes([1 if last else 0])
+
+
+def header_encode(keys, flags: int, file_id: bytes) -> bytes:
+    body = struct.pack(">HH", 1, flags) + file_id
+    return body + hmac256(keys["header"], b"veilfs v1 header" + body)[:16]
+
+
+def header_decode(keys, data: bytes) -> tuple[int, bytes]:
+    """§5.1: tag first (constant time), then version, then flags. Returns (flags, file ID)."""
+    if len(data) < HEADER_LEN:
+        raise IntegrityError("file header truncated")
+    tag = hmac256(keys["header"], b"veilfs v1 header" + data[:20])[:16]
+    if not std_hmac.compare_digest(tag, data[20:36]):
+        raise IntegrityError("file header authentication failed")
+    version, flags = struct.unpack(">HH", data[:4])
+    if version != 1:
+        raise IntegrityError(f"unsupported header version {version}")
+    if flags & ~FLAG_SPARSE:
+        raise IntegrityError(f"unknown header flags {flags:#x}")
+    return flags, data[4:20]
+
+
+def cipher_size(p: int, B: int, O: int) -> int:
+    if p == 0:
+        return 0
+    rem = p % B
+    return HEADER_LEN + (p // B) * (B + O) + (rem + O if rem else 0)
+
+
+def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
+    """§5.3: (plaintext size, number of blocks), or IntegrityError for an impossible size."""
+    if c == 0:
+        return 0, 0
+    if c <= HEADER_LEN:
+        raise IntegrityError(f"ciphertext of {c} bytes has no block after the header (truncated)")
+    body = c - HEADER_LEN
+    k = -(-body // (B + O))
+    r = body - (k - 1) * (B + O)
+    if r <= O:
+        raise IntegrityError(f"final block of {r} bytes has no payload (truncated)")
+    return body - k * O, k
+
+
+def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
+    """§5.4 with holes (§5.5) and empty files (§5.6)."""
+    B, aead = vault.block_size, vault.aead
+    O = aead.overhead
+    p, k = plain_size(len(data), B, O)
+    if k == 0:
+        return b""
+    flags, fid = header_decode(vault.keys, data)
+    if fid != identity:
+        raise IntegrityError("header file ID differs from the entry's identity (content of another file)")
+    key = file_key(vault.keys, fid)
+    out = bytearray()
+    for n in range(k):
+        off = HEADER_LEN + n * (B + O)
+        last = n == k - 1
+        blk = data[off : off + min(B, p - n * B) + O]
+        if (flags & FLAG_SPARSE) and not last and blk.count(0) == len(blk):
+            out += bytes(B)  # a hole: B zero bytes, unauthenticated by design
+            continue
+        try:
+            out += aead.open(key, block_aad(fid, n, last), blk)
+        except IntegrityError as e:
+            raise IntegrityError(f"block {n}: {e}") from None
+    return bytes(out)
+
+
+# ---------------------------------------------------------------- §6 names
+
+KIND_FILE, KIND_DIR, KIND_SYMLINK, KIND_SPECIAL = 1, 2, 3, 4
+KIND_NAMES = {1: "file", 2: "dir", 3: "symlink", 4: "special"}
+
+
+def kind_of_mode(mode: int) -> int:
+    if stat.S_ISREG(mode):
+        return KIND_FILE
+    if stat.S_ISDIR(mode):
+        return KIND_DIR
+    if stat.S_ISLNK(mode):
+        return KIND_SYMLINK
+    return KIND_SPECIAL
+
+
+def valid_name(n: bytes) -> bool:
+    return 1 <= len(n) <= 255 and n not in (b".", b"..") and b"/" not in n and b"\0" not in n
+
+
+def name_d(keys, iv: bytes, name: bytes) -> bytes:
+    return siv_encrypt(keys["names"], [iv], name)
+
+
+def binding_s(keys, iv: bytes, d: bytes, kind: int, identity: bytes) -> bytes:
+    return siv_encrypt(keys["binding"], [iv, d, bytes([kind])], identity)
+
+
+def entry_names(d: bytes, s: bytes) -> tuple[str, str | None, str | None]:
+    """§6.4: (on-disk entry name, side file name or None, side file contents or None)."""
+    k = b64(d)
+    if len(k) + 1 + 43 <= 255:
+        return f"{k}.{b64(s)}", None, None
+    h = b64(hashlib.sha256(d).digest())
+    return f"veilfs.L.{h}.{b64(s)}", f"veilfs.N.{h}", k
+
+
+def classify(raw: bytes):
+    """§6.5: ('internal',) | ('foreign',) | ('short', K, s) | ('long', h, s)."""
+    try:
+        e = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return ("foreign",)
+    if e in (".", ".."):
+        return ("internal",)
+    if e.startswith("veilfs.L."):
+        h, dot, s = e[len("veilfs.L.") :].partition(".")
+        if dot and len(h) == 43 and len(s) == 43 and set(h) <= _B64_SET and set(s) <= _B64_SET:
+            return ("long", h, s)
+        return ("foreign",)
+    if e.startswith("veilfs."):
+        return ("internal",)
+    k, dot, s = e.partition(".")
+    if dot and len(k) >= 23 and len(s) == 43 and set(k) <= _B64_SET and set(s) <= _B64_SET:
+        return ("short", k, s)
+    return ("foreign",)
+
+
+# ---------------------------------------------------------------- §3 config
+
+TOP_FIELDS = ["format", "version", "creator", "cipher", "block_size", "features", "root_dir_iv", "slots", "mac"]
+SLOT_FIELDS = ["id", "kind", "kdf", "wrapped_key"]
+KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism", "salt"],
+              "hkdf-sha256": ["algorithm", "salt"]}
+FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag"}
+
+
+def canonical_json(obj) -> bytes:
+    """§3.5 canonical JSON: compact, members in the order the dicts were built."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _no_dup_object(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise ConfigError(f"duplicate key {k!r}")
+        d[k] = v
+    return d
+
+
+def _reject_constant(c):
+    raise ConfigError(f"invalid JSON constant {c}")
+
+
+def _u32(v, what) -> int:
+    if type(v) is not int or not 0 <= v < 2**32:
+        raise ConfigError(f"{what} is not a u32")
+    return v
+
+
+def _str(v, what) -> str:
+    if type(v) is not str:
+        raise ConfigError(f"{what} is not a string")
+    return v
+
+
+def _exact_fields(obj, fields, what):
+    if type(obj) is not dict or set(obj) != set(fields):
+        raise ConfigError(f"{what} must have exactly the fields {fields}")
+
+
+def parse_config(text: bytes) -> dict:
+    """§3.1 and §3.3: strict parse; returns the config rebuilt in canonical member order."""
+    if len(text) > 1 << 20:
+        raise ConfigError("config larger than 1 MiB")
+    try:
+        raw = json.loads(text.decode("utf-8"), object_pairs_hook=_no_dup_object, parse_constant=_reject_constant,
+                         parse_float=lambda s: _reject_constant(s))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"not valid JSON: {e}") from e
+    _exact_fields(raw, TOP_FIELDS, "config")
+    cfg = {}
+    cfg["format"] = _str(raw["format"], "format")
+    cfg["version"] = _u32(raw["version"], "version")
+    cfg["creator"] = _str(raw["creator"], "creator")
+    cfg["cipher"] = _str(raw["cipher"], "cipher")
+    cfg["block_size"] = _u32(raw["block_size"], "block_size")
+    if type(raw["features"]) is not list:
+        raise ConfigError("features is not an array")
+    cfg["features"] = [_str(f, "feature") for f in raw["features"]]
+    cfg["root_dir_iv"] = _str(raw["root_dir_iv"], "root_dir_iv")
+    if type(raw["slots"]) is not list:
+        raise ConfigError("slots is not an array")
+    cfg["slots"] = []
+    for i, s in enumerate(raw["slots"]):
+        _exact_fields(s, SLOT_FIELDS, f"slot {i}")
+        kdf = s["kdf"]
+        if type(kdf) is not dict or kdf.get("algorithm") not in KDF_FIELDS:
+            raise ConfigError(f"slot {i}: unknown kdf")
+        _exact_fields(kdf, KDF_FIELDS[kdf["algorithm"]], f"slot {i} kdf")
+        ckdf = {"algorithm": kdf["algorithm"]}
+        for f in KDF_FIELDS[kdf["algorithm"]][1:]:
+            ckdf[f] = _str(kdf[f], f) if f == "salt" else _u32(kdf[f], f)
+        kind = _str(s["kind"], "kind")
+        if kind not in ("password", "recovery"):
+            raise ConfigError(f"slot {i}: unknown kind {kind!r}")
+        cfg["slots"].append({"id": _u32(s["id"], "id"), "kind": kind, "kdf": ckdf,
+                             "wrapped_key": _str(s["wrapped_key"], "wrapped_key")})
+    cfg["mac"] = _str(raw["mac"], "mac")
+    # §3.3 structural checks.
+    if cfg["format"] != "veilfs" or cfg["version"] != 1:
+        raise ConfigError(f"format {cfg['format']!r} version {cfg['version']} is not veilfs v1")
+    if set(cfg["features"]) != FEATURES_V1:
+        raise ConfigError(f"feature set {cfg['features']} is not the v1 set")
+    B = cfg["block_size"]
+    if not (512 <= B <= 1 << 20) or B & (B - 1):
+        raise ConfigError(f"invalid block size {B}")
+    ContentAead(cfg["cipher"])
+    try:
+        if len(unb64(cfg["root_dir_iv"])) != 16:
+            raise ValueError
+    except ValueError:
+        raise ConfigError("root_dir_iv is not 16 bytes of base64url") from None
+    if not cfg["slots"]:
+        raise ConfigError("no key slots")
+    return cfg
+
+
+def slot_aad(slot: dict) -> bytes:
+    return b"veilfs v1 key slot\0" + canonical_json(["veilfs", 1, slot["id"], slot["kind"], slot["kdf"]])
+
+
+def config_mac(cfg: dict, master: bytes) -> str:
+    canon = dict(cfg)
+    canon["mac"] = ""
+    return b64(hmac256(subkeys(master)["config_mac"], b"veilfs v1 config\0" + canonical_json(canon)))
+
+
+def kek_for(slot: dict, secret: bytes) -> bytes | None:
+    kdf = slot["kdf"]
+    salt = unb64(kdf["salt"])
+    if len(salt) < 16:
+        raise ValueError("salt shorter than 16 bytes")
+    if kdf["algorithm"] == "argon2id":
+        m, t, p = kdf["memory_kib"], kdf["iterations"], kdf["parallelism"]
+        if not (1 <= p <= 64 and 1 <= t <= 100 and 8 * p <= m <= 4 * 1024 * 1024):
+            return None
+        return Argon2id(salt=salt, length=32, iterations=t, lanes=p, memory_cost=m).derive(secret)
+    return hkdf(salt, secret, b"veilfs v1 recovery slot", 32)
+
+
+def unwrap(kek: bytes, wrapped: bytes, aad: bytes) -> bytes | None:
+    if len(wrapped) != 60:
+        return None
+    try:
+        return AESGCM(kek).decrypt(wrapped[:12], wrapped[12:], aad)
+    except InvalidTag:
+        return None
+
+
+def unlock(cfg: dict, secret: bytes, kind: str) -> tuple[bytes, int]:
+    """§3.4. Returns (master key, slot id). `secret` is the password bytes or the 32-byte recovery key."""
+    tried = 0
+    for slot in cfg["slots"]:
+        if slot["kind"] != kind:
+            continue
+        tried += 1
+        try:
+            kek = kek_for(slot, secret)
+            wrapped = unb64(slot["wrapped_key"])
+        except ValueError:
+            continue  # this reader skips a slot with a bad salt (FORMAT.md Q5)
+        if kek is None:
+            continue
+        master = unwrap(kek, wrapped, slot_aad(slot))
+        if master is not None:
+            if not std_hmac.compare_digest(config_mac(cfg, master).encode(), cfg["mac"].encode()):
+                raise ConfigError("config MAC does not verify: a field was edited")
+            return master, slot["id"]
+    if tried == 0:
+        raise ConfigError(f"no {kind} slot")
+    raise WrongSecret("no slot accepted the secret")
+
+
+# ---------------------------------------------------------------- §3.6 recovery key
+
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def _rk_checksum(key: bytes) -> int:
+    h = hashlib.sha256(b"veilfs recovery key" + key).digest()
+    return (h[0] << 12) | (h[1] << 4) | (h[2] >> 4)
+
+
+def recovery_display(key: bytes) -> str:
+    n = int.from_bytes(key, "big") << 4  # 256 bits + 4 zero padding bits = 52 characters
+    chars = [CROCKFORD[(n >> (5 * i)) & 31] for i in range(51, -1, -1)]
+    c = _rk_checksum(key)
+    chars += [CROCKFORD[(c >> (5 * i)) & 31] for i in range(3, -1, -1)]
+    s = "".join(chars)
+    return "-".join(s[i : i + 4] for i in range(0, 56, 4))
+
+
+def recovery_parse(text: str) -> bytes:
+    vals = []
+    for ch in text:
+        if ch == "-" or ch.isspace():
+            continue
+        up = {"O": "0", "I": "1", "L": "1"}.get(ch.upper(), ch.upper())
+        if up not in CROCKFORD:
+            raise ValueError(f"recovery key contains {ch!r}")
+        vals.append(CROCKFORD.index(up))
+    if len(vals) != 56:
+        raise ValueError(f"recovery key has {len(vals)} characters, not 56")
+    n = 0
+    for v in vals[:52]:
+        n = (n << 5) | v
+    key = (n >> 4).to_bytes(32, "big")  # padding bits ignored, as the implementation does
+    check = 0
+    for v in vals[52:]:
+        check = (check << 5) | v
+    if check != _rk_checksum(key):
+        raise ValueError("recovery key checksum mismatch (typo)")
+    return key
+
+
+# ---------------------------------------------------------------- the vault
+
+class Vault:
+    def __init__(self, root: str, master: bytes, cfg: dict):
+        self.root = os.fsencode(root)
+        self.cfg = cfg
+        self.keys = subkeys(master)
+        self.aead = ContentAead(cfg["cipher"])
+        self.block_size = cfg["block_size"]
+        self.root_iv = unb64(cfg["root_dir_iv"])
+        self.errors: list[tuple[bytes, str]] = []
+
+    @classmethod
+    def open(cls, root: str, password: bytes | None = None, recovery_key: bytes | None = None) -> "Vault":
+        with open(os.path.join(root, "veilfs.conf"), "rb") as f:
+            cfg = parse_config(f.read())
+        if recovery_key is not None:
+            master, _ = unlock(cfg, recovery_key, "recovery")
+        else:
+            master, _ = unlock(cfg, password, "password")
+        return cls(root, master, cfg)
+
+    def _err(self, path: bytes, msg: str):
+        self.errors.append((path, msg))
+
+    def check_diriv(self, cdir: bytes, iv: bytes):
+        """§7.1: the copy must equal the authoritative IV, or be missing/empty."""
+        p = os.path.join(cdir, b"veilfs.diriv")
+        try:
+            with open(p, "rb") as f:
+                got = f.read(17)
+        except FileNotFoundError:
+            return
+        if got and got != iv:
+            raise IntegrityError("veilfs.diriv does not match the IV the directory's entry promises")
+
+    def read_symlink(self, path: bytes, identity: bytes) -> bytes:
+        """§8."""
+        try:
+            blob = unb64(os.readlink(path).decode("ascii"))
+        except (ValueError, UnicodeDecodeError):
+            raise IntegrityError("symlink target is not base64url") from None
+        if len(blob) <= 16 + self.aead.overhead or blob[:16] != identity:
+            raise IntegrityError("symlink target does not belong to this entry")
+        return self.aead.open(file_key(self.keys, identity), block_aad(identity, 0, True), blob[16:])
+
+    def list_dir(self, cdir: bytes, iv: bytes):
+        """§6.5, §6.6 and §10: decoded entries of one directory, duplicates resolved."""
+        chosen: dict[bytes, dict] = {}
+        for raw in sorted(os.listdir(cdir)):
+            cls_ = classify(raw)
+            cpath = os.path.join(cdir, raw)
+            if cls_[0] == "internal":
+                continue
+            if cls_[0] == "foreign":
+                self._err(cpath, "not a veilfs entry name")
+                continue
+            try:
+                if cls_[0] == "short":
+                    d, s64 = unb64(cls_[1]), cls_[2]
+                else:
+                    h, s64 = cls_[1], cls_[2]
+                    with open(os.path.join(cdir, b"veilfs.N." + h.encode()), "rb") as f:
+                        side = f.read(4097)
+                    if len(side) > 4096:
+                        raise IntegrityError("long-name side file is too large")
+                    d = unb64(side.decode("ascii").rstrip())
+                    if b64(hashlib.sha256(d).digest()) != h:
+                        raise IntegrityError("long-name side file does not match its hash")
+                    if len(b64(d)) <= 211:
+                        raise IntegrityError("long-name form used for a short name (non-canonical, FORMAT.md Q4)")
+                name = siv_decrypt(self.keys["names"], [iv], d)
+                if not valid_name(name):
+                    raise IntegrityError("name decrypts to an invalid name")
+                st = os.lstat(cpath)
+                kind = kind_of_mode(st.st_mode)
+                identity = siv_decrypt(self.keys["binding"], [iv, d, bytes([kind])], unb64(s64))
+                if len(identity) != 16:
+                    raise IntegrityError("identity is not 16 bytes")
+            except (IntegrityError, ValueError, UnicodeDecodeError, FileNotFoundError) as e:
+                self._err(cpath, f"entry does not decode: {e}")
+                continue
+            ent = {"name": name, "cpath": cpath, "kind": kind, "identity": identity, "stat": st, "d": d}
+            prev = chosen.get(d)
+            if prev is None or (st.st_ctime_ns > prev["stat"].st_ctime_ns):
+                if prev is not None:
+                    self._err(prev["cpath"], "duplicate entry hidden by a newer one")
+                chosen[d] = ent
+            else:
+                self._err(cpath, "duplicate entry hidden by a newer one")
+        return list(chosen.values())
+
+    def walk(self):
+        """Yields (plaintext relative path, entry, decrypted object or None) for the whole tree (§12)."""
+        try:
+            self.check_diriv(self.root, self.root_iv)
+        except IntegrityError as e:
+            self._err(self.root, str(e))
+            return
+        stack = [(self.root, self.root_iv, b"")]
+        while stack:
+            cdir, iv, rel = stack.pop()
+            for ent in self.list_dir(cdir, iv):
+                prel = os.path.join(rel, ent["name"]) if rel else ent["name"]
+                try:
+                    if ent["kind"] == KIND_DIR:
+                        self.check_diriv(ent["cpath"], ent["identity"])
+                        stack.append((ent["cpath"], ent["identity"], prel))
+                        yield prel, ent, None
+                    elif ent["kind"] == KIND_FILE:
+                        with open(ent["cpath"], "rb") as f:
+                            yield prel, ent, decrypt_file(self, f.read(), ent["identity"])
+                    elif ent["kind"] == KIND_SYMLINK:
+                        yield prel, ent, self.read_symlink(ent["cpath"], ent["identity"])
+                    else:
+                        yield prel, ent, None
+                except IntegrityError as e:
+                    self._err(ent["cpath"], str(e))
+
+
+# ---------------------------------------------------------------- checks
+
+class Tally:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, ok: bool, what: str, detail: str = ""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print(f"FAIL {what}{': ' + detail if detail else ''}")
+
+
+def hx(s: str) -> bytes:
+    return bytes.fromhex(s)
+
+
+def run_vectors(path: str, t: Tally):
+    with open(path) as f:
+        v = json.load(f)
+    # HChaCha20 against draft-irtf-cfrg-xchacha-03 §2.2.1 (independent of veilfs).
+    t.check(hchacha20(bytes(range(32)), hx("000000090000004a0000000031415927")).hex()
+            == "82413b4227b27bfed30e42508a877d73a0f9e4d58a74a853c12ec41326d3ecdc", "HChaCha20 draft test vector")
+    master = hx(v["master_key"])
+    keys = subkeys(master)
+    for name, val in v["subkeys"].items():
+        t.check(keys[name].hex() == val, f"subkey {name}")
+    for c in v["content"]:
+        what = f"content {c['cipher']} block {c['block']}"
+        fid = hx(c["file_id"])
+        t.check(file_key(keys, fid).hex() == c["file_key"], f"{what}: file key")
+        aead = ContentAead(c["cipher"])
+        aad = block_aad(fid, c["block"], c["last"])
+        sealed = aead.seal(hx(c["file_key"]), hx(c["nonce"]), aad, hx(c["plaintext"]))
+        t.check(sealed.hex() == c["on_disk"], f"{what}: seal")
+        t.check(aead.open(hx(c["file_key"]), aad, hx(c["on_disk"])).hex() == c["plaintext"], f"{what}: open")
+        try:
+            aead.open(hx(c["file_key"]), block_aad(fid, c["block"], not c["last"]), hx(c["on_disk"]))
+            t.check(False, f"{what}: flipped last flag must fail")
+        except IntegrityError:
+            t.check(True, "")
+    for h in v["headers"]:
+        enc = header_encode(keys, h["flags"], hx(h["file_id"]))
+        t.check(enc.hex() == h["bytes"], f"header flags {h['flags']}: encode")
+        t.check(header_decode(keys, hx(h["bytes"])) == (h["flags"], hx(h["file_id"])), f"header flags {h['flags']}: decode")
+    for n in v["names"]:
+        what = f"name {n['name'][:20]!r}"
+        iv, ident = hx(n["dir_iv"]), hx(n["identity"])
+        d = name_d(keys, iv, n["name"].encode())
+        t.check(d.hex() == n["d"], f"{what}: D")
+        s = binding_s(keys, iv, d, n["kind"], ident)
+        t.check(s.hex() == n["s"], f"{what}: S")
+        entry, side, contents = entry_names(d, s)
+        t.check(entry == n["entry"], f"{what}: entry name", entry)
+        t.check(side == n["side_file"] and contents == n["side_file_contents"], f"{what}: side file")
+        t.check(siv_decrypt(keys["names"], [iv], hx(n["d"])) == n["name"].encode(), f"{what}: decrypt D")
+        t.check(siv_decrypt(keys["binding"], [iv, hx(n["d"]), bytes([n["kind"]])], hx(n["s"])) == ident,
+                f"{what}: open S")
+        kinds = {KIND_FILE, KIND_DIR, KIND_SYMLINK, KIND_SPECIAL} - {n["kind"]}
+        for k in kinds:
+            try:
+                siv_decrypt(keys["binding"], [iv, hx(n["d"]), bytes([k])], hx(n["s"]))
+                t.check(False, f"{what}: S must not open as kind {k}")
+            except IntegrityError:
+                t.check(True, "")
+        cls_ = classify(entry.encode())
+        t.check(cls_[0] == ("long" if side else "short"), f"{what}: classified as {cls_[0]}")
+    rk = v["recovery_key"]
+    t.check(recovery_display(hx(rk["bytes"])) == rk["display"], "recovery key display")
+    t.check(recovery_parse(rk["display"]) == hx(rk["bytes"]), "recovery key parse")
+    t.check(recovery_parse(rk["display"].lower().replace("-", " ").replace("0", "o")) == hx(rk["bytes"]),
+            "recovery key parse (lowercase, spaces, O for 0)")
+    conf = v["config"]
+    cfg = parse_config(conf["file"].encode())
+    mk, slot = unlock(cfg, conf["password"].encode(), "password")
+    t.check(mk.hex() == conf["master_key"], "config unlock: master key")
+    t.check(config_mac(cfg, mk) == cfg["mac"], "config MAC")
+    try:
+        unlock(cfg, b"wrong password", "password")
+        t.check(False, "config: wrong password must fail")
+    except WrongSecret:
+        t.check(True, "")
+    edited = parse_config(conf["file"].replace('"veilfs 0.1.0"', '"veilfs 0.1.1"').encode())
+    try:
+        unlock(edited, conf["password"].encode(), "password")
+        t.check(False, "config: edited creator must fail the MAC")
+    except ConfigError:
+        t.check(True, "")
+    # Layout edge cases of §5.3.
+    for p in [0, 1, 4095, 4096, 4097, 20000, 3 * 4096, 10**6 + 7]:
+        for B, O in [(4096, 28), (512, 40), (1 << 20, 28)]:
+            c = cipher_size(p, B, O)
+            t.check(plain_size(c, B, O)[0] == p, f"layout p={p} B={B} O={O}")
+    for c in [1, 35, 36, 36 + 28, 36 + 4124 + 10]:
+        try:
+            plain_size(c, 4096, 28)
+            t.check(False, f"layout: {c} bytes must be invalid")
+        except IntegrityError:
+            t.check(True, "")
+    # Strict base64url (§1).
+    for bad in ["YQ=", "YR", "Y", "a+b/"]:
+        try:
+            unb64(bad)
+            t.check(False, f"unb64({bad!r}) must fail")
+        except ValueError:
+            t.check(True, "")
+
+
+# ---------------------------------------------------------------- compare with a source tree
+
+def walk_source(src: bytes):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(src):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            out[os.path.relpath(p, src)] = p
+    return out
+
+
+def compare(vault: Vault, src: str, t: Tally, verbose: bool):
+    srcb = os.fsencode(src)
+    expected = walk_source(srcb)
+    got = {}
+    for prel, ent, obj in vault.walk():
+        got[prel] = (ent, obj)
+    for path, msg in vault.errors:
+        t.check(False, "vault error", f"{path!r}: {msg}")
+    for rel in sorted(set(expected) | set(got)):
+        what = repr(rel)[2:-1]
+        if rel not in got:
+            t.check(False, what, "in the source but not decrypted from the vault")
+            continue
+        if rel not in expected:
+            t.check(False, what, "decrypted from the vault but not in the source")
+            continue
+        ent, obj = got[rel]
+        sst = os.lstat(expected[rel])
+        vst = ent["stat"]
+        kind = kind_of_mode(sst.st_mode)
+        t.check(kind == ent["kind"], f"{what}: kind", f"{KIND_NAMES[ent['kind']]} vs {KIND_NAMES[kind]}")
+        if kind == KIND_FILE:
+            with open(expected[rel], "rb") as f:
+                t.check(obj == f.read(), f"{what}: contents")
+            t.check(cipher_size(len(obj), vault.block_size, vault.aead.overhead) == vst.st_size,
+                    f"{what}: ciphertext size matches §5.3")
+        elif kind == KIND_SYMLINK:
+            t.check(obj == os.readlink(expected[rel]), f"{what}: symlink target")
+        elif kind == KIND_SPECIAL:
+            t.check(stat.S_IFMT(sst.st_mode) == stat.S_IFMT(vst.st_mode) and sst.st_rdev == vst.st_rdev,
+                    f"{what}: special file type and device")
+        if kind != KIND_SYMLINK:
+            t.check(stat.S_IMODE(sst.st_mode) == stat.S_IMODE(vst.st_mode), f"{what}: mode",
+                    f"{oct(stat.S_IMODE(vst.st_mode))} vs {oct(stat.S_IMODE(sst.st_mode))}")
+        t.check(sst.st_mtime_ns == vst.st_mtime_ns, f"{what}: mtime")
+        if verbose:
+            print(f"ok   {KIND_NAMES[kind]:8} {what}")
+    # Hard-link structure: the same partition of paths into inodes on both sides.
+    def groups(pairs):
+        by = {}
+        for rel, key in pairs:
+            by.setdefault(key, set()).add(rel)
+        return sorted(sorted(g) for g in by.values() if len(g) > 1)
+    src_groups = groups((r, (os.lstat(p).st_dev, os.lstat(p).st_ino)) for r, p in expected.items()
+                        if not os.path.isdir(p) or os.path.islink(p))
+    vault_groups = groups((r, (e["stat"].st_dev, e["stat"].st_ino)) for r, (e, _) in got.items()
+                          if e["kind"] != KIND_DIR)
+    t.check(src_groups == vault_groups, "hard-link structure", f"{vault_groups} vs {src_groups}")
+    print(f"compared {len(got)} vault entries with {len(expected)} source entries "
+          f"({vault.cfg['cipher']}, {vault.block_size}-byte blocks)")
+
+
+# ---------------------------------------------------------------- tamper self-test
+
+def tamper_selftest(vault_dir: str, secret_kind: str, secret: bytes, t: Tally):
+    """Applies each tamper class of docs/SECURITY.md to a copy of the vault and checks that this
+    reader reports an integrity error (or, for the documented gaps, that it does not)."""
+    def fresh():
+        d = tempfile.mkdtemp(prefix="rr-tamper-")
+        dst = os.path.join(d, "v")
+        subprocess.run(["cp", "-a", "--", vault_dir, dst], check=True)  # keeps FIFOs and hard links
+        for dp, dns, fns in os.walk(dst):
+            for n in dns + fns:
+                p = os.path.join(dp, n)
+                if not os.path.islink(p):
+                    os.chmod(p, 0o700 if os.path.isdir(p) else 0o600)
+        return d, dst
+
+    def open_v(dst):
+        return Vault.open(dst, password=secret if secret_kind == "password" else None,
+                          recovery_key=secret if secret_kind == "recovery" else None)
+
+    def entries(dst):
+        v = open_v(dst)
+        return v, {prel: ent for prel, ent, _ in v.walk()}
+
+    def detected(dst):
+        try:
+            v = open_v(dst)
+        except (ConfigError, WrongSecret):
+            return True
+        list(v.walk())
+        return bool(v.errors)
+
+    base_v, base = entries(vault_dir)
+    B, O = base_v.block_size, base_v.aead.overhead
+    files = sorted((p for p, e in base.items() if e["kind"] == KIND_FILE and e["stat"].st_nlink == 1),
+                   key=lambda p: -base[p]["stat"].st_size)
+    big, other = files[0], files[1]
+    if base[big]["stat"].st_size < HEADER_LEN + 2 * (B + O) + 1:
+        print("tamper self-test: needs a file of at least 3 blocks in the vault; skipped")
+        return
+    syms = [p for p, e in base.items() if e["kind"] == KIND_SYMLINK]
+    dirs = [p for p, e in base.items() if e["kind"] == KIND_DIR]
+
+    def rel_c(dst, prel):
+        return os.path.join(os.fsencode(dst), os.path.relpath(base[prel]["cpath"], os.fsencode(vault_dir)))
+
+    def mutate_bytes(fn):
+        def go(dst, prel=big):
+            p = rel_c(dst, prel)
+            with open(p, "rb") as f:
+                data = bytearray(f.read())
+            data = fn(data)
+            with open(p, "wb") as f:
+                f.write(data)
+        return go
+
+    def flip(data):
+        data[HEADER_LEN + (B + O) + 5] ^= 0x20
+        return data
+
+    def swap_blocks(data):
+        a, b = HEADER_LEN, HEADER_LEN + (B + O)
+        data[a : a + B + O], data[b : b + B + O] = data[b : b + B + O], data[a : a + B + O]
+        return data
+
+    def zero_inner(data):
+        data[HEADER_LEN + (B + O) : HEADER_LEN + 2 * (B + O)] = bytes(B + O)
+        return data
+
+    def set_sparse(data):
+        data[3] |= 1
+        return zero_inner(data)
+
+    def swap_contents(dst):
+        a, b = rel_c(dst, big), rel_c(dst, other)
+        os.rename(a, a + b".tmp"); os.rename(b, a); os.rename(a + b".tmp", b)
+
+    def swap_header(dst):
+        a, b = rel_c(dst, big), rel_c(dst, other)
+        with open(b, "rb") as f:
+            hb = f.read(HEADER_LEN)
+        with open(a, "r+b") as f:
+            f.write(hb)
+
+    def move_block_between(dst):
+        a, b = rel_c(dst, big), rel_c(dst, other)
+        with open(b, "rb") as f:
+            blk = f.read()[HEADER_LEN : HEADER_LEN + B + O]
+        if len(blk) < B + O:  # other file shorter than a block: take the big file's own block 1 instead
+            return swap_blocks_go(dst)
+        with open(a, "r+b") as f:
+            f.seek(HEADER_LEN)
+            f.write(blk)
+
+    swap_blocks_go = mutate_bytes(swap_blocks)
+
+    def move_entry(dst):
+        sub = rel_c(dst, dirs[0])
+        a = rel_c(dst, big)
+        os.rename(a, os.path.join(sub, os.path.basename(a)))
+
+    def copy_diriv(dst):
+        # Copy the IV file of one directory into another (gocryptfs audit 2.3 scenario).
+        d1, d2 = rel_c(dst, dirs[0]), rel_c(dst, dirs[1])
+        os.unlink(os.path.join(d2, b"veilfs.diriv"))
+        shutil.copyfile(os.path.join(d1, b"veilfs.diriv"), os.path.join(d2, b"veilfs.diriv"))
+
+    def swap_symlinks(dst):
+        a, b = rel_c(dst, syms[0]), rel_c(dst, syms[1])
+        ta = os.readlink(a)
+        os.unlink(a)
+        os.symlink(os.readlink(b), a)
+        del ta
+
+    def edit_config(dst):
+        p = os.path.join(dst, "veilfs.conf")
+        with open(p) as f:
+            text = f.read()
+        with open(p, "w") as f:
+            f.write(text.replace('"creator": "veilfs', '"creator": "evilfs', 1))
+
+    def raise_kdf_cost(dst):
+        p = os.path.join(dst, "veilfs.conf")
+        with open(p) as f:
+            cfg = json.load(f)
+        for s in cfg["slots"]:
+            if s["kdf"]["algorithm"] == "argon2id":
+                s["kdf"]["iterations"] += 1
+        with open(p, "w") as f:
+            json.dump(cfg, f, indent=2)
+
+    def lower_kdf_cost(dst):
+        p = os.path.join(dst, "veilfs.conf")
+        with open(p) as f:
+            cfg = json.load(f)
+        for s in cfg["slots"]:
+            if s["kdf"]["algorithm"] == "argon2id":
+                s["kdf"]["memory_kib"] = max(8 * s["kdf"]["parallelism"], s["kdf"]["memory_kib"] // 2)
+        with open(p, "w") as f:
+            json.dump(cfg, f, indent=2)
+
+    def truncate_to(n_of):
+        def go(dst):
+            p = rel_c(dst, big)
+            os.truncate(p, n_of(os.path.getsize(p)))
+        return go
+
+    cases = [
+        ("bit flip inside a block", mutate_bytes(flip), True),
+        ("two blocks swapped within a file", swap_blocks_go, True),
+        ("block copied from another file", move_block_between, True),
+        ("zero block injected (no SPARSE flag)", mutate_bytes(zero_inner), True),
+        ("SPARSE flag set by the attacker", mutate_bytes(set_sparse), True),
+        ("header copied from another file", swap_header, True),
+        ("whole files swapped by renaming", swap_contents, True),
+        ("entry moved into another directory", move_entry, True),
+        ("truncated at a block boundary", truncate_to(lambda c: HEADER_LEN + 2 * (B + O)), True),
+        ("truncated inside a block", truncate_to(lambda c: c - 3), True),
+        ("truncated to the header only", truncate_to(lambda c: HEADER_LEN), True),
+        ("config field edited", edit_config, True),
+        ("slot Argon2 cost raised", raise_kdf_cost, True),
+        ("slot Argon2 cost lowered", lower_kdf_cost, True),
+        # Documented gap (SECURITY.md): a 0-byte ciphertext is a valid empty file.
+        ("truncated to zero bytes (documented gap: NOT detected)", truncate_to(lambda c: 0), False),
+    ]
+    if len(dirs) >= 2:
+        cases.append(("veilfs.diriv copied from another directory", copy_diriv, True))
+    if len(syms) >= 2:
+        cases.append(("symlink targets swapped", swap_symlinks, True))
+    for what, fn, expect in cases:
+        d, dst = fresh()
+        try:
+            fn(dst)
+            got = detected(dst)
+            t.check(got == expect, f"tamper: {what}", "detected" if got else "not detected")
+            print(f"tamper {'detected    ' if got else 'not detected'}  {what}")
+        finally:
+            shutil.rmtree(d)
+
+
+# ---------------------------------------------------------------- CLI
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vectors", help="check the known-answer vectors in this JSON file")
+    ap.add_argument("--vault", help="a veilfs vault (CIPHERDIR) to decrypt")
+    ap.add_argument("--password-file", help="password: the first line of this file")
+    ap.add_argument("--recovery-key-file", help="recovery key (display form) in this file")
+    ap.add_argument("--compare", help="plaintext tree the vault must equal")
+    ap.add_argument("--tamper-selftest", action="store_true", help="tamper with copies of the vault and check detection")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args()
+    if not a.vectors and not a.vault:
+        ap.error("give --vectors and/or --vault")
+    t = Tally()
+    if a.vectors:
+        before = t.passed + t.failed
+        run_vectors(a.vectors, t)
+        print(f"vectors: {t.passed + t.failed - before} checks")
+    if a.vault:
+        if a.recovery_key_file:
+            with open(a.recovery_key_file) as f:
+                kind, secret = "recovery", recovery_parse(f.read())
+        elif a.password_file:
+            with open(a.password_file, "rb") as f:
+                text = f.read()
+            cut = min([i for i in (text.find(b"\n"), text.find(b"\r")) if i >= 0], default=len(text))
+            kind, secret = "password", text[:cut]
+        else:
+            ap.error("--vault needs --password-file or --recovery-key-file")
+        try:
+            v = Vault.open(a.vault, password=secret if kind == "password" else None,
+                           recovery_key=secret if kind == "recovery" else None)
+        except (ConfigError, WrongSecret) as e:
+            t.check(False, "unlock", str(e))
+            print(f"{t.passed} passed, {t.failed} failed")
+            return 1
+        t.check(True, "unlock")
+        if a.compare:
+            compare(v, a.compare, t, a.verbose)
+        else:
+            for prel, ent, obj in v.walk():
+                extra = f" -> {obj!r}" if ent["kind"] == KIND_SYMLINK else (f" {len(obj)} bytes" if obj is not None else "")
+                print(f"{KIND_NAMES[ent['kind']]:8} {prel!r}{extra}")
+            for path, msg in v.errors:
+                t.check(False, "vault error", f"{path!r}: {msg}")
+        if a.tamper_selftest:
+            tamper_selftest(a.vault, kind, secret, t)
+    print(f"{t.passed} passed, {t.failed} failed")
+    return 0 if t.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
