@@ -1,0 +1,317 @@
+"""The workloads, organised in groups that each get a fresh mount.
+
+A group is a function that runs its steps in order on one :class:`Mount` and
+records each metric as soon as it is measured.  If a step fails or times out,
+the driver marks every metric the group had not yet recorded with that error
+and moves on: steps within a group depend on each other (``du`` is
+meaningless if ``extract`` failed), groups do not.
+
+Every timed step is an external command timed from the outside, preceded by
+``sync`` + ``drop_caches`` (:meth:`Context.settle`), as in the EncFS and
+gocryptfs scripts.  Writes include a trailing ``sync`` inside the timed part,
+so data a filesystem merely buffered is not counted as written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .datasets import Datasets
+from .filesystems import Mount
+from .proc import StepError, drop_caches, run, timed
+
+MiB = 1 << 20
+GiB = 1 << 30
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    unit: str
+    higher_is_better: bool
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Workload sizes; ``quick`` shrinks everything for smoke tests."""
+    stream: int = 100 * MiB
+    bigfile: int = 1 * GiB
+    many_count: int = 2000
+    many_size: int = 512 * 1024
+    mixed_total: int = 400 * 1000 * 1000
+    fio_file: int = 256 * MiB
+    fio_io: int = 64 * MiB
+    fio_runtime: int = 30
+    md_files: int = 2000
+
+    @classmethod
+    def quick(cls) -> "Sizes":
+        return cls(stream=16 * MiB, bigfile=32 * MiB, many_count=64, mixed_total=8 * 1000 * 1000,
+                   fio_file=16 * MiB, fio_io=4 * MiB, fio_runtime=5, md_files=200)
+
+
+@dataclass
+class Context:
+    """What a group function gets: the mount, the inputs and a place to put
+    its numbers."""
+    mount: Mount
+    data: Datasets
+    sizes: Sizes
+    quick: bool
+    timeout: float
+    session: object = None
+    values: dict = field(default_factory=dict)
+    na: dict = field(default_factory=dict)
+
+    def settle(self) -> None:
+        drop_caches(timeout=self.timeout)
+
+    def timed(self, cmd, **kw) -> float:
+        return timed(cmd, timeout=self.timeout, **kw)
+
+    def record(self, name: str, value: float) -> None:
+        self.values[name] = value
+
+    def not_applicable(self, name: str, why: str) -> None:
+        self.na[name] = why
+
+    def daemon_cpu(self) -> float | None:
+        return self.mount.daemon_cpu()
+
+    def remount(self, between=None) -> None:
+        """Unmount and mount the same store again (see MountSession)."""
+        self.mount = self.session.reopen(between)
+
+
+def q(path: Path) -> str:
+    """Single-quote a path for ``sh -c``."""
+    return "'" + str(path).replace("'", "'\\''") + "'"
+
+
+# ------------------------------------------------------------------ groups
+
+def run_stream(ctx: Context) -> None:
+    """stream_write: zeros in 4 KiB writes, ``sync`` timed (EncFS's
+    stream_write); stream_read: read back with 128 KiB reads after dropping
+    caches.  The daemon's CPU over both is reported per GiB streamed."""
+    path = ctx.mount.path / "stream.bin"
+    size = ctx.sizes.stream
+    ctx.settle()
+    cpu0 = ctx.daemon_cpu()
+    secs = ctx.timed(f"dd if=/dev/zero of={q(path)} bs=4k count={size // 4096} status=none && sync")
+    ctx.record("stream_write", size / MiB / secs)
+    ctx.settle()
+    secs = ctx.timed(["dd", f"if={path}", "of=/dev/null", "bs=128k", "status=none"])
+    ctx.record("stream_read", size / MiB / secs)
+    cpu1 = ctx.daemon_cpu()
+    if cpu0 is None or cpu1 is None:
+        ctx.not_applicable("cpu_per_gib", "no FUSE daemon")
+    else:
+        ctx.record("cpu_per_gib", (cpu1 - cpu0) / (2 * size / GiB))
+
+
+def run_bigfile(ctx: Context) -> None:
+    """A large random file copied in with ``cp`` (+ sync) and, after dropping
+    caches, copied out to RAM -- the German shoot-out's 4 GB test, at 1 GiB."""
+    src = ctx.data.random_file("random-big", ctx.sizes.bigfile)
+    inside = ctx.mount.path / "big.bin"
+    ctx.settle()
+    secs = ctx.timed(f"cp {q(src)} {q(inside)} && sync")
+    ctx.record("bigfile_in", ctx.sizes.bigfile / MiB / secs)
+    ctx.settle()
+    out = ctx.data.out_dir()
+    secs = ctx.timed(f"cp {q(inside)} {q(out)}/ && sync")
+    ctx.record("bigfile_out", ctx.sizes.bigfile / MiB / secs)
+    shutil.rmtree(out)
+
+
+def run_kernel(ctx: Context) -> None:
+    """The classic source-tree sequence on one mount: extract (tar xf +
+    sync), du of the ciphertext, rsync -an against an almost up-to-date copy,
+    ls -lR, md5sum -c, and rm -rf + sync."""
+    tree = ctx.data.tree()
+    mnt = ctx.mount.path
+    top = mnt / tree.top
+    run(["cat", str(tree.tarball)], timeout=ctx.timeout)   # warm the tarball (EncFS does too)
+    ctx.settle()
+    ctx.record("extract", ctx.timed(f"tar xf {q(tree.tarball)} -C {q(mnt)} && sync"))
+    _du_after_remount(ctx)
+    mnt = ctx.mount.path
+    top = mnt / tree.top
+    dest = ctx.data.rsync_destination()
+    ctx.settle()
+    ctx.record("rsync", ctx.timed(["rsync", "-an", "--delete", f"{top}/", f"{dest / tree.top}/"]))
+    ctx.settle()
+    ctx.record("ls_lR", ctx.timed(f"ls -lR {q(top)} > /dev/null"))
+    ctx.settle()
+    ctx.record("md5sum", ctx.timed(["md5sum", "--quiet", "-c", str(tree.md5_list)], cwd=mnt))
+    ctx.settle()
+    ctx.record("delete", ctx.timed(f"rm -rf {q(top)} && sync"))
+
+
+def _du_after_remount(ctx: Context) -> None:
+    """Disk usage of the ciphertext, measured with the filesystem unmounted
+    where possible: daemons such as CryFS keep written blocks in memory until
+    unmount, and ``du`` right after ``sync`` would miss them.  The remount
+    also means rsync/ls/md5sum start with a cold daemon, like a new session."""
+    store = ctx.mount.store
+
+    def measure() -> None:
+        ctx.settle()
+        out = run(["du", "-sm", str(store)], timeout=ctx.timeout).stdout.split()[0]
+        ctx.record("du", float(out))
+
+    if ctx.mount.store_needs_mount:
+        ctx.remount()
+        measure()
+    else:
+        ctx.remount(between=measure)
+
+
+def _copy_in_out(ctx: Context, src: Path, prefix: str) -> None:
+    inside = ctx.mount.path / src.name
+    ctx.settle()
+    ctx.record(f"{prefix}_in", ctx.timed(f"cp -r {q(src)} {q(inside)} && sync"))
+    ctx.settle()
+    out = ctx.data.out_dir()
+    ctx.record(f"{prefix}_out", ctx.timed(f"cp -r {q(inside)} {q(out)}/ && sync"))
+    shutil.rmtree(out)
+
+
+def run_manyfiles(ctx: Context) -> None:
+    """2000 files of 512 KiB with random names, copied in and out."""
+    _copy_in_out(ctx, ctx.data.many_files(ctx.sizes.many_count, ctx.sizes.many_size), "many")
+
+
+def run_mixed(ctx: Context) -> None:
+    """A ~400 MB folder of files from 4 KiB to 32 MiB, copied in and out."""
+    _copy_in_out(ctx, ctx.data.mixed_folder(ctx.sizes.mixed_total), "mixed")
+
+
+def run_build(ctx: Context) -> None:
+    """A real compile inside the mount: the kernel tree's ``perf`` tool
+    (quick mode: a generated C project).  Sources are unpacked untimed."""
+    project = ctx.data.build_project()
+    run(["tar", "xf", str(project.tarball), "-C", str(ctx.mount.path), *project.members],
+        timeout=ctx.timeout)
+    ctx.settle()
+    ctx.record("build", ctx.timed(project.command, cwd=ctx.mount.path))
+
+
+def _fio(ctx: Context, path: Path, rw: str) -> float:
+    s = ctx.sizes
+    argv = ["fio", f"--name={rw}", f"--filename={path}", f"--rw={rw}", "--bs=4k",
+            f"--size={s.fio_file}", f"--io_size={s.fio_io}", f"--runtime={s.fio_runtime}",
+            "--ioengine=psync", "--iodepth=1", "--numjobs=1", "--randrepeat=1",
+            "--invalidate=1", "--output-format=json"]
+    if rw == "randwrite":
+        argv.append("--end_fsync=1")
+    out = run(argv, timeout=ctx.timeout).stdout.decode()
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["read" if rw == "randread" else "write"]
+    if not side.get("total_ios"):
+        raise StepError(f"fio {rw} did no I/O")
+    return float(side["iops"])
+
+
+def run_randio(ctx: Context) -> None:
+    """fio 4 KiB random reads, then random writes (with a final fsync), on a
+    256 MiB file; a quarter of the file is touched so dropped caches stay
+    cold (fio's random map visits each block at most once)."""
+    path = ctx.mount.path / "fio.dat"
+    src = ctx.data.random_file("random-fio", ctx.sizes.fio_file)
+    run(f"cp {q(src)} {q(path)} && sync", timeout=ctx.timeout)
+    ctx.settle()
+    ctx.record("randread", _fio(ctx, path, "randread"))
+    ctx.settle()
+    ctx.record("randwrite", _fio(ctx, path, "randwrite"))
+
+
+def _md_phase(ctx: Context, phase: str, directory: Path) -> float:
+    argv = [sys.executable, "-m", "veilbench.mdtest", phase, str(directory), str(ctx.sizes.md_files)]
+    out = run(argv, timeout=ctx.timeout, cwd=PACKAGE_DIR.parent).stdout.decode()
+    return json.loads(out)["seconds"]
+
+
+def run_metadata(ctx: Context) -> None:
+    """mdtest-style: create (4 KiB each), stat and delete N files in one
+    directory, caches dropped between phases; ops/s per phase, and the
+    daemon's CPU milliseconds per file created."""
+    directory = ctx.mount.path / "mdtest"
+    n = ctx.sizes.md_files
+    ctx.settle()
+    cpu0 = ctx.daemon_cpu()
+    ctx.record("md_create", n / _md_phase(ctx, "create", directory))
+    cpu1 = ctx.daemon_cpu()
+    if cpu0 is None or cpu1 is None:
+        ctx.not_applicable("cpu_per_file", "no FUSE daemon")
+    else:
+        ctx.record("cpu_per_file", (cpu1 - cpu0) * 1000 / n)
+    ctx.settle()
+    ctx.record("md_stat", n / _md_phase(ctx, "stat", directory))
+    ctx.settle()
+    ctx.record("md_delete", n / _md_phase(ctx, "delete", directory))
+
+
+# ------------------------------------------------------------------ table
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    title: str
+    run: Callable[[Context], None]
+    metrics: tuple[Metric, ...]
+
+
+def M(name, label, unit, higher=True):  # noqa: N802 - table shorthand
+    return Metric(name, label, unit, higher)
+
+
+PEAK_RSS = M("peak_rss", "daemon peak RSS (max over groups)", "MiB", higher=False)
+
+GROUPS: tuple[Group, ...] = (
+    Group("stream", "stream: zeros in 4 KiB writes + sync; read back after drop_caches", run_stream, (
+        M("stream_write", "stream_write", "MiB/s"),
+        M("stream_read", "stream_read", "MiB/s"),
+        M("cpu_per_gib", "daemon CPU per GiB streamed", "s/GiB", higher=False))),
+    Group("bigfile", "big random file, cp in / cp out", run_bigfile, (
+        M("bigfile_in", "big file cp in", "MiB/s"),
+        M("bigfile_out", "big file cp out", "MiB/s"))),
+    Group("kernel", "kernel tree: extract, du, rsync, ls -lR, md5sum -c, rm -rf", run_kernel, (
+        M("extract", "extract (tar xf + sync)", "s", higher=False),
+        M("du", "du -sm of ciphertext", "MiB", higher=False),
+        M("rsync", "rsync -an (stat-heavy)", "s", higher=False),
+        M("ls_lR", "ls -lR", "s", higher=False),
+        M("md5sum", "md5sum -c", "s", higher=False),
+        M("delete", "delete (rm -rf + sync)", "s", higher=False))),
+    Group("manyfiles", "many 512 KiB files with random names, cp in / cp out", run_manyfiles, (
+        M("many_in", "many files cp in", "s", higher=False),
+        M("many_out", "many files cp out", "s", higher=False))),
+    Group("mixed", "mixed-size folder (4 KiB..32 MiB files), cp in / cp out", run_mixed, (
+        M("mixed_in", "mixed folder cp in", "s", higher=False),
+        M("mixed_out", "mixed folder cp out", "s", higher=False))),
+    Group("build", "software build inside the mount", run_build, (
+        M("build", "build (make -j2)", "s", higher=False),)),
+    Group("randio", "fio 4 KiB random read / write", run_randio, (
+        M("randread", "fio 4 KiB randread", "IOPS"),
+        M("randwrite", "fio 4 KiB randwrite", "IOPS"))),
+    Group("metadata", "mdtest-style create/stat/delete of 4 KiB files", run_metadata, (
+        M("md_create", "file create", "ops/s"),
+        M("md_stat", "file stat", "ops/s"),
+        M("md_delete", "file delete", "ops/s"),
+        M("cpu_per_file", "daemon CPU per file created", "ms", higher=False))),
+)
+
+GROUPS_BY_NAME = {g.name: g for g in GROUPS}
+
+
+def all_metrics(groups) -> list[Metric]:
+    """Metrics of *groups* in report order, plus the daemon's peak RSS."""
+    return [m for g in groups for m in g.metrics] + [PEAK_RSS]
