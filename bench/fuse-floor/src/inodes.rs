@@ -45,6 +45,9 @@ const SYNTHETIC_BASE: u64 = 1 << 62;
 const MAX_NAMES: usize = 16;
 
 /// A name a non-directory is reachable by: `parent`'s dirfd plus `name`.
+///
+/// Names compare by the parent's backing key, not by `Arc` identity: a
+/// directory the kernel forgot and looked up again gets a new `Inode`.
 #[derive(Debug, Clone)]
 pub struct Name {
     pub parent: Arc<Inode>,
