@@ -154,9 +154,10 @@ def chart(summary: dict, metrics: list[Metric], filesystems: list[str], path: Pa
 
     backings = list(summary)
     ncols = len(filesystems)
-    fig_w = 2.2 + 1.35 * ncols * len(backings)
+    fig_w = 3.5 + 1.0 * ncols * len(backings)
     fig_h = 1.6 + 0.42 * len(metrics)
-    fig, axes = plt.subplots(1, len(backings), figsize=(fig_w, fig_h), squeeze=False)
+    fig, axes = plt.subplots(1, len(backings), figsize=(fig_w, fig_h), squeeze=False,
+                             layout="constrained")
     cmap = matplotlib.colormaps["RdYlGn"].copy()
     cmap.set_bad("#d9d9d9")
     norm = TwoSlopeNorm(vmin=-3, vcenter=0, vmax=3)
@@ -164,9 +165,13 @@ def chart(summary: dict, metrics: list[Metric], filesystems: list[str], path: Pa
         grid, texts = _heat(summary[backing], metrics, filesystems)
         image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
         for (i, j), text in texts.items():
-            ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
+            dark = abs(grid[i, j]) > 2.0 if grid[i, j] == grid[i, j] else False
+            ax.text(j, i, text, ha="center", va="center", fontsize=6.5,
+                    color="white" if dark else "black")
         ax.set_xticks(range(ncols), filesystems, rotation=30, ha="right", fontsize=8)
-        ax.set_yticks(range(len(metrics)), [_row_label(summary[backing], m) for m in metrics],
+        first = ax is axes[0][0]
+        ax.set_yticks(range(len(metrics)),
+                      [_row_label(summary[backing], m) for m in metrics] if first else [],
                       fontsize=7.5)
         ax.set_title(f"backing: {backing}", fontsize=10)
     bar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.6, pad=0.02)
