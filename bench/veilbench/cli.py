@@ -353,6 +353,8 @@ class Runner:
             if mnt.exists() and not os.path.ismount(mnt):
                 mnt.rmdir()
         record["seconds"] = time.time() - record["started"]
+        # Other work on the machine skews timings; keep the evidence per run.
+        record["loadavg_1min"] = float(Path("/proc/loadavg").read_text().split()[0])
         return record
 
     def _fail(self, record: dict, group, message: str) -> None:
