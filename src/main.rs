@@ -2,6 +2,7 @@
 
 mod cmd;
 mod exit;
+mod logging;
 mod password;
 mod target;
 
@@ -30,6 +31,10 @@ struct Cli {
 enum Command {
     /// Create a new vault in CIPHERDIR (created if missing; must be empty).
     Init(cmd::init::Args),
+    /// Mount a vault: a plaintext view of CIPHERDIR at MOUNTPOINT.
+    Mount(cmd::mount::Args),
+    /// Unmount a vault.
+    Umount(cmd::mount::UmountArgs),
     /// Show a vault's format, cipher, KDF and key slots (no password needed).
     Info(cmd::info::Args),
     /// Change a password, add or remove a key slot, or reset a password with the recovery key.
@@ -50,23 +55,13 @@ enum Command {
     Speed(cmd::speed::Args),
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
-    let level = match (quiet, verbose) {
-        (true, _) => "error",
-        (false, 0) => "warn",
-        (false, 1) => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VEILFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
-}
-
 fn main() {
     let cli = Cli::parse();
-    init_logging(cli.verbose, cli.quiet);
+    logging::init(cli.verbose, cli.quiet);
     let result = match cli.command {
         Command::Init(a) => cmd::init::run(a),
+        Command::Mount(a) => cmd::mount::run(a),
+        Command::Umount(a) => cmd::mount::umount(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Passwd(a) => cmd::passwd::run(a),
         Command::Import(a) => cmd::import::run(a),

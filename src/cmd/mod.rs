@@ -6,6 +6,7 @@ pub mod import;
 pub mod info;
 pub mod init;
 pub mod ls;
+pub mod mount;
 pub mod passwd;
 pub mod paths;
 pub mod speed;

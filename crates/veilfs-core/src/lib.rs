@@ -18,6 +18,7 @@ pub mod kdf;
 pub mod recovery;
 pub mod sys;
 pub mod vault;
+pub mod xattr;
 
 pub use config::{Secret, VaultConfig};
 pub use file::{ContentCtx, CryptFile};

@@ -287,3 +287,87 @@ pub fn into_file(fd: OwnedFd) -> File {
 pub fn os_bytes(s: &OsStr) -> &[u8] {
     s.as_bytes()
 }
+
+/// `fchmod`.
+pub fn fchmod(fd: BorrowedFd<'_>, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) }).map(drop)
+}
+
+/// `futimens(fd, times)`.
+pub fn futimens(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<()> {
+    // SAFETY: valid fd and a two-element timespec array.
+    check(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) }).map(drop)
+}
+
+/// `fstatvfs`.
+pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs> {
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    check(unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut s) })?;
+    Ok(s)
+}
+
+/// `fallocate`.
+pub fn fallocate(fd: RawFd, mode: libc::c_int, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    check(unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) }).map(drop)
+}
+
+/// `lseek`.
+pub fn lseek(fd: RawFd, off: i64, whence: libc::c_int) -> io::Result<i64> {
+    // SAFETY: plain syscall on an fd.
+    let r = unsafe { libc::lseek(fd, off, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// A `/proc/self/fd/<dir>[/<name>]` path, to reach an entry with the path-based `l*xattr`
+/// calls (there is no `*xattrat` for all of them on older kernels).
+pub fn proc_path(dir: BorrowedFd<'_>, name: Option<&[u8]>) -> io::Result<CString> {
+    let mut p = format!("/proc/self/fd/{}", dir.as_raw_fd()).into_bytes();
+    if let Some(n) = name {
+        p.push(b'/');
+        p.extend_from_slice(n);
+    }
+    cstr(&p)
+}
+
+fn ssize(r: isize) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// `lgetxattr`; an empty `buf` asks for the size.
+pub fn lgetxattr(path: &CString, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
+    let n = cstr(name)?;
+    // SAFETY: valid C strings; the buffer pointer/length describe writable memory (or 0/null).
+    ssize(unsafe { libc::lgetxattr(path.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `lsetxattr`.
+pub fn lsetxattr(path: &CString, name: &[u8], value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: valid C strings and a readable value buffer.
+    check(unsafe { libc::lsetxattr(path.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) }).map(drop)
+}
+
+/// `llistxattr`; an empty `buf` asks for the size.
+pub fn llistxattr(path: &CString, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: valid C string; the buffer describes writable memory.
+    ssize(unsafe { libc::llistxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `lremovexattr`.
+pub fn lremovexattr(path: &CString, name: &[u8]) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: valid C strings.
+    check(unsafe { libc::lremovexattr(path.as_ptr(), n.as_ptr()) }).map(drop)
+}

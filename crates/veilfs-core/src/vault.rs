@@ -67,7 +67,8 @@ impl CipherDir {
         self.fd.as_fd()
     }
 
-    fn child_path(&self, on_disk: &str) -> String {
+    /// `path/on_disk` as text, for messages.
+    pub fn child_path(&self, on_disk: &str) -> String {
         self.path.join(on_disk).display().to_string()
     }
 }
@@ -368,8 +369,19 @@ impl Vault {
         identity: &Identity,
     ) -> Result<(NameKey, String)> {
         let key = self.names.name_key(&dir.iv, name)?;
+        let on_disk = self.entry_name_for(dir, &key, kind, identity)?;
+        Ok((key, on_disk))
+    }
+
+    /// The on-disk name for an already computed `key`, writing its side file if it is long.
+    pub fn entry_name_for(
+        &self,
+        dir: &CipherDir,
+        key: &NameKey,
+        kind: EntryKind,
+        identity: &Identity,
+    ) -> Result<String> {
         let s = self.names.bind(&dir.iv, &key.d, kind, identity);
-        let on_disk = key.entry_name(&s);
         if let (Some(side), Some(contents)) = (&key.side_file, key.side_file_contents()) {
             match sys::write_new_file(dir.fd(), side.as_bytes(), contents.as_bytes(), 0o400) {
                 Ok(()) => {}
@@ -377,7 +389,33 @@ impl Vault {
                 Err(e) => return Err(Error::io(dir.child_path(side), e)),
             }
         }
-        Ok((key, on_disk))
+        Ok(key.entry_name(&s))
+    }
+
+    /// Removes the on-disk entry `on_disk` of `dir`. A directory must hold nothing but its IV
+    /// file; it is moved aside before its IV file goes, so a crash never leaves a live
+    /// directory without one. Does not touch long-name side files.
+    pub fn remove_entry(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
+        let what = dir.child_path(on_disk);
+        if kind != EntryKind::Dir {
+            return sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(|| what.clone());
+        }
+        let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(|| what.clone())?;
+        let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| what.clone())?;
+        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
+            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
+        }
+        let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+        sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)
+            .ctx(|| what.clone())?;
+        let _ = sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false);
+        if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
+            // Something appeared inside meanwhile: put it back as it was.
+            let _ = sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), identity, 0o400);
+            let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
+            return Err(Error::io(what, e));
+        }
+        Ok(())
     }
 
     /// Removes the long-name side file of `key` if no entry uses it any more.
@@ -521,34 +559,7 @@ impl Vault {
 
     /// Removes `entry` (a directory must be empty but for its IV file).
     pub fn remove(&self, dir: &CipherDir, entry: &Entry) -> Result<()> {
-        let what = dir.child_path(&entry.on_disk);
-        if entry.kind == EntryKind::Dir {
-            let sub = sys::open_dir_at(dir.fd(), entry.on_disk.as_bytes()).ctx(|| what.clone())?;
-            let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| what.clone())?;
-            if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
-                return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
-            }
-            // Move the directory out of the way first, so a crash never leaves a live
-            // directory without its IV file.
-            let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
-            sys::renameat2(dir.fd(), entry.on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)
-                .ctx(|| what.clone())?;
-            let _ = sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false);
-            if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
-                // Something appeared inside meanwhile: put it back.
-                let _ = sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), &entry.identity, 0o400);
-                let _ = sys::renameat2(
-                    dir.fd(),
-                    tmp.as_bytes(),
-                    dir.fd(),
-                    entry.on_disk.as_bytes(),
-                    libc::RENAME_NOREPLACE,
-                );
-                return Err(Error::io(what, e));
-            }
-        } else {
-            sys::unlinkat(dir.fd(), entry.on_disk.as_bytes(), false).ctx(|| what.clone())?;
-        }
+        self.remove_entry(dir, &entry.on_disk, entry.kind, &entry.identity)?;
         self.drop_side_file(dir, &entry.key);
         Ok(())
     }

@@ -1,0 +1,133 @@
+//! Per-directory state: the open ciphertext directory, its IV, and an index from lookup key
+//! to on-disk entry name.
+//!
+//! An on-disk name ends with the entry's identity binding, which a lookup cannot compute
+//! from the plaintext name; so each directory is listed once into an index (key → name) and
+//! kept current by this mount's own changes. In shared-storage mode the index is rebuilt
+//! whenever the backing directory's change time moved since it was built.
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use std::collections::HashMap;
+use std::io;
+use std::sync::OnceLock;
+use veilfs_core::names::ParsedEntry;
+use veilfs_core::{sys, CipherDir};
+
+/// One entry of a directory index.
+#[derive(Debug)]
+pub struct IndexEntry {
+    /// The full on-disk name.
+    pub on_disk: String,
+    /// `d_type` from the listing (may be `DT_UNKNOWN`; updated by our own creations).
+    pub d_type: u8,
+    /// The decrypted plaintext name, once someone needed it (`None` inside: undecryptable).
+    pub plain: OnceLock<Option<Vec<u8>>>,
+}
+
+impl IndexEntry {
+    /// A fresh entry.
+    pub fn new(on_disk: String, d_type: u8, plain: Option<Vec<u8>>) -> Self {
+        let cell = OnceLock::new();
+        if let Some(p) = plain {
+            let _ = cell.set(Some(p));
+        }
+        IndexEntry { on_disk, d_type, plain: cell }
+    }
+}
+
+/// key → entry for one directory.
+pub type Index = HashMap<String, IndexEntry>;
+
+/// A directory node's state.
+#[derive(Debug)]
+pub struct DirState {
+    /// The open ciphertext directory and its IV.
+    pub cd: CipherDir,
+    index: RwLock<Option<Index>>,
+    /// The backing directory's ctime when the index was built (shared-storage checks).
+    stamp: Mutex<(i64, i64)>,
+    /// Serializes changes of this directory (create, unlink, rename, ...).
+    pub ops: Mutex<()>,
+}
+
+fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
+    let st = sys::fstat(cd.fd())?;
+    Ok((st.st_ctime, st.st_ctime_nsec))
+}
+
+impl DirState {
+    /// State for an open, verified directory.
+    pub fn new(cd: CipherDir) -> Self {
+        DirState { cd, index: RwLock::new(None), stamp: Mutex::new((0, 0)), ops: Mutex::new(()) }
+    }
+
+    /// Lists the backing directory into a fresh index. Two entries for one key only exist
+    /// after a crash during a rename over an existing name: the newer (ctime) wins.
+    fn build(&self) -> io::Result<Index> {
+        let raw = sys::read_dir_fd(self.cd.fd())?;
+        let mut idx: Index = HashMap::with_capacity(raw.len());
+        for r in raw {
+            let parsed = ParsedEntry::parse(&r.name);
+            let Some(key) = parsed.key() else {
+                if matches!(parsed, ParsedEntry::Foreign) {
+                    tracing::warn!(
+                        "{}: ignoring {:?}, which is not a veilfs entry (a sync conflict copy?)",
+                        self.cd.path.display(),
+                        String::from_utf8_lossy(&r.name)
+                    );
+                }
+                continue;
+            };
+            let on_disk = String::from_utf8_lossy(&r.name).into_owned();
+            if let Some(prev) = idx.get(key) {
+                let newer =
+                    |n: &str| sys::fstatat(self.cd.fd(), n.as_bytes()).map(|s| (s.st_ctime, s.st_ctime_nsec)).ok();
+                tracing::warn!("{}: two entries for one name; using the newer", self.cd.path.display());
+                if newer(&on_disk) <= newer(&prev.on_disk) {
+                    continue;
+                }
+            }
+            idx.insert(key.to_string(), IndexEntry::new(on_disk, r.d_type, None));
+        }
+        Ok(idx)
+    }
+
+    /// The index, built on first use; with `revalidate`, rebuilt if the backing directory
+    /// changed since (shared storage).
+    pub fn index(&self, revalidate: bool) -> io::Result<RwLockReadGuard<'_, Option<Index>>> {
+        {
+            let g = self.index.read();
+            if g.is_some() && (!revalidate || ctime_of(&self.cd)? == *self.stamp.lock()) {
+                return Ok(g);
+            }
+        }
+        self.rebuild()?;
+        Ok(self.index.read())
+    }
+
+    /// Rebuilds the index from the backing directory.
+    pub fn rebuild(&self) -> io::Result<()> {
+        let mut w = self.index.write();
+        let stamp = ctime_of(&self.cd)?;
+        *w = Some(self.build()?);
+        *self.stamp.lock() = stamp;
+        Ok(())
+    }
+
+    /// Applies a change made by this mount (hold `ops`).
+    pub fn update(&self, f: impl FnOnce(&mut Index)) {
+        let mut w = self.index.write();
+        if let Some(idx) = w.as_mut() {
+            f(idx);
+        }
+        drop(w);
+        if let Ok(s) = ctime_of(&self.cd) {
+            *self.stamp.lock() = s;
+        }
+    }
+
+    /// Forgets the index (memory pressure, or it may be stale).
+    pub fn drop_index(&self) {
+        *self.index.write() = None;
+    }
+}

@@ -1,0 +1,220 @@
+//! The node table: FUSE node ids ↔ backing objects.
+//!
+//! Node ids are our own (root = 1, then a counter), mapped from the backing inode number so
+//! that hard links share one node and a file keeps its number for the life of the mount even
+//! when the kernel forgets and looks it up again. Directories hold an open fd (cached, so a
+//! path is never re-walked); other objects are reached through (parent directory, on-disk
+//! name) links, because one fd per file would exhaust the fd limit on large trees.
+
+use crate::dirs::DirState;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use veilfs_core::{CryptFile, EntryKind, Identity};
+
+/// The root's node id.
+pub const ROOT: u64 = 1;
+
+/// A name of a node: the directory holding it and the on-disk entry name.
+#[derive(Debug, Clone)]
+pub struct Link {
+    /// The parent directory node.
+    pub parent: Arc<Node>,
+    /// The on-disk entry name in it.
+    pub on_disk: String,
+}
+
+/// Per-file state shared by all handles of one regular file.
+#[derive(Debug, Default)]
+pub struct FileState {
+    /// The open file (one per inode, so header state is shared) and its open count.
+    pub open: Mutex<Option<(Arc<CryptFile>, usize)>>,
+    /// Plaintext size, valid while the file is open.
+    pub size: AtomicU64,
+    /// Shared for I/O inside the current size; exclusive for anything that changes the size.
+    pub size_lock: RwLock<()>,
+    /// Block-range locks for I/O inside the current size.
+    pub ranges: crate::rangelock::RangeLock,
+}
+
+/// One node.
+#[derive(Debug)]
+pub struct Node {
+    /// FUSE node id (= the inode number users see).
+    pub id: u64,
+    /// Object kind.
+    pub kind: EntryKind,
+    /// The identity its entries bind.
+    pub identity: Identity,
+    /// Backing inode number.
+    pub backing_ino: u64,
+    lookups: AtomicU64,
+    links: Mutex<Vec<Link>>,
+    /// Directory state (directories only).
+    pub dir: Option<DirState>,
+    /// File state (regular files only).
+    pub file: Option<FileState>,
+}
+
+fn enoent() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOENT)
+}
+
+impl Node {
+    /// The directory state, or ENOTDIR.
+    pub fn dir(&self) -> io::Result<&DirState> {
+        self.dir.as_ref().ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))
+    }
+
+    /// The file state, or EISDIR/EINVAL.
+    pub fn file(&self) -> io::Result<&FileState> {
+        self.file.as_ref().ok_or_else(|| {
+            io::Error::from_raw_os_error(if self.kind == EntryKind::Dir { libc::EISDIR } else { libc::EINVAL })
+        })
+    }
+
+    /// Every known name.
+    pub fn links(&self) -> Vec<Link> {
+        self.links.lock().clone()
+    }
+
+    /// The first known name (ESTALE if none is left).
+    pub fn link(&self) -> io::Result<Link> {
+        self.links.lock().first().cloned().ok_or_else(|| io::Error::from_raw_os_error(libc::ESTALE))
+    }
+
+    /// Records that `parent/on_disk` names this node.
+    pub fn add_link(&self, parent: &Arc<Node>, on_disk: &str) {
+        let mut l = self.links.lock();
+        if !l.iter().any(|x| x.parent.id == parent.id && x.on_disk == on_disk) {
+            l.push(Link { parent: parent.clone(), on_disk: on_disk.to_string() });
+        }
+    }
+
+    /// Forgets the name `parent/on_disk`.
+    pub fn remove_link(&self, parent: u64, on_disk: &str) {
+        self.links.lock().retain(|x| !(x.parent.id == parent && x.on_disk == on_disk));
+    }
+
+    /// Renames `from_parent/from` to `to_parent/to`.
+    pub fn move_link(&self, from_parent: u64, from: &str, to_parent: &Arc<Node>, to: &str) {
+        let mut l = self.links.lock();
+        l.retain(|x| !(x.parent.id == from_parent && x.on_disk == from));
+        l.insert(0, Link { parent: to_parent.clone(), on_disk: to.to_string() });
+    }
+}
+
+/// All nodes the kernel knows.
+#[derive(Debug)]
+pub struct NodeTable {
+    nodes: RwLock<HashMap<u64, Arc<Node>>>,
+    /// backing inode → (node id, identity); kept after a forget so numbers stay stable.
+    ids: Mutex<HashMap<u64, (u64, Identity)>>,
+    next: AtomicU64,
+}
+
+impl NodeTable {
+    /// A table holding only the root.
+    pub fn new(root: DirState, root_iv: Identity, backing_ino: u64) -> Self {
+        let node = Arc::new(Node {
+            id: ROOT,
+            kind: EntryKind::Dir,
+            identity: root_iv,
+            backing_ino,
+            lookups: AtomicU64::new(1),
+            links: Mutex::new(Vec::new()),
+            dir: Some(root),
+            file: None,
+        });
+        let mut nodes = HashMap::new();
+        nodes.insert(ROOT, node);
+        let mut ids = HashMap::new();
+        ids.insert(backing_ino, (ROOT, root_iv));
+        NodeTable { nodes: RwLock::new(nodes), ids: Mutex::new(ids), next: AtomicU64::new(2) }
+    }
+
+    /// The node with id `id` (ESTALE-like ENOENT if the kernel refers to a forgotten node).
+    pub fn get(&self, id: u64) -> io::Result<Arc<Node>> {
+        self.nodes.read().get(&id).cloned().ok_or_else(enoent)
+    }
+
+    /// The node for backing inode `st_ino` with `identity`, found by `parent/on_disk`; made
+    /// with `make_dir` (for directories) if it is new. Counts one kernel lookup.
+    pub fn lookup(
+        &self,
+        parent: &Arc<Node>,
+        on_disk: &str,
+        st: &libc::stat,
+        kind: EntryKind,
+        identity: Identity,
+        make_dir: impl FnOnce() -> io::Result<Option<DirState>>,
+    ) -> io::Result<Arc<Node>> {
+        let ino = st.st_ino;
+        let known = {
+            let ids = self.ids.lock();
+            ids.get(&ino).copied()
+        };
+        if let Some((id, ident)) = known {
+            if ident == identity {
+                if let Some(n) = self.nodes.read().get(&id).cloned() {
+                    n.lookups.fetch_add(1, Ordering::Relaxed);
+                    n.add_link(parent, on_disk);
+                    return Ok(n);
+                }
+            }
+        }
+        // New to the kernel: build it outside the table lock (opening a directory is I/O).
+        let dir = if kind == EntryKind::Dir { make_dir()? } else { None };
+        let id = match known {
+            Some((id, ident)) if ident == identity => id,
+            _ => self.next.fetch_add(1, Ordering::Relaxed),
+        };
+        let node = Arc::new(Node {
+            id,
+            kind,
+            identity,
+            backing_ino: ino,
+            lookups: AtomicU64::new(1),
+            links: Mutex::new(vec![Link { parent: parent.clone(), on_disk: on_disk.to_string() }]),
+            dir,
+            file: (kind == EntryKind::File).then(FileState::default),
+        });
+        let mut nodes = self.nodes.write();
+        if let Some(existing) = nodes.get(&id) {
+            // Another thread made it meanwhile.
+            existing.lookups.fetch_add(1, Ordering::Relaxed);
+            existing.add_link(parent, on_disk);
+            return Ok(existing.clone());
+        }
+        nodes.insert(id, node.clone());
+        drop(nodes);
+        self.ids.lock().insert(ino, (id, identity));
+        Ok(node)
+    }
+
+    /// Drops `n` kernel lookups of `id`; the node goes when none are left.
+    pub fn forget(&self, id: u64, n: u64) {
+        if id == ROOT {
+            return;
+        }
+        let mut nodes = self.nodes.write();
+        if let Some(node) = nodes.get(&id) {
+            let prev = node.lookups.fetch_sub(n, Ordering::Relaxed);
+            if prev <= n {
+                nodes.remove(&id);
+            }
+        }
+    }
+
+    /// The node id of backing inode `ino`, if known.
+    pub fn id_of(&self, ino: u64) -> Option<u64> {
+        self.ids.lock().get(&ino).map(|(id, _)| *id)
+    }
+
+    /// The backing inode `ino` is gone (last link removed): its number may be reused.
+    pub fn backing_gone(&self, ino: u64) {
+        self.ids.lock().remove(&ino);
+    }
+}

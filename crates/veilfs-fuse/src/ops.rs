@@ -1,0 +1,1057 @@
+//! The operations, as plain methods returning `io::Result`: what each FUSE request does to
+//! the ciphertext. `fs.rs` only unpacks requests and sends replies.
+
+use crate::attr;
+use crate::dirs::{DirState, IndexEntry};
+use crate::handles::{Handles, OpenFile, SnapEntry};
+use crate::inodes::{Node, NodeTable, ROOT};
+use fuser::FileAttr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use veilfs_core::content::Layout;
+use veilfs_core::names::{NameKey, ParsedEntry};
+use veilfs_core::xattr::XattrCipher;
+use veilfs_core::{sys, CipherDir, ContentCtx, CryptFile, EntryKind, Identity, NameCipher, Vault};
+
+/// Mount-time choices that change behaviour.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Refuse every change.
+    pub read_only: bool,
+    /// Another mount or a sync tool may change the ciphertext: no caches.
+    pub shared_storage: bool,
+    /// Attribute and entry cache time.
+    pub ttl: Duration,
+    /// Cache time of "no such name" answers (zero: none).
+    pub negative_ttl: Duration,
+    /// Ask for the kernel writeback cache.
+    pub writeback: bool,
+}
+
+/// When the mount last did something, for `--idle`.
+#[derive(Debug, Default)]
+pub struct Activity {
+    /// Seconds since the epoch of the last request.
+    pub last: AtomicU64,
+    /// Open file handles (never unmount for idleness under an open file).
+    pub open_files: std::sync::atomic::AtomicUsize,
+}
+
+/// The filesystem state.
+#[derive(Debug)]
+pub struct VeilFs {
+    pub(crate) vault: Arc<Vault>,
+    pub(crate) names: Arc<NameCipher>,
+    pub(crate) ctx: ContentCtx,
+    pub(crate) layout: Layout,
+    pub(crate) xattr: XattrCipher,
+    pub(crate) nodes: NodeTable,
+    pub(crate) handles: Handles,
+    pub(crate) opts: FsOptions,
+    pub(crate) writeback: bool,
+    pub(crate) euid: u32,
+    pub(crate) activity: Arc<Activity>,
+    /// Directories whose `veilfs.diriv` was checked against their entry.
+    diriv_checked: parking_lot::Mutex<std::collections::HashSet<u64>>,
+}
+
+pub(crate) fn errno(n: i32) -> io::Error {
+    io::Error::from_raw_os_error(n)
+}
+
+/// Maps a core error to an `io::Error` with the right errno; integrity failures are logged
+/// (naming the ciphertext) and become EIO.
+pub(crate) fn cerr(e: veilfs_core::Error) -> io::Error {
+    if let veilfs_core::Error::Auth { .. } = e {
+        tracing::error!("{e}");
+    }
+    match e {
+        veilfs_core::Error::Io { source, .. } => source,
+        e => errno(e.errno()),
+    }
+}
+
+/// A new object's owner: the caller, with the group of a set-group-id parent.
+pub(crate) struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+const READ_FLAGS_RW: i32 = libc::O_RDWR | libc::O_NOFOLLOW;
+
+thread_local! {
+    static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl VeilFs {
+    /// A filesystem over an unlocked vault.
+    pub fn new(vault: Arc<Vault>, opts: FsOptions, activity: Arc<Activity>) -> io::Result<Self> {
+        let root = vault.root().map_err(cerr)?;
+        let st = sys::fstat(root.fd())?;
+        let iv = root.iv;
+        let ctx = vault.content().clone();
+        let xattr = XattrCipher::new(&ctx.keys, ctx.cipher);
+        let names = vault.names().clone();
+        let layout = ctx.layout;
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let fs = VeilFs {
+            nodes: NodeTable::new(DirState::new(root), iv, st.st_ino),
+            vault,
+            names,
+            ctx,
+            layout,
+            xattr,
+            handles: Handles::default(),
+            writeback: false,
+            euid,
+            opts,
+            activity,
+            diriv_checked: Default::default(),
+        };
+        fs.diriv_checked.lock().insert(ROOT);
+        Ok(fs)
+    }
+
+    /// Notes activity (for `--idle`).
+    pub(crate) fn touch(&self) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.activity.last.store(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn check_writable(&self) -> io::Result<()> {
+        if self.opts.read_only {
+            Err(errno(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The attributes of `node` given its backing `st`.
+    pub(crate) fn attr_of(&self, node: &Node, st: &libc::stat) -> FileAttr {
+        let size = node.file.as_ref().and_then(|f| f.open.lock().as_ref().map(|_| f.size.load(Ordering::Acquire)));
+        attr::file_attr(st, node.id, &self.layout, size)
+    }
+
+    // ---- lookups -------------------------------------------------------------------------
+
+    /// The lookup key of `name` in `dir` and its on-disk entry, if it exists.
+    fn find(&self, dir: &DirState, name: &[u8]) -> io::Result<(NameKey, Option<String>)> {
+        let key = self.names.name_key(&dir.cd.iv, name).map_err(cerr)?;
+        let found =
+            dir.index(self.opts.shared_storage)?.as_ref().and_then(|i| i.get(&key.key).map(|e| e.on_disk.clone()));
+        Ok((key, found))
+    }
+
+    /// The identity `on_disk` (in `dir`, with `D` = `d`, backing type from `st`) promises.
+    fn identity(&self, dir: &DirState, d: &[u8], on_disk: &str, st: &libc::stat) -> io::Result<(EntryKind, Identity)> {
+        let kind = EntryKind::from_mode(st.st_mode);
+        let s = ParsedEntry::parse(on_disk.as_bytes()).binding().ok_or_else(|| errno(libc::EIO))?;
+        let id = self
+            .names
+            .unbind(&dir.cd.iv, d, kind, s)
+            .map_err(|e| cerr(veilfs_core::Error::auth(dir.cd.child_path(on_disk), format!("{e}"))))?;
+        Ok((kind, id))
+    }
+
+    /// The node of entry `on_disk` of `parent` (counts one kernel lookup).
+    fn node_at(&self, parent: &Arc<Node>, d: &[u8], on_disk: &str, st: &libc::stat) -> io::Result<Arc<Node>> {
+        let dir = parent.dir()?;
+        let (kind, identity) = self.identity(dir, d, on_disk, st)?;
+        self.nodes.lookup(parent, on_disk, st, kind, identity, || {
+            let fd = sys::open_dir_at(dir.cd.fd(), on_disk.as_bytes())?;
+            Ok(Some(DirState::new(CipherDir::from_parts(fd, identity, dir.cd.path.join(on_disk)))))
+        })
+    }
+
+    /// LOOKUP.
+    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+        let parent = self.nodes.get(parent)?;
+        let dir = parent.dir()?;
+        let (key, found) = self.find(dir, name)?;
+        let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
+        let st = match sys::fstatat(dir.cd.fd(), on_disk.as_bytes()) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // Changed behind our back (shared storage): forget the stale index.
+                dir.drop_index();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        let node = self.node_at(&parent, &key.d, &on_disk, &st)?;
+        Ok((node, st))
+    }
+
+    /// The backing `stat` of `node` (through an open handle's fd when given).
+    pub(crate) fn do_getattr(&self, node: &Arc<Node>, fh: Option<u64>) -> io::Result<libc::stat> {
+        if let Some(h) = self.handles.file_opt(fh) {
+            return sys::fstat(h.crypt.backing().as_fd());
+        }
+        if let Some(d) = &node.dir {
+            return sys::fstat(d.cd.fd());
+        }
+        if let Some(f) = &node.file {
+            if let Some((c, _)) = f.open.lock().as_ref() {
+                return sys::fstat(c.backing().as_fd());
+            }
+        }
+        for l in node.links() {
+            if let Ok(st) = sys::fstatat(l.parent.dir()?.cd.fd(), l.on_disk.as_bytes()) {
+                return Ok(st);
+            }
+        }
+        Err(errno(libc::ESTALE))
+    }
+
+    // ---- file content --------------------------------------------------------------------
+
+    /// The inode's open file, opening it if this is the first user.
+    pub(crate) fn acquire(&self, node: &Arc<Node>) -> io::Result<Arc<CryptFile>> {
+        let f = node.file()?;
+        let mut g = f.open.lock();
+        if let Some((c, n)) = g.as_mut() {
+            *n += 1;
+            return Ok(c.clone());
+        }
+        let mut last = errno(libc::ESTALE);
+        for l in node.links() {
+            let dir = l.parent.dir()?;
+            let flags = if self.opts.read_only { libc::O_RDONLY | libc::O_NOFOLLOW } else { READ_FLAGS_RW };
+            let fd = match sys::openat(dir.cd.fd(), l.on_disk.as_bytes(), flags, 0) {
+                Ok(fd) => fd,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) => {
+                    match sys::openat(dir.cd.fd(), l.on_disk.as_bytes(), libc::O_RDONLY | libc::O_NOFOLLOW, 0) {
+                        Ok(fd) => fd,
+                        Err(e) => {
+                            last = e;
+                            continue;
+                        }
+                    }
+                }
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            let what = dir.cd.child_path(&l.on_disk);
+            let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), node.identity, what).map_err(cerr)?;
+            f.size.store(crypt.plain_size().map_err(cerr)?, Ordering::Release);
+            let crypt = Arc::new(crypt);
+            *g = Some((crypt.clone(), 1));
+            return Ok(crypt);
+        }
+        Err(last)
+    }
+
+    /// Drops one user of the inode's open file.
+    pub(crate) fn release_file(&self, node: &Node) {
+        if let Some(f) = &node.file {
+            let mut g = f.open.lock();
+            if let Some((_, n)) = g.as_mut() {
+                *n -= 1;
+                if *n == 0 {
+                    *g = None;
+                }
+            }
+        }
+    }
+
+    fn current_size(&self, f: &crate::inodes::FileState, crypt: &CryptFile) -> io::Result<u64> {
+        if self.opts.shared_storage {
+            let s = crypt.plain_size().map_err(cerr)?;
+            f.size.store(s, Ordering::Release);
+            Ok(s)
+        } else {
+            Ok(f.size.load(Ordering::Acquire))
+        }
+    }
+
+    /// OPEN: returns the handle.
+    pub(crate) fn do_open(&self, ino: u64, flags: i32) -> io::Result<u64> {
+        let node = self.nodes.get(ino)?;
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            self.check_writable()?;
+        }
+        let crypt = self.acquire(&node)?;
+        if flags & libc::O_TRUNC != 0 {
+            let f = node.file()?;
+            let _w = f.size_lock.write();
+            let cur = self.current_size(f, &crypt)?;
+            if let Err(e) = crypt.truncate(0, cur) {
+                self.release_file(&node);
+                return Err(cerr(e));
+            }
+            f.size.store(0, Ordering::Release);
+        }
+        self.activity.open_files.fetch_add(1, Ordering::Relaxed);
+        Ok(self.handles.add_file(OpenFile { node, crypt }))
+    }
+
+    /// RELEASE.
+    pub(crate) fn do_release(&self, fh: u64) {
+        if let Some(h) = self.handles.remove_file(fh) {
+            self.release_file(&h.node);
+            self.activity.open_files.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// READ: calls `reply` with the plaintext.
+    pub(crate) fn do_read(&self, fh: u64, off: u64, size: u32, reply: impl FnOnce(io::Result<&[u8]>)) {
+        let res = (|| -> io::Result<usize> {
+            let h = self.handles.file(fh)?;
+            let f = h.node.file()?;
+            let _s = f.size_lock.read();
+            let cur = self.current_size(f, &h.crypt)?;
+            if off >= cur || size == 0 {
+                return Ok(0);
+            }
+            let len = (size as u64).min(cur - off);
+            let (first, last) = self.layout.blocks_touched(off, len).expect("non-empty");
+            let _r = f.ranges.lock(first, last, false);
+            BUF.with_borrow_mut(|buf| {
+                if buf.len() < len as usize {
+                    buf.resize(len as usize, 0);
+                }
+                h.crypt.read_at(&mut buf[..len as usize], off, cur).map_err(cerr)
+            })
+        })();
+        match res {
+            Ok(0) => reply(Ok(&[])),
+            Ok(n) => BUF.with_borrow(|buf| reply(Ok(&buf[..n]))),
+            Err(e) => reply(Err(e)),
+        }
+    }
+
+    /// WRITE.
+    pub(crate) fn do_write(&self, fh: u64, off: u64, data: &[u8], kill_suid: bool) -> io::Result<usize> {
+        self.check_writable()?;
+        let h = self.handles.file(fh)?;
+        let f = h.node.file()?;
+        if kill_suid {
+            kill_suid_sgid(&h.crypt)?;
+        }
+        let end = off.checked_add(data.len() as u64).ok_or_else(|| errno(libc::EFBIG))?;
+        {
+            // Inside the current size: only the touched blocks are locked, so writers to
+            // different blocks of one file run in parallel.
+            let _s = f.size_lock.read();
+            let cur = self.current_size(f, &h.crypt)?;
+            if end <= cur {
+                if let Some((first, last)) = self.layout.blocks_touched(off, data.len() as u64) {
+                    let _r = f.ranges.lock(first, last, true);
+                    h.crypt.write_at(data, off, cur).map_err(cerr)?;
+                }
+                return Ok(data.len());
+            }
+        }
+        let _w = f.size_lock.write();
+        let cur = self.current_size(f, &h.crypt)?;
+        let new = h.crypt.write_at(data, off, cur).map_err(cerr)?;
+        f.size.store(new, Ordering::Release);
+        Ok(data.len())
+    }
+
+    /// Sets the plaintext size of `node`.
+    pub(crate) fn truncate(&self, node: &Arc<Node>, size: u64) -> io::Result<()> {
+        self.check_writable()?;
+        if size > i64::MAX as u64 / 2 {
+            return Err(errno(libc::EFBIG));
+        }
+        let crypt = self.acquire(node)?;
+        let f = node.file()?;
+        let res = (|| {
+            let _w = f.size_lock.write();
+            let cur = self.current_size(f, &crypt)?;
+            crypt.truncate(size, cur).map_err(cerr)?;
+            f.size.store(size, Ordering::Release);
+            Ok(())
+        })();
+        self.release_file(node);
+        res
+    }
+
+    /// FALLOCATE (modes 0 and KEEP_SIZE; holes are punched by nothing yet).
+    pub(crate) fn do_fallocate(&self, fh: u64, off: u64, len: u64, mode: i32) -> io::Result<()> {
+        self.check_writable()?;
+        let h = self.handles.file(fh)?;
+        let f = h.node.file()?;
+        if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        let end = off.checked_add(len).ok_or_else(|| errno(libc::EFBIG))?;
+        let _w = f.size_lock.write();
+        let cur = self.current_size(f, &h.crypt)?;
+        // Reserve the ciphertext space, so later writes cannot fail with ENOSPC.
+        let start = self.layout.block_offset(self.layout.block_of(off));
+        let cend = self.layout.cipher_size(end);
+        sys::fallocate(h.crypt.backing().as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))?;
+        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > cur {
+            h.crypt.truncate(end, cur).map_err(cerr)?;
+            f.size.store(end, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// LSEEK (SEEK_DATA / SEEK_HOLE) without the writeback cache: the backing file's answer,
+    /// widened to whole blocks (so a block partly in a hole counts as data).
+    pub(crate) fn do_lseek(&self, fh: u64, off: i64, whence: i32) -> io::Result<i64> {
+        let h = self.handles.file(fh)?;
+        let f = h.node.file()?;
+        let _s = f.size_lock.read();
+        let size = self.current_size(f, &h.crypt)? as i64;
+        if off < 0 || off >= size {
+            return Err(errno(libc::ENXIO));
+        }
+        let l = self.layout;
+        let coff = l.block_offset(l.block_of(off as u64)) as i64;
+        let fd = h.crypt.backing().as_raw_fd();
+        let to_plain = |c: i64| -> i64 {
+            let b = (c.max(l.header() as i64) - l.header() as i64) as u64 / l.cipher_block();
+            (b * l.block_size) as i64
+        };
+        match whence {
+            libc::SEEK_DATA => {
+                let c = sys::lseek(fd, coff, libc::SEEK_DATA)?;
+                Ok(to_plain(c).max(off))
+            }
+            libc::SEEK_HOLE => {
+                let c = sys::lseek(fd, coff, libc::SEEK_HOLE)?;
+                let p = to_plain(c + l.cipher_block() as i64 - 1);
+                Ok(p.clamp(off, size))
+            }
+            _ => Err(errno(libc::EINVAL)),
+        }
+    }
+
+    // ---- directories ---------------------------------------------------------------------
+
+    /// OPENDIR.
+    pub(crate) fn do_opendir(&self, ino: u64) -> io::Result<u64> {
+        let node = self.nodes.get(ino)?;
+        let dir = node.dir()?;
+        if !self.diriv_checked.lock().contains(&node.id) {
+            self.vault.check_diriv(&dir.cd).map_err(cerr)?;
+            self.diriv_checked.lock().insert(node.id);
+        }
+        Ok(self.handles.add_dir(node))
+    }
+
+    /// The listing of an open directory (taken at the first READDIR).
+    pub(crate) fn snapshot(&self, fh: u64) -> io::Result<(Arc<Node>, Arc<Vec<SnapEntry>>)> {
+        let h = self.handles.dir(fh)?;
+        let mut g = h.entries.lock();
+        if let Some(s) = g.as_ref() {
+            return Ok((h.node.clone(), s.clone()));
+        }
+        let dir = h.node.dir()?;
+        if self.opts.shared_storage {
+            dir.rebuild()?;
+        }
+        let idx = dir.index(false)?;
+        let mut out = Vec::with_capacity(idx.as_ref().map_or(0, |i| i.len()));
+        for e in idx.as_ref().expect("built").values() {
+            let plain = e.plain.get_or_init(|| match self.decode_d(dir, &e.on_disk) {
+                Ok(d) => match self.names.decrypt_name(&dir.cd.iv, &d) {
+                    Ok(n) => Some(n),
+                    Err(err) => {
+                        tracing::error!("integrity error in {}: {err}", dir.cd.child_path(&e.on_disk));
+                        None
+                    }
+                },
+                Err(err) => {
+                    tracing::error!("{err}");
+                    None
+                }
+            });
+            if let Some(name) = plain {
+                out.push(SnapEntry { name: name.clone(), on_disk: e.on_disk.clone(), d_type: e.d_type });
+            }
+        }
+        let s = Arc::new(out);
+        *g = Some(s.clone());
+        Ok((h.node.clone(), s))
+    }
+
+    /// `D` of an on-disk entry (reading the side file of a long name).
+    pub(crate) fn decode_d(&self, dir: &DirState, on_disk: &str) -> veilfs_core::Result<Vec<u8>> {
+        let parsed = ParsedEntry::parse(on_disk.as_bytes());
+        self.names.entry_d(&parsed, |side| {
+            sys::read_small_file(dir.cd.fd(), side.as_bytes(), 4096)
+                .map_err(|e| veilfs_core::Error::io(dir.cd.child_path(side), e))
+        })
+    }
+
+    /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
+    pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, libc::stat)> {
+        let dir = parent.dir()?;
+        let st = sys::fstatat(dir.cd.fd(), e.on_disk.as_bytes())?;
+        let d = self.decode_d(dir, &e.on_disk).map_err(cerr)?;
+        Ok((self.node_at(parent, &d, &e.on_disk, &st)?, st))
+    }
+
+    /// The owner of a new object made by `uid`/`gid` in `parent`.
+    pub(crate) fn owner(&self, parent: &DirState, uid: u32, gid: u32) -> io::Result<Option<Owner>> {
+        if self.euid != 0 {
+            return Ok(None);
+        }
+        let pst = sys::fstat(parent.cd.fd())?;
+        let gid = if pst.st_mode & libc::S_ISGID != 0 { pst.st_gid } else { gid };
+        if uid == 0 && gid == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Owner { uid, gid }))
+    }
+
+    fn chown_new(&self, dir: &DirState, on_disk: &str, owner: &Option<Owner>) -> io::Result<()> {
+        if let Some(o) = owner {
+            sys::fchownat(dir.cd.fd(), on_disk.as_bytes(), o.uid, o.gid)?;
+        }
+        Ok(())
+    }
+
+    /// Registers a new entry in the parent's index and node table; returns its node.
+    fn created(
+        &self,
+        parent: &Arc<Node>,
+        key: &NameKey,
+        on_disk: &str,
+        d_type: u8,
+        name: &[u8],
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
+        let dir = parent.dir()?;
+        dir.update(|idx| {
+            idx.insert(key.key.clone(), IndexEntry::new(on_disk.to_string(), d_type, Some(name.to_vec())));
+        });
+        let st = sys::fstatat(dir.cd.fd(), on_disk.as_bytes())?;
+        Ok((self.node_at(parent, &key.d, on_disk, &st)?, st))
+    }
+
+    /// CREATE: a new regular file, opened. Returns node, stat and handle.
+    pub(crate) fn do_create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        uid: u32,
+        gid: u32,
+    ) -> io::Result<(Arc<Node>, libc::stat, u64)> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let guard = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        if found.is_some() {
+            drop(guard);
+            if flags & libc::O_EXCL != 0 {
+                return Err(errno(libc::EEXIST));
+            }
+            let (node, st) = self.do_lookup(parent, name)?;
+            let fh = self.do_open(node.id, flags)?;
+            return Ok((node, st, fh));
+        }
+        let owner = self.owner(dir, uid, gid)?;
+        let id: Identity = veilfs_core::random::bytes();
+        let on_disk = self.vault.entry_name_for(&dir.cd, &key, EntryKind::File, &id).map_err(cerr)?;
+        let fd = sys::openat(
+            dir.cd.fd(),
+            on_disk.as_bytes(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            mode & 0o7777,
+        )?;
+        self.chown_new(dir, &on_disk, &owner)?;
+        let crypt = Arc::new(
+            CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, dir.cd.child_path(&on_disk)).map_err(cerr)?,
+        );
+        let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
+        drop(guard);
+        let f = node.file()?;
+        {
+            let mut g = f.open.lock();
+            match g.as_mut() {
+                Some((_, n)) => *n += 1,
+                None => {
+                    f.size.store(0, Ordering::Release);
+                    *g = Some((crypt.clone(), 1));
+                }
+            }
+        }
+        let crypt = f.open.lock().as_ref().map(|(c, _)| c.clone()).expect("just set");
+        self.activity.open_files.fetch_add(1, Ordering::Relaxed);
+        let fh = self.handles.add_file(OpenFile { node: node.clone(), crypt });
+        Ok((node, st, fh))
+    }
+
+    /// MKNOD (FIFOs, sockets, device nodes).
+    pub(crate) fn do_mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let _g = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        if found.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let kind = EntryKind::from_mode(mode);
+        if kind == EntryKind::Dir {
+            return Err(errno(libc::EINVAL));
+        }
+        let owner = self.owner(dir, uid, gid)?;
+        let id: Identity = veilfs_core::random::bytes();
+        let on_disk = self.vault.entry_name_for(&dir.cd, &key, kind, &id).map_err(cerr)?;
+        if kind == EntryKind::File {
+            let fd = sys::openat(
+                dir.cd.fd(),
+                on_disk.as_bytes(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                mode & 0o7777,
+            )?;
+            drop(fd);
+        } else {
+            sys::mknodat(dir.cd.fd(), on_disk.as_bytes(), mode, attr::rdev_from_fuse(rdev))?;
+        }
+        self.chown_new(dir, &on_disk, &owner)?;
+        let dt = if kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN };
+        self.created(&pnode, &key, &on_disk, dt, name)
+    }
+
+    /// MKDIR.
+    pub(crate) fn do_mkdir(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let _g = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        if found.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let owner = self.owner(dir, uid, gid)?;
+        let pst = sys::fstat(dir.cd.fd())?;
+        // A set-group-id directory passes the bit on, as local filesystems do.
+        let mode = (mode & 0o7777) | (pst.st_mode & libc::S_ISGID);
+        let (entry, _sub) = self.vault.mkdir_unchecked(&dir.cd, name, mode).map_err(cerr)?;
+        self.chown_new(dir, &entry.on_disk, &owner)?;
+        self.created(&pnode, &key, &entry.on_disk, libc::DT_DIR, name)
+    }
+
+    /// SYMLINK.
+    pub(crate) fn do_symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let _g = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        if found.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let owner = self.owner(dir, uid, gid)?;
+        let id: Identity = veilfs_core::random::bytes();
+        let stored = self.vault.encrypt_target(&id, target).map_err(cerr)?;
+        let on_disk = self.vault.entry_name_for(&dir.cd, &key, EntryKind::Symlink, &id).map_err(cerr)?;
+        sys::symlinkat(&stored, dir.cd.fd(), on_disk.as_bytes())?;
+        self.chown_new(dir, &on_disk, &owner)?;
+        self.created(&pnode, &key, &on_disk, libc::DT_LNK, name)
+    }
+
+    /// READLINK.
+    pub(crate) fn do_readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
+        let node = self.nodes.get(ino)?;
+        let l = node.link()?;
+        let dir = l.parent.dir()?;
+        let what = dir.cd.child_path(&l.on_disk);
+        let stored = sys::readlinkat(dir.cd.fd(), l.on_disk.as_bytes())?;
+        self.vault.decrypt_target(&node.identity, &stored, &what).map_err(cerr)
+    }
+
+    fn unlink_side_file(&self, dir: &DirState, key: &NameKey) {
+        if let Some(side) = &key.side_file {
+            let _ = sys::unlinkat(dir.cd.fd(), side.as_bytes(), false);
+        }
+    }
+
+    /// UNLINK and RMDIR.
+    pub(crate) fn do_remove(&self, parent: u64, name: &[u8], is_dir: bool) -> io::Result<()> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let _g = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
+        let st = sys::fstatat(dir.cd.fd(), on_disk.as_bytes())?;
+        let kind = EntryKind::from_mode(st.st_mode);
+        match (is_dir, kind == EntryKind::Dir) {
+            (true, false) => return Err(errno(libc::ENOTDIR)),
+            (false, true) => return Err(errno(libc::EISDIR)),
+            _ => {}
+        }
+        let (_, identity) = self.identity(dir, &key.d, &on_disk, &st)?;
+        self.vault.remove_entry(&dir.cd, &on_disk, kind, &identity).map_err(cerr)?;
+        self.unlink_side_file(dir, &key);
+        dir.update(|idx| {
+            idx.remove(&key.key);
+        });
+        self.after_unlink(pnode.id, &on_disk, &st);
+        Ok(())
+    }
+
+    /// Bookkeeping once `parent/on_disk` (backing `st` before removal) is gone.
+    fn after_unlink(&self, parent: u64, on_disk: &str, st: &libc::stat) {
+        if let Some(id) = self.nodes.id_of(st.st_ino) {
+            if let Ok(n) = self.nodes.get(id) {
+                n.remove_link(parent, on_disk);
+            }
+        }
+        if st.st_nlink <= 1 || EntryKind::from_mode(st.st_mode) == EntryKind::Dir {
+            self.nodes.backing_gone(st.st_ino);
+        }
+    }
+
+    /// LINK.
+    pub(crate) fn do_link(&self, ino: u64, newparent: u64, newname: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.check_writable()?;
+        let node = self.nodes.get(ino)?;
+        if node.kind == EntryKind::Dir {
+            return Err(errno(libc::EPERM));
+        }
+        let pnode = self.nodes.get(newparent)?;
+        let dir = pnode.dir()?;
+        let _g = dir.ops.lock();
+        let (key, found) = self.find(dir, newname)?;
+        if found.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let src = node.link()?;
+        let on_disk = self.vault.entry_name_for(&dir.cd, &key, node.kind, &node.identity).map_err(cerr)?;
+        sys::linkat(src.parent.dir()?.cd.fd(), src.on_disk.as_bytes(), dir.cd.fd(), on_disk.as_bytes())?;
+        let dt = if node.kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN };
+        self.created(&pnode, &key, &on_disk, dt, newname)
+    }
+
+    /// RENAME (flags: RENAME_NOREPLACE, RENAME_EXCHANGE).
+    pub(crate) fn do_rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        let (from, to) = (self.nodes.get(parent)?, self.nodes.get(newparent)?);
+        let (fd_, td) = (from.dir()?, to.dir()?);
+        // Lock both directories, in node-id order so two renames cannot deadlock.
+        let (_g1, _g2) = if from.id == to.id {
+            (fd_.ops.lock(), None)
+        } else if from.id < to.id {
+            let a = fd_.ops.lock();
+            (a, Some(td.ops.lock()))
+        } else {
+            let b = td.ops.lock();
+            (fd_.ops.lock(), Some(b))
+        };
+        let (skey, sfound) = self.find(fd_, name)?;
+        let s_on = sfound.ok_or_else(|| errno(libc::ENOENT))?;
+        let sst = sys::fstatat(fd_.cd.fd(), s_on.as_bytes())?;
+        let (skind, sid) = self.identity(fd_, &skey.d, &s_on, &sst)?;
+        let (dkey, dfound) = self.find(td, newname)?;
+        let dst = match &dfound {
+            Some(on) => {
+                let st = sys::fstatat(td.cd.fd(), on.as_bytes())?;
+                let (k, id) = self.identity(td, &dkey.d, on, &st)?;
+                Some((on.clone(), st, k, id))
+            }
+            None => None,
+        };
+        if flags & libc::RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        if from.id == to.id && skey.key == dkey.key {
+            return Ok(()); // rename onto itself
+        }
+        // Moving a directory into itself or below it.
+        if skind == EntryKind::Dir && self.is_ancestor_or_self(&to, &sst) {
+            return Err(errno(libc::EINVAL));
+        }
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            let (d_on, dst_st, dkind, did) = dst.ok_or_else(|| errno(libc::ENOENT))?;
+            if dkind == EntryKind::Dir && self.is_ancestor_or_self(&from, &dst_st) {
+                return Err(errno(libc::EINVAL));
+            }
+            let new_s = self.vault.entry_name_for(&td.cd, &dkey, skind, &sid).map_err(cerr)?;
+            let new_d = self.vault.entry_name_for(&fd_.cd, &skey, dkind, &did).map_err(cerr)?;
+            // Not atomic on disk: the displaced object waits under a temporary name, so a
+            // crash leaves it recoverable rather than lost.
+            let tmp = format!("veilfs.tmp.{}", veilfs_core::names::b64_encode(&veilfs_core::random::bytes::<12>()));
+            sys::renameat2(td.cd.fd(), d_on.as_bytes(), td.cd.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)?;
+            sys::renameat2(fd_.cd.fd(), s_on.as_bytes(), td.cd.fd(), new_s.as_bytes(), libc::RENAME_NOREPLACE)?;
+            sys::renameat2(td.cd.fd(), tmp.as_bytes(), fd_.cd.fd(), new_d.as_bytes(), libc::RENAME_NOREPLACE)?;
+            fd_.update(|i| {
+                i.insert(skey.key.clone(), IndexEntry::new(new_d.clone(), dtype(dkind), Some(name.to_vec())));
+            });
+            td.update(|i| {
+                i.insert(dkey.key.clone(), IndexEntry::new(new_s.clone(), dtype(skind), Some(newname.to_vec())));
+            });
+            self.relink(sst.st_ino, from.id, &s_on, &to, &new_s);
+            self.relink(dst_st.st_ino, to.id, &d_on, &from, &new_d);
+            return Ok(());
+        }
+        if let Some((_, dst_st, dkind, _)) = &dst {
+            if (dst_st.st_dev, dst_st.st_ino) == (sst.st_dev, sst.st_ino) {
+                return Ok(()); // two links of one file: POSIX says do nothing
+            }
+            match (skind == EntryKind::Dir, *dkind == EntryKind::Dir) {
+                (false, true) => return Err(errno(libc::EISDIR)),
+                (true, false) => return Err(errno(libc::ENOTDIR)),
+                (true, true) => {
+                    let sub = sys::open_dir_at(td.cd.fd(), dst.as_ref().expect("some").0.as_bytes())?;
+                    let raw = sys::read_dir_fd(sub.as_fd())?;
+                    if raw.iter().any(|r| {
+                        r.name != b"." && r.name != b".." && r.name != veilfs_core::names::DIRIV_NAME.as_bytes()
+                    }) {
+                        return Err(errno(libc::ENOTEMPTY));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let new_on = self.vault.entry_name_for(&td.cd, &dkey, skind, &sid).map_err(cerr)?;
+        sys::renameat2(fd_.cd.fd(), s_on.as_bytes(), td.cd.fd(), new_on.as_bytes(), libc::RENAME_NOREPLACE)?;
+        // The old entry of the target name goes right after; a crash in between leaves two
+        // entries for one name, and the newer one (this rename's) wins.
+        if let Some((d_on, dst_st, dkind, did)) = &dst {
+            if let Err(e) = self.vault.remove_entry(&td.cd, d_on, *dkind, did) {
+                tracing::error!("rename: could not remove the replaced entry {}: {e}", td.cd.child_path(d_on));
+            }
+            self.after_unlink(to.id, d_on, dst_st);
+        }
+        if skey.side_file.is_some() && !(from.id == to.id && skey.key == dkey.key) {
+            self.unlink_side_file(fd_, &skey);
+        }
+        let plain = Some(newname.to_vec());
+        if from.id == to.id {
+            fd_.update(|i| {
+                i.remove(&skey.key);
+                i.insert(dkey.key.clone(), IndexEntry::new(new_on.clone(), dtype(skind), plain));
+            });
+        } else {
+            fd_.update(|i| {
+                i.remove(&skey.key);
+            });
+            td.update(|i| {
+                i.insert(dkey.key.clone(), IndexEntry::new(new_on.clone(), dtype(skind), plain));
+            });
+        }
+        self.relink(sst.st_ino, from.id, &s_on, &to, &new_on);
+        Ok(())
+    }
+
+    fn relink(&self, backing_ino: u64, from: u64, old: &str, to: &Arc<Node>, new: &str) {
+        if let Some(id) = self.nodes.id_of(backing_ino) {
+            if let Ok(n) = self.nodes.get(id) {
+                n.move_link(from, old, to, new);
+            }
+        }
+    }
+
+    /// True when the directory with backing stat `st` is `node` or one of its ancestors.
+    fn is_ancestor_or_self(&self, node: &Arc<Node>, st: &libc::stat) -> bool {
+        let mut cur = node.clone();
+        loop {
+            if cur.backing_ino == st.st_ino {
+                return true;
+            }
+            match cur.link() {
+                Ok(l) => cur = l.parent,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    // ---- attributes ----------------------------------------------------------------------
+
+    /// SETATTR.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn do_setattr(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<libc::timespec>,
+        mtime: Option<libc::timespec>,
+        fh: Option<u64>,
+    ) -> io::Result<FileAttr> {
+        let node = self.nodes.get(ino)?;
+        if mode.is_some() || uid.is_some() || gid.is_some() || size.is_some() || atime.is_some() || mtime.is_some() {
+            self.check_writable()?;
+        }
+        if let Some(size) = size {
+            if node.kind == EntryKind::Dir {
+                return Err(errno(libc::EISDIR));
+            }
+            match self.handles.file_opt(fh) {
+                Some(h) => {
+                    let f = node.file()?;
+                    let _w = f.size_lock.write();
+                    let cur = self.current_size(f, &h.crypt)?;
+                    if size > i64::MAX as u64 / 2 {
+                        return Err(errno(libc::EFBIG));
+                    }
+                    h.crypt.truncate(size, cur).map_err(cerr)?;
+                    f.size.store(size, Ordering::Release);
+                }
+                None => self.truncate(&node, size)?,
+            }
+        }
+        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+        let times = [atime.unwrap_or(omit), mtime.unwrap_or(omit)];
+        let set_times = atime.is_some() || mtime.is_some();
+        if let Some(d) = &node.dir {
+            let fd = d.cd.fd();
+            if let Some(m) = mode {
+                sys::fchmod(fd, m & 0o7777)?;
+            }
+            if uid.is_some() || gid.is_some() {
+                sys::fchownat(fd, b"", uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
+            }
+            if set_times {
+                sys::futimens(fd, &times)?;
+            }
+            return Ok(self.attr_of(&node, &sys::fstat(fd)?));
+        }
+        let l = node.link()?;
+        let pfd = l.parent.dir()?.cd.fd();
+        let name = l.on_disk.as_bytes();
+        if let Some(m) = mode {
+            if node.kind == EntryKind::Symlink {
+                return Err(errno(libc::EOPNOTSUPP));
+            }
+            sys::fchmodat(pfd, name, m & 0o7777)?;
+        }
+        if uid.is_some() || gid.is_some() {
+            sys::fchownat(pfd, name, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
+        }
+        if set_times {
+            sys::utimensat(pfd, name, &times)?;
+        }
+        let st = self.do_getattr(&node, fh)?;
+        Ok(self.attr_of(&node, &st))
+    }
+
+    /// STATFS.
+    pub(crate) fn do_statfs(&self) -> io::Result<libc::statvfs> {
+        let root = self.nodes.get(ROOT)?;
+        sys::fstatvfs(root.dir()?.cd.fd())
+    }
+
+    // ---- extended attributes -------------------------------------------------------------
+
+    fn xattr_path(&self, node: &Node) -> io::Result<std::ffi::CString> {
+        if let Some(d) = &node.dir {
+            return sys::proc_path(d.cd.fd(), None);
+        }
+        let l = node.link()?;
+        sys::proc_path(l.parent.dir()?.cd.fd(), Some(l.on_disk.as_bytes()))
+    }
+
+    /// GETXATTR: the plaintext value.
+    pub(crate) fn do_getxattr(&self, ino: u64, name: &[u8]) -> io::Result<Vec<u8>> {
+        let node = self.nodes.get(ino)?;
+        let stored = match self.xattr.encrypt_name(&node.identity, name) {
+            Ok(s) => s,
+            Err(_) => return Err(errno(libc::ENODATA)),
+        };
+        let path = self.xattr_path(&node)?;
+        let mut buf = vec![0u8; 65536 + self.xattr.value_overhead()];
+        let n = sys::lgetxattr(&path, stored.as_bytes(), &mut buf)?;
+        self.xattr.decrypt_value(&node.identity, &stored, &buf[..n]).map_err(cerr)
+    }
+
+    /// SETXATTR.
+    pub(crate) fn do_setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> io::Result<()> {
+        self.check_writable()?;
+        let node = self.nodes.get(ino)?;
+        let stored = self.xattr.encrypt_name(&node.identity, name).map_err(cerr)?;
+        let blob = self.xattr.encrypt_value(&node.identity, &stored, value);
+        sys::lsetxattr(&self.xattr_path(&node)?, stored.as_bytes(), &blob, flags)
+    }
+
+    /// LISTXATTR: NUL-separated plaintext names.
+    pub(crate) fn do_listxattr(&self, ino: u64) -> io::Result<Vec<u8>> {
+        let node = self.nodes.get(ino)?;
+        let path = self.xattr_path(&node)?;
+        let need = sys::llistxattr(&path, &mut [])?;
+        let mut buf = vec![0u8; need + 1024];
+        let n = sys::llistxattr(&path, &mut buf)?;
+        let mut out = Vec::new();
+        for stored in buf[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+            match self.xattr.decrypt_name(&node.identity, stored) {
+                Some(Ok(plain)) => {
+                    out.extend_from_slice(&plain);
+                    out.push(0);
+                }
+                Some(Err(e)) => tracing::error!("{}: {e}", path.to_string_lossy()),
+                None => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// REMOVEXATTR.
+    pub(crate) fn do_removexattr(&self, ino: u64, name: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        let node = self.nodes.get(ino)?;
+        let stored = self.xattr.encrypt_name(&node.identity, name).map_err(|_| errno(libc::ENODATA))?;
+        sys::lremovexattr(&self.xattr_path(&node)?, stored.as_bytes())
+    }
+}
+
+fn dtype(k: EntryKind) -> u8 {
+    match k {
+        EntryKind::File => libc::DT_REG,
+        EntryKind::Dir => libc::DT_DIR,
+        EntryKind::Symlink => libc::DT_LNK,
+        EntryKind::Special => libc::DT_UNKNOWN,
+    }
+}
+
+/// Clears set-user-id (and set-group-id on group-executable files) after a write by an
+/// unprivileged process, which the kernel leaves to us with FUSE_HANDLE_KILLPRIV_V2.
+fn kill_suid_sgid(c: &CryptFile) -> io::Result<()> {
+    let mode = sys::fstat(c.backing().as_fd())?.st_mode;
+    let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
+    if mode & libc::S_ISUID != 0 || mode & sgid_exec == sgid_exec {
+        sys::fchmod(c.backing().as_fd(), mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,329 @@
+//! `veilfs mount` and `veilfs umount`.
+//!
+//! By default the mount daemonizes: the parent unlocks the vault (asking for the password),
+//! forks, and exits 0 only once the child reports a live mount (the kernel's INIT answered),
+//! or non-zero with the child's error. SIGINT, SIGTERM and SIGHUP unmount cleanly; so do
+//! `veilfs umount`, `fusermount3 -u` and `umount`.
+
+use super::UnlockArgs;
+use crate::exit::{Exit, MOUNT};
+use anyhow::{Context, Result};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Arguments of `veilfs mount`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+veilfs mount ~/vault ~/private                   asks for the password, returns once mounted\n  \
+veilfs mount ~/vault ~/private --idle 30m        unmounts itself after 30 minutes without use\n  \
+veilfs mount ~/vault ~/private -f                stays in the foreground, logs to stderr\n  \
+veilfs umount ~/private                          (or: fusermount3 -u ~/private)\n\n\
+Use --shared-storage when another mount or a sync tool may change CIPHERDIR while mounted: \
+caching is then off (slower, but never stale).")]
+pub struct Args {
+    /// The vault.
+    pub cipherdir: PathBuf,
+    /// Where the plaintext view appears (an existing empty directory).
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub unlock: UnlockArgs,
+    /// Stay in the foreground and log to stderr (default: daemonize, log to syslog).
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Mount read-only.
+    #[arg(long, visible_alias = "ro")]
+    pub read_only: bool,
+    /// Let other users access the mount (the kernel enforces file permissions).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Unmount after this long without any access and no open files (e.g. 90s, 30m, 2h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub idle: Option<Duration>,
+    /// CIPHERDIR may change underneath (another mount, a sync tool): no caching.
+    #[arg(long)]
+    pub shared_storage: bool,
+    /// Seconds the kernel may cache attributes and names.
+    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    pub attr_timeout: f64,
+    /// Worker threads serving requests.
+    #[arg(long, default_value_t = default_threads())]
+    pub threads: usize,
+    /// Disable the kernel's writeback cache (small writes then reach veilfs one by one).
+    #[arg(long)]
+    pub no_writeback: bool,
+    /// Mount over a directory that is not empty.
+    #[arg(long)]
+    pub nonempty: bool,
+}
+
+fn default_threads() -> usize {
+    (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(4)
+}
+
+/// Parses `90`, `90s`, `30m`, `2h`, `1d`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a duration like 90s, 30m or 2h"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use s, m, h or d")),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("{s:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn mount_err(msg: impl std::fmt::Display) -> anyhow::Error {
+    Exit::new(MOUNT, anyhow::anyhow!("{msg}")).into()
+}
+
+/// True when `path` is a mount point (its device differs from its parent's).
+fn is_mounted(path: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let p = path.as_os_str().to_string_lossy();
+    mounts.lines().any(|l| l.split(' ').nth(4) == Some(&p))
+}
+
+/// Runs `veilfs mount`.
+pub fn run(a: Args) -> Result<i32> {
+    let mountpoint =
+        a.mountpoint.canonicalize().map_err(|e| mount_err(format!("mount point {}: {e}", a.mountpoint.display())))?;
+    if !mountpoint.is_dir() {
+        return Err(mount_err(format!("mount point {} is not a directory", mountpoint.display())));
+    }
+    if is_mounted(&mountpoint) {
+        return Err(mount_err(format!("{} is already a mount point", mountpoint.display())));
+    }
+    if !a.nonempty && std::fs::read_dir(&mountpoint).map(|mut d| d.next().is_some()).unwrap_or(false) {
+        return Err(mount_err(format!(
+            "mount point {} is not empty (use --nonempty to mount over it)",
+            mountpoint.display()
+        )));
+    }
+    let cipherdir = a.cipherdir.canonicalize().with_context(|| format!("{}", a.cipherdir.display()))?;
+    if mountpoint.starts_with(&cipherdir) {
+        return Err(mount_err("the mount point must not be inside CIPHERDIR"));
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err(mount_err("/dev/fuse is missing: load the fuse module (modprobe fuse) or install fuse3"));
+    }
+    let vault = Arc::new(a.unlock.open(&cipherdir)?);
+    let ready = if a.foreground { None } else { Some(daemonize()?) };
+    match serve(&a, vault, &cipherdir, &mountpoint, ready) {
+        Ok(()) => Ok(crate::exit::OK),
+        Err(e) => Err(e),
+    }
+}
+
+/// Forks. The parent waits for the child's report and exits; the child gets the pipe's
+/// write end. Must run before any thread exists.
+fn daemonize() -> Result<OwnedFd> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a two-element array for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: pipe2 returned two fresh fds that nothing else owns.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: single-threaded here (the CLI starts no threads before mounting).
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error().into()),
+        0 => {
+            drop(r);
+            // SAFETY: detaches from the terminal's session; no memory effects.
+            unsafe { libc::setsid() };
+            Ok(w)
+        }
+        _ => {
+            drop(w);
+            let mut msg = String::new();
+            let _ = std::fs::File::from(r).read_to_string(&mut msg);
+            if msg == "ok" {
+                std::process::exit(0);
+            }
+            let msg =
+                if msg.is_empty() { "the mount daemon exited before the mount was ready".to_string() } else { msg };
+            eprintln!("veilfs: error: {msg}");
+            std::process::exit(MOUNT);
+        }
+    }
+}
+
+fn serve(
+    a: &Args,
+    vault: Arc<veilfs_core::Vault>,
+    cipherdir: &Path,
+    mountpoint: &Path,
+    ready: Option<OwnedFd>,
+) -> Result<()> {
+    let report = |ready: &Option<OwnedFd>, msg: &str| {
+        if let Some(w) = ready {
+            // SAFETY: dup of a valid fd, owned by the File we create.
+            let mut f = unsafe { std::fs::File::from_raw_fd(libc::dup(w.as_raw_fd())) };
+            let _ = f.write_all(msg.as_bytes());
+        }
+    };
+    // Hardening: no core dumps or ptrace of the process that holds the keys.
+    // SAFETY: prctl with constant arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    // The kernel already applied the caller's umask to modes it sends.
+    // SAFETY: umask has no memory effects.
+    unsafe { libc::umask(0) };
+    let signals = block_signals();
+    let activity = Arc::new(veilfs_fuse::Activity::default());
+    let ttl = Duration::from_secs_f64(if a.shared_storage { 0.0 } else { a.attr_timeout.max(0.0) });
+    let cfg = veilfs_fuse::MountConfig {
+        fs: veilfs_fuse::FsOptions {
+            read_only: a.read_only,
+            shared_storage: a.shared_storage,
+            ttl,
+            negative_ttl: ttl,
+            writeback: !a.no_writeback && !a.shared_storage,
+        },
+        allow_other: a.allow_other,
+        threads: a.threads,
+        fsname: cipherdir.display().to_string(),
+    };
+    let mut session = match veilfs_fuse::mount(vault, mountpoint, &cfg, activity.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = format!("cannot mount {} on {}: {e}", cipherdir.display(), mountpoint.display());
+            report(&ready, &msg);
+            return Err(mount_err(msg));
+        }
+    };
+    spawn_signal_thread(signals, session.unmount_callable(), mountpoint.to_path_buf());
+    if let Some(idle) = a.idle {
+        spawn_idle_thread(idle, activity, session.unmount_callable());
+    }
+    match &ready {
+        Some(_) => {
+            crate::logging::to_syslog();
+            report(&ready, "ok");
+            drop(ready);
+            detach_stdio();
+        }
+        None => eprintln!("veilfs: {} mounted on {} (Ctrl-C unmounts)", cipherdir.display(), mountpoint.display()),
+    }
+    tracing::info!("mounted {} on {}", cipherdir.display(), mountpoint.display());
+    session.run().map_err(|e| mount_err(format!("FUSE session ended with an error: {e}")))?;
+    tracing::info!("unmounted {}", mountpoint.display());
+    Ok(())
+}
+
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..=2 {
+            // SAFETY: dup2 onto the standard fds from a valid fd.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+    let _ = std::env::set_current_dir("/");
+}
+
+/// Blocks SIGINT/SIGTERM/SIGHUP in this and every later thread; returns the set.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set before use; pthread_sigmask reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn lazy_detach(mountpoint: &Path) {
+    if let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
+        // SAFETY: valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let _ = std::process::Command::new("fusermount3").arg("-uz").arg(mountpoint).status();
+        }
+    }
+}
+
+fn spawn_signal_thread(set: libc::sigset_t, mut unmounter: fuser::SessionUnmounter, mountpoint: PathBuf) {
+    std::thread::spawn(move || {
+        let wait = || {
+            let mut sig = 0;
+            // SAFETY: `set` is initialised and blocked in all threads.
+            unsafe { libc::sigwait(&set, &mut sig) };
+            sig
+        };
+        let sig = wait();
+        tracing::info!("signal {sig}: unmounting");
+        if unmounter.unmount().is_err() {
+            lazy_detach(&mountpoint);
+        }
+        wait();
+        lazy_detach(&mountpoint);
+        std::process::exit(0);
+    });
+}
+
+fn spawn_idle_thread(idle: Duration, activity: Arc<veilfs_fuse::Activity>, mut unmounter: fuser::SessionUnmounter) {
+    std::thread::spawn(move || {
+        let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        activity.last.store(now(), Ordering::Relaxed);
+        let step = (idle / 10).clamp(Duration::from_millis(200), Duration::from_secs(10));
+        loop {
+            std::thread::sleep(step);
+            let quiet = now().saturating_sub(activity.last.load(Ordering::Relaxed));
+            if quiet >= idle.as_secs().max(1) && activity.open_files.load(Ordering::Relaxed) == 0 {
+                tracing::info!("idle for {quiet} s: unmounting");
+                if unmounter.unmount().is_err() {
+                    // Busy (a process has its working directory inside): try again later.
+                    continue;
+                }
+                return;
+            }
+        }
+    });
+}
+
+/// Arguments of `veilfs umount`.
+#[derive(clap::Args, Debug)]
+pub struct UmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Detach now even if busy; the mount goes away once no longer used.
+    #[arg(short = 'z', long)]
+    pub lazy: bool,
+}
+
+/// Runs `veilfs umount`.
+pub fn umount(a: UmountArgs) -> Result<i32> {
+    let mp = a.mountpoint.canonicalize().unwrap_or(a.mountpoint.clone());
+    if !is_mounted(&mp) {
+        return Err(Exit::new(crate::exit::BAD_PATH, anyhow::anyhow!("{} is not mounted", mp.display())).into());
+    }
+    let c = std::ffi::CString::new(mp.as_os_str().as_bytes())?;
+    let flags = if a.lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(crate::exit::OK);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EBUSY) {
+        anyhow::bail!("{} is busy (a process uses files in it); close them, or use --lazy", mp.display());
+    }
+    // Not root: the setuid helper does it.
+    let st = std::process::Command::new("fusermount3").arg(if a.lazy { "-uz" } else { "-u" }).arg(&mp).status()?;
+    if st.success() {
+        Ok(crate::exit::OK)
+    } else {
+        anyhow::bail!("cannot unmount {}: {err}", mp.display())
+    }
+}
