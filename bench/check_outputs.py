@@ -89,6 +89,18 @@ def check_json(doc: dict, expect: dict, problems: list[str]) -> tuple[dict, dict
     return counts, labels
 
 
+def _tables(text: str) -> list[list[list[str]]]:
+    """Markdown tables in *text*, each a list of rows of stripped cells."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
 def check_markdown(text: str, labels: dict, filesystems: list[str], problems: list[str]) -> None:
     for b, names in labels.items():
         head = f"## Backing store: {b}"
@@ -96,22 +108,24 @@ def check_markdown(text: str, labels: dict, filesystems: list[str], problems: li
             problems.append(f"results.md: no section {head!r}")
             continue
         section = text.split(head, 1)[1].split("\n## ", 1)[0]
-        rows = [line for line in section.splitlines() if line.startswith("|")]
-        header = next((r for r in rows if r.startswith("| workload | unit |")), None)
-        if header is None:
+        tables = _tables(section)
+        for table in tables:
+            width = len(table[0])
+            for row in table[1:]:
+                if len(row) != width:
+                    problems.append(f"results.md: {b}: row with {len(row)} cells in a "
+                                    f"{width}-column table: {' | '.join(row)[:60]!r}")
+        values = next((t for t in tables if t[0][:2] == ["workload", "unit"]), None)
+        if values is None:
             problems.append(f"results.md: {b}: no value table")
             continue
-        cols = [c.strip() for c in header.strip("|").split("|")]
-        missing_fs = [fs for fs in filesystems if fs not in cols]
+        missing_fs = [fs for fs in filesystems if fs not in values[0]]
         if missing_fs:
             problems.append(f"results.md: {b}: columns missing for {', '.join(missing_fs)}")
+        row_labels = [row[0] for row in values[2:]]
         for label in names:
-            if not any(r.startswith(f"| {label} |") for r in rows):
+            if label not in row_labels:
                 problems.append(f"results.md: {b}: no row for {label!r}")
-        for r in rows:
-            if r.count("|") != header.count("|") and not r.startswith("| workload |"):
-                if len([c for c in r.strip("|").split("|")]) not in (len(cols), len(cols) - 1):
-                    problems.append(f"results.md: {b}: malformed row {r[:60]!r}")
 
 
 def check_png(path: Path, problems: list[str]) -> None:
