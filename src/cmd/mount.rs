@@ -194,7 +194,7 @@ fn serve(
         threads: a.threads,
         fsname: cipherdir.display().to_string(),
     };
-    let mut session = match veilfs_fuse::mount(vault, mountpoint, &cfg, activity.clone()) {
+    let session = match veilfs_fuse::mount(vault, mountpoint, &cfg, activity.clone()) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {} on {}: {e}", cipherdir.display(), mountpoint.display());
@@ -202,9 +202,9 @@ fn serve(
             return Err(mount_err(msg));
         }
     };
-    spawn_signal_thread(signals, session.unmount_callable(), mountpoint.to_path_buf());
+    spawn_signal_thread(signals, mountpoint.to_path_buf());
     if let Some(idle) = a.idle {
-        spawn_idle_thread(idle, activity, session.unmount_callable());
+        spawn_idle_thread(idle, activity.clone(), mountpoint.to_path_buf());
     }
     match &ready {
         Some(_) => {
@@ -216,7 +216,14 @@ fn serve(
         None => eprintln!("veilfs: {} mounted on {} (Ctrl-C unmounts)", cipherdir.display(), mountpoint.display()),
     }
     tracing::info!("mounted {} on {}", cipherdir.display(), mountpoint.display());
-    session.run().map_err(|e| mount_err(format!("FUSE session ended with an error: {e}")))?;
+    // Serve on fuser's background thread and wait until the filesystem is torn down (an
+    // unmount by anyone). The background session is then forgotten, not dropped: dropping
+    // it would unmount the mount point *by path* a second time, and fuser 0.18 takes POLLERR
+    // on /dev/fuse for "still mounted", so under load that could hit a new mount at the same
+    // place. Our own unmounts (signals, --idle) happen while the mount is live.
+    let bg = session.spawn().map_err(|e| mount_err(format!("cannot start the FUSE session: {e}")))?;
+    activity.wait_ended();
+    std::mem::forget(bg);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
 }
@@ -245,16 +252,27 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-fn lazy_detach(mountpoint: &Path) {
-    if let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
-        // SAFETY: valid C string.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-            let _ = std::process::Command::new("fusermount3").arg("-uz").arg(mountpoint).status();
-        }
+/// Unmounts `mountpoint` (this process's own live mount). `Ok(false)` when busy.
+fn unmount_live(mountpoint: &Path, lazy: bool) -> bool {
+    let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else { return false };
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return true;
     }
+    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY) {
+        return false;
+    }
+    // Not root: the setuid helper does it.
+    std::process::Command::new("fusermount3")
+        .arg(if lazy { "-uz" } else { "-u" })
+        .arg(mountpoint)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
-fn spawn_signal_thread(set: libc::sigset_t, mut unmounter: fuser::SessionUnmounter, mountpoint: PathBuf) {
+fn spawn_signal_thread(set: libc::sigset_t, mountpoint: PathBuf) {
     std::thread::spawn(move || {
         let wait = || {
             let mut sig = 0;
@@ -264,16 +282,17 @@ fn spawn_signal_thread(set: libc::sigset_t, mut unmounter: fuser::SessionUnmount
         };
         let sig = wait();
         tracing::info!("signal {sig}: unmounting");
-        if unmounter.unmount().is_err() {
-            lazy_detach(&mountpoint);
+        // Busy (files open inside): detach now; the mount ends when they are closed.
+        if !unmount_live(&mountpoint, false) {
+            unmount_live(&mountpoint, true);
         }
         wait();
-        lazy_detach(&mountpoint);
+        unmount_live(&mountpoint, true);
         std::process::exit(0);
     });
 }
 
-fn spawn_idle_thread(idle: Duration, activity: Arc<veilfs_fuse::Activity>, mut unmounter: fuser::SessionUnmounter) {
+fn spawn_idle_thread(idle: Duration, activity: Arc<veilfs_fuse::Activity>, mountpoint: PathBuf) {
     std::thread::spawn(move || {
         let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         activity.last.store(now(), Ordering::Relaxed);
@@ -283,11 +302,10 @@ fn spawn_idle_thread(idle: Duration, activity: Arc<veilfs_fuse::Activity>, mut u
             let quiet = now().saturating_sub(activity.last.load(Ordering::Relaxed));
             if quiet >= idle.as_secs().max(1) && activity.open_files.load(Ordering::Relaxed) == 0 {
                 tracing::info!("idle for {quiet} s: unmounting");
-                if unmounter.unmount().is_err() {
-                    // Busy (a process has its working directory inside): try again later.
-                    continue;
+                if unmount_live(&mountpoint, false) {
+                    return;
                 }
-                return;
+                // Busy (a process has its working directory inside): try again later.
             }
         }
     });

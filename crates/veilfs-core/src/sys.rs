@@ -371,3 +371,30 @@ pub fn lremovexattr(path: &CString, name: &[u8]) -> io::Result<()> {
     // SAFETY: valid C strings.
     check(unsafe { libc::lremovexattr(path.as_ptr(), n.as_ptr()) }).map(drop)
 }
+
+/// `fgetxattr`; an empty `buf` asks for the size.
+pub fn fgetxattr(fd: BorrowedFd<'_>, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
+    let n = cstr(name)?;
+    // SAFETY: valid fd and C string; the buffer describes writable memory.
+    ssize(unsafe { libc::fgetxattr(fd.as_raw_fd(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `fsetxattr`.
+pub fn fsetxattr(fd: BorrowedFd<'_>, name: &[u8], value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: valid fd, C string and value buffer.
+    check(unsafe { libc::fsetxattr(fd.as_raw_fd(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) }).map(drop)
+}
+
+/// `flistxattr`; an empty `buf` asks for the size.
+pub fn flistxattr(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: valid fd; the buffer describes writable memory.
+    ssize(unsafe { libc::flistxattr(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `fremovexattr`.
+pub fn fremovexattr(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::fremovexattr(fd.as_raw_fd(), n.as_ptr()) }).map(drop)
+}

@@ -31,13 +31,39 @@ pub struct FsOptions {
     pub writeback: bool,
 }
 
-/// When the mount last did something, for `--idle`.
+/// What the mount is doing, shared with the process that runs it: when it last served a
+/// request and how many files are open (for `--idle`), and whether it has ended.
 #[derive(Debug, Default)]
 pub struct Activity {
     /// Seconds since the epoch of the last request.
     pub last: AtomicU64,
     /// Open file handles (never unmount for idleness under an open file).
     pub open_files: std::sync::atomic::AtomicUsize,
+    ended: parking_lot::Mutex<bool>,
+    ended_cv: parking_lot::Condvar,
+}
+
+impl Activity {
+    /// Blocks until the filesystem has been torn down (its keys dropped).
+    pub fn wait_ended(&self) {
+        let mut g = self.ended.lock();
+        while !*g {
+            self.ended_cv.wait(&mut g);
+        }
+    }
+
+    fn set_ended(&self) {
+        *self.ended.lock() = true;
+        self.ended_cv.notify_all();
+    }
+}
+
+impl Drop for VeilFs {
+    fn drop(&mut self) {
+        // The vault (and its keys, zeroized on drop) goes with us unless someone else
+        // still holds it.
+        self.activity.set_ended();
+    }
 }
 
 /// The filesystem state.
@@ -976,25 +1002,44 @@ impl VeilFs {
 
     // ---- extended attributes -------------------------------------------------------------
 
-    fn xattr_path(&self, node: &Node) -> io::Result<std::ffi::CString> {
+    /// Runs an xattr call on `node`: directories through their fd, other objects through
+    /// `/proc/self/fd/<parent>/<name>` with the `l*` calls (a symlink is not followed).
+    fn with_xattr<T>(
+        &self,
+        node: &Node,
+        on_fd: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> io::Result<T>,
+        on_path: impl FnOnce(&std::ffi::CString) -> io::Result<T>,
+    ) -> io::Result<T> {
         if let Some(d) = &node.dir {
-            return sys::proc_path(d.cd.fd(), None);
+            return on_fd(d.cd.fd());
         }
         let l = node.link()?;
-        sys::proc_path(l.parent.dir()?.cd.fd(), Some(l.on_disk.as_bytes()))
+        on_path(&sys::proc_path(l.parent.dir()?.cd.fd(), Some(l.on_disk.as_bytes()))?)
     }
 
     /// GETXATTR: the plaintext value.
     pub(crate) fn do_getxattr(&self, ino: u64, name: &[u8]) -> io::Result<Vec<u8>> {
         let node = self.nodes.get(ino)?;
-        let stored = match self.xattr.encrypt_name(&node.identity, name) {
-            Ok(s) => s,
-            Err(_) => return Err(errno(libc::ENODATA)),
+        let Ok(stored) = self.xattr.encrypt_name(&node.identity, name) else {
+            return Err(errno(libc::ENODATA));
         };
-        let path = self.xattr_path(&node)?;
-        let mut buf = vec![0u8; 65536 + self.xattr.value_overhead()];
-        let n = sys::lgetxattr(&path, stored.as_bytes(), &mut buf)?;
-        self.xattr.decrypt_value(&node.identity, &stored, &buf[..n]).map_err(cerr)
+        let cap = 65536 + self.xattr.value_overhead();
+        let buf = self.with_xattr(
+            &node,
+            |fd| {
+                let mut b = vec![0u8; cap];
+                let n = sys::fgetxattr(fd, stored.as_bytes(), &mut b)?;
+                b.truncate(n);
+                Ok(b)
+            },
+            |p| {
+                let mut b = vec![0u8; cap];
+                let n = sys::lgetxattr(p, stored.as_bytes(), &mut b)?;
+                b.truncate(n);
+                Ok(b)
+            },
+        )?;
+        self.xattr.decrypt_value(&node.identity, &stored, &buf).map_err(cerr)
     }
 
     /// SETXATTR.
@@ -1003,24 +1048,39 @@ impl VeilFs {
         let node = self.nodes.get(ino)?;
         let stored = self.xattr.encrypt_name(&node.identity, name).map_err(cerr)?;
         let blob = self.xattr.encrypt_value(&node.identity, &stored, value);
-        sys::lsetxattr(&self.xattr_path(&node)?, stored.as_bytes(), &blob, flags)
+        self.with_xattr(
+            &node,
+            |fd| sys::fsetxattr(fd, stored.as_bytes(), &blob, flags),
+            |p| sys::lsetxattr(p, stored.as_bytes(), &blob, flags),
+        )
     }
 
     /// LISTXATTR: NUL-separated plaintext names.
     pub(crate) fn do_listxattr(&self, ino: u64) -> io::Result<Vec<u8>> {
         let node = self.nodes.get(ino)?;
-        let path = self.xattr_path(&node)?;
-        let need = sys::llistxattr(&path, &mut [])?;
-        let mut buf = vec![0u8; need + 1024];
-        let n = sys::llistxattr(&path, &mut buf)?;
+        let raw = self.with_xattr(
+            &node,
+            |fd| {
+                let mut buf = vec![0u8; sys::flistxattr(fd, &mut [])? + 4096];
+                let n = sys::flistxattr(fd, &mut buf)?;
+                buf.truncate(n);
+                Ok(buf)
+            },
+            |p| {
+                let mut buf = vec![0u8; sys::llistxattr(p, &mut [])? + 4096];
+                let n = sys::llistxattr(p, &mut buf)?;
+                buf.truncate(n);
+                Ok(buf)
+            },
+        )?;
         let mut out = Vec::new();
-        for stored in buf[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        for stored in raw.split(|&b| b == 0).filter(|s| !s.is_empty()) {
             match self.xattr.decrypt_name(&node.identity, stored) {
                 Some(Ok(plain)) => {
                     out.extend_from_slice(&plain);
                     out.push(0);
                 }
-                Some(Err(e)) => tracing::error!("{}: {e}", path.to_string_lossy()),
+                Some(Err(e)) => tracing::error!("xattr of node {}: {e}", node.id),
                 None => {}
             }
         }
@@ -1032,7 +1092,11 @@ impl VeilFs {
         self.check_writable()?;
         let node = self.nodes.get(ino)?;
         let stored = self.xattr.encrypt_name(&node.identity, name).map_err(|_| errno(libc::ENODATA))?;
-        sys::lremovexattr(&self.xattr_path(&node)?, stored.as_bytes())
+        self.with_xattr(
+            &node,
+            |fd| sys::fremovexattr(fd, stored.as_bytes()),
+            |p| sys::lremovexattr(p, stored.as_bytes()),
+        )
     }
 }
 
