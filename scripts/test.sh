@@ -8,3 +8,6 @@ bash scripts/deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release "$@"
+# An independent Python reader (written from docs/FORMAT.md) must agree with the vectors.
+python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
+python3 tests/vectors/reference_reader.py --vectors tests/vectors/v1.json

@@ -38,7 +38,7 @@ fn exercise(root: &Path) -> Vec<String> {
     macro_rules! note { ($($t:tt)*) => { log.push(format!($($t)*)) } }
 
     // Create, write at offsets, partial blocks, gaps past EOF.
-    let f = OpenOptions::new().create(true).read(true).write(true).mode(0o640).open(p("a")).unwrap();
+    let f = OpenOptions::new().create(true).truncate(false).read(true).write(true).mode(0o640).open(p("a")).unwrap();
     f.write_all_at(b"hello", 0).unwrap();
     f.write_all_at(&vec![7u8; 5000], 4090).unwrap();
     f.write_all_at(b"far", 20000).unwrap();
@@ -162,7 +162,7 @@ fn exercise(root: &Path) -> Vec<String> {
     let o = sh(&format!("getfattr -d --absolute-names {} 2>&1 | grep user", p("n1").display()));
     note!("xattrs after remove: {}", String::from_utf8_lossy(&o.stdout).trim());
     // fallocate: extends size with zeros.
-    let fa = OpenOptions::new().create(true).read(true).write(true).open(p("fa")).unwrap();
+    let fa = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(p("fa")).unwrap();
     // SAFETY: valid fd.
     note!("fallocate {}", rc(unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&fa), 0, 0, 10_000) }));
     note!(
@@ -202,7 +202,7 @@ fn exercise(root: &Path) -> Vec<String> {
     // SAFETY: valid fd and flock struct.
     note!("posix lock {}", rc(unsafe { libc::fcntl(fd, libc::F_SETLK, &fl) }));
     // Shared writable mmap.
-    let mf = OpenOptions::new().create(true).read(true).write(true).open(p("mm")).unwrap();
+    let mf = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(p("mm")).unwrap();
     mf.set_len(10_000).unwrap();
     // SAFETY: mapping a 10000-byte file we own, unmapped below.
     unsafe {
@@ -353,7 +353,7 @@ fn concurrent_writers_leave_exactly_the_bytes_written() {
 fn two_gib_sparse_file_and_absurd_truncate() {
     let Some(m) = Mounted::new("512m", &[]) else { return };
     let p = m.m("sparse");
-    let f = OpenOptions::new().create(true).read(true).write(true).open(&p).unwrap();
+    let f = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&p).unwrap();
     f.set_len(2 << 30).unwrap();
     f.write_all_at(b"middle", 1 << 30).unwrap();
     f.write_all_at(b"end", (2 << 30) - 3).unwrap();

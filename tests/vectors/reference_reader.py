@@ -314,7 +314,7 @@ TOP_FIELDS = ["format", "version", "creator", "cipher", "block_size", "features"
 SLOT_FIELDS = ["id", "kind", "kdf", "wrapped_key"]
 KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism", "salt"],
               "hkdf-sha256": ["algorithm", "salt"]}
-FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag"}
+FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
 
 
 def canonical_json(obj) -> bytes:

@@ -27,7 +27,8 @@ pub const FORMAT_NAME: &str = "veilfs";
 pub const FORMAT_VERSION: u32 = 1;
 /// Feature flags of format v1. All are required; a config naming one this build does not
 /// know was made by a newer veilfs and is refused.
-pub const FEATURES_V1: &[&str] = &["header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag"];
+pub const FEATURES_V1: &[&str] =
+    &["header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"];
 /// Largest config file we read (a config with many slots is still a few KiB).
 const MAX_CONFIG_LEN: usize = 1 << 20;
 
@@ -254,7 +255,9 @@ impl VaultConfig {
                 (SlotKdf::Argon2id { memory_kib, iterations, parallelism, salt }, Secret::Password(pw)) => {
                     let p =
                         Argon2Params { memory_kib: *memory_kib, iterations: *iterations, parallelism: *parallelism };
-                    match p.derive(pw.expose_secret().as_bytes(), &decode_salt(salt)?) {
+                    // A damaged slot is skipped, so the other slots can still open the vault.
+                    let Ok(salt) = decode_salt(salt) else { continue };
+                    match p.derive(pw.expose_secret().as_bytes(), &salt) {
                         Ok(k) => k,
                         Err(_) => continue,
                     }

@@ -214,54 +214,58 @@ impl CryptFile {
             HDR_PLAIN if leaves_holes => self.write_header(true)?,
             _ => {}
         }
-        // The old last block changes its "last" flag (and maybe grows) if the write starts
-        // beyond it: re-seal it as an inner block first.
-        if size > 0 {
+        // The old last block loses its "last" flag (and is zero-extended: inner blocks are
+        // full) when the write starts beyond it. Next to the write it goes out in the same
+        // system call; beyond a hole, on its own.
+        let mut prefix: Vec<u8> = Vec::new();
+        let mut write_off = l.block_offset(first);
+        if let Some(h) = header_with_data {
+            prefix.extend_from_slice(&h);
+            write_off = 0;
+        } else if size > 0 {
             let old_last = (size - 1) / bs;
             if old_last < first {
                 let mut blk = vec![0u8; bs as usize];
                 self.read_block(old_last, size, &mut blk)?;
-                // Inner blocks are always full: zero-extend the old tail.
-                let mut ct = vec![0u8; (bs + l.overhead) as usize];
-                self.codec.seal_into(old_last, false, &blk, &mut ct);
-                sys::pwrite_all(self.fd(), &ct, l.block_offset(old_last)).ctx(|| format!("writing {}", self.what))?;
+                let mut old = vec![0u8; (bs + l.overhead) as usize];
+                self.codec.seal_into(old_last, false, &blk, &mut old);
+                if old_last + 1 == first {
+                    prefix = old;
+                    write_off = l.block_offset(old_last);
+                } else {
+                    sys::pwrite_all(self.fd(), &old, l.block_offset(old_last))
+                        .ctx(|| format!("writing {}", self.what))?;
+                }
             }
         }
         // Encrypt every touched block into one buffer and write it with one system call.
         let ct_start = l.block_offset(first);
         let ct_len = (l.block_offset(last) + l.block_len(last, new_size) + l.overhead - ct_start) as usize;
-        let mut ct = vec![0u8; ct_len];
+        let mut buf = vec![0u8; prefix.len() + ct_len];
+        buf[..prefix.len()].copy_from_slice(&prefix);
+        let ct = &mut buf[prefix.len()..];
         let mut plain = vec![0u8; bs as usize];
         for n in first..=last {
             let bstart = n * bs;
             let blen = l.block_len(n, new_size) as usize;
             let wfrom = off.max(bstart);
             let wto = (off + data.len() as u64).min(bstart + blen as u64);
-            let covers_old = wfrom == bstart && (wto - bstart) as usize >= l.block_len(n, size) as usize;
+            let covers_old = wfrom == bstart && (wto - bstart) >= l.block_len(n, size);
             let pb = &mut plain[..blen];
             if !covers_old && bstart < size {
-                let mut tmp = vec![0u8; bs as usize];
-                let got = self.read_block(n, size, &mut tmp)?;
-                pb[..got].copy_from_slice(&tmp[..got]);
+                let got = self.read_block(n, size, pb)?;
                 pb[got..].fill(0);
             } else {
                 pb.fill(0);
             }
-            let dfrom = (wfrom - off) as usize;
-            let dto = (wto - off) as usize;
-            pb[(wfrom - bstart) as usize..(wto - bstart) as usize].copy_from_slice(&data[dfrom..dto]);
+            pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
+                .copy_from_slice(&data[(wfrom - off) as usize..(wto - off) as usize]);
             let cs = (l.block_offset(n) - ct_start) as usize;
             self.codec.seal_into(n, n == new_last, pb, &mut ct[cs..cs + blen + l.overhead as usize]);
         }
-        match header_with_data {
-            Some(h) => {
-                let mut all = Vec::with_capacity(HEADER_LEN + ct.len());
-                all.extend_from_slice(&h);
-                all.extend_from_slice(&ct);
-                sys::pwrite_all(self.fd(), &all, 0).ctx(|| format!("writing {}", self.what))?;
-                self.header.store(HDR_PLAIN, Ordering::Release);
-            }
-            None => sys::pwrite_all(self.fd(), &ct, ct_start).ctx(|| format!("writing {}", self.what))?,
+        sys::pwrite_all(self.fd(), &buf, write_off).ctx(|| format!("writing {}", self.what))?;
+        if header_with_data.is_some() {
+            self.header.store(HDR_PLAIN, Ordering::Release);
         }
         Ok(new_size)
     }

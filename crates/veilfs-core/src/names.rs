@@ -266,15 +266,17 @@ impl NameCipher {
     }
 
     /// `D` of a parsed entry: decoded from a short name, or read through `read_side_file`
-    /// (called with the side file's name) for a long one and checked against the hash.
+    /// (called with the side file's name) for a long one and checked against the hash. An
+    /// entry must be in canonical form (short exactly when `D` fits), so every plaintext name
+    /// has one on-disk key and a listing never shows a name that a lookup cannot find.
     pub fn entry_d(
         &self,
         parsed: &ParsedEntry<'_>,
         read_side_file: impl FnOnce(&str) -> Result<Vec<u8>>,
     ) -> Result<Vec<u8>> {
-        match parsed {
+        let d = match parsed {
             ParsedEntry::Short { key, .. } => {
-                b64_decode(key).ok_or_else(|| Error::auth("name", "is not valid base64url"))
+                b64_decode(key).ok_or_else(|| Error::auth("name", "is not valid base64url"))?
             }
             ParsedEntry::Long { hash, .. } => {
                 let side = format!("{LONG_NAME_FILE_PREFIX}{hash}");
@@ -284,10 +286,15 @@ impl NameCipher {
                 if B64.encode(Sha256::digest(&d)) != *hash {
                     return Err(Error::auth(side, "does not match the hash in its entry name"));
                 }
-                Ok(d)
+                d
             }
-            _ => Err(Error::Invalid("not a user entry".into())),
+            _ => return Err(Error::Invalid("not a user entry".into())),
+        };
+        let canonical = Self::key_for_d(d);
+        if Some(canonical.key.as_str()) != parsed.key() {
+            return Err(Error::auth("name", "is not in canonical form (short/long encoding swapped)"));
         }
+        Ok(canonical.d)
     }
 
     /// `S`: binds `identity` of an object of `kind` to entry `D` in directory `iv`.

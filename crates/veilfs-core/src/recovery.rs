@@ -100,6 +100,11 @@ impl RecoveryKey {
                 i += 1;
             }
         }
+        // 52 characters carry 260 bits: the last 4 are padding and must be zero, so every key
+        // has exactly one spelling.
+        if acc & ((1 << bits) - 1) != 0 {
+            return Err(Error::Invalid("the recovery key has a typo (its last data character is impossible)".into()));
+        }
         let check = vals[DATA_CHARS..].iter().fold(0u32, |a, &v| (a << 5) | v);
         if check != Self::checksum(&key.0) {
             return Err(Error::Invalid("the recovery key has a typo (its checksum does not match)".into()));

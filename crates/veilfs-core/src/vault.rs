@@ -235,11 +235,15 @@ impl Vault {
         }
     }
 
+    /// Best effort: the IV itself comes from the authenticated entry, so a vault on read-only
+    /// storage still opens when the copy cannot be written.
     fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
         tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
         let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
-        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400)
-            .ctx(|| format!("restoring {}/{DIRIV_NAME}", dir.path.display()))
+        if let Err(e) = sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400) {
+            tracing::warn!("could not restore {}/{DIRIV_NAME}: {e}", dir.path.display());
+        }
+        Ok(())
     }
 
     /// Decodes one raw on-disk entry of `dir` (`st` = its backing stat).

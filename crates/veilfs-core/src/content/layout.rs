@@ -2,9 +2,9 @@
 //!
 //! With block size `B`, per-block overhead `O` (nonce + tag) and header length `H`:
 //! a file of `p > 0` plaintext bytes is `H + floor(p/B)·(B+O) + (p mod B > 0 ? p mod B + O : 0)`
-//! ciphertext bytes. An empty file is either 0 bytes (never written) or exactly `H` bytes
-//! (written, then truncated to zero). Plaintext block `n` starts at ciphertext offset
-//! `H + n·(B+O)`.
+//! ciphertext bytes, and an empty file is 0 bytes (no header). Every other size (a cut-off
+//! header, a header without blocks, a last block no longer than its overhead) can only come
+//! from truncation or damage. Plaintext block `n` starts at ciphertext offset `H + n·(B+O)`.
 
 use super::header::HEADER_LEN;
 use crate::error::{Error, Result};
