@@ -35,6 +35,29 @@ impl ContentCtx {
     }
 }
 
+thread_local! {
+    /// Per-thread scratch buffers (ciphertext, plaintext block), so requests do not allocate.
+    static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` with two scratch buffers of at least `a` and `b` bytes (contents unspecified).
+fn with_scratch<R>(a: usize, b: usize, f: impl FnOnce(&mut [u8], &mut [u8]) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut g) => {
+            let (x, y) = &mut *g;
+            if x.len() < a {
+                x.resize(a, 0);
+            }
+            if y.len() < b {
+                y.resize(b, 0);
+            }
+            f(&mut x[..a], &mut y[..b])
+        }
+        // Re-entered (a read inside a write on the same thread): use fresh buffers.
+        Err(_) => f(&mut vec![0u8; a], &mut vec![0u8; b]),
+    })
+}
+
 const HDR_UNKNOWN: u8 = 0;
 const HDR_ABSENT: u8 = 1;
 const HDR_PLAIN: u8 = 2;
@@ -149,31 +172,36 @@ impl CryptFile {
         let file_last = (size - 1) / l.block_size;
         let ct_start = l.block_offset(first);
         let ct_end = l.block_offset(last) + l.block_len(last, size) + l.overhead;
-        let mut ct = vec![0u8; (ct_end - ct_start) as usize];
-        let got = sys::pread_full(self.fd(), &mut ct, ct_start).ctx(|| format!("reading {}", self.what))?;
-        if got < ct.len() {
-            return Err(Error::auth(
-                &self.what,
-                format!(
-                    "file is shorter than its size says (truncated at block {})",
-                    first + (got as u64) / l.cipher_block()
-                ),
-            ));
-        }
-        let mut plain = vec![0u8; l.block_size as usize];
-        let mut done = 0usize;
-        for n in first..=last {
-            let blen = l.block_len(n, size);
-            let cs = (l.block_offset(n) - ct_start) as usize;
-            let block_ct = &ct[cs..cs + (blen + l.overhead) as usize];
-            let pl = self.open_block(n, n == file_last, block_ct, &mut plain)?;
-            let bstart = n * l.block_size;
-            let from = (off.max(bstart) - bstart) as usize;
-            let to = ((off + len).min(bstart + pl as u64) - bstart) as usize;
-            buf[done..done + (to - from)].copy_from_slice(&plain[from..to]);
-            done += to - from;
-        }
-        Ok(done)
+        with_scratch((ct_end - ct_start) as usize, l.block_size as usize, |ct, plain| {
+            let got = sys::pread_full(self.fd(), ct, ct_start).ctx(|| format!("reading {}", self.what))?;
+            if got < ct.len() {
+                return Err(Error::auth(
+                    &self.what,
+                    format!(
+                        "file is shorter than its size says (truncated at block {})",
+                        first + (got as u64) / l.cipher_block()
+                    ),
+                ));
+            }
+            let mut done = 0usize;
+            for n in first..=last {
+                let blen = l.block_len(n, size);
+                let cs = (l.block_offset(n) - ct_start) as usize;
+                let block_ct = &ct[cs..cs + (blen + l.overhead) as usize];
+                let bstart = n * l.block_size;
+                let from = (off.max(bstart) - bstart) as usize;
+                let to = ((off + len).min(bstart + blen) - bstart) as usize;
+                if from == 0 && to == blen as usize {
+                    // Whole block wanted: decrypt straight into the caller's buffer.
+                    self.open_block(n, n == file_last, block_ct, &mut buf[done..done + to])?;
+                } else {
+                    self.open_block(n, n == file_last, block_ct, plain)?;
+                    buf[done..done + (to - from)].copy_from_slice(&plain[from..to]);
+                }
+                done += to - from;
+            }
+            Ok(done)
+        })
     }
 
     /// Reads and decrypts whole block `n` of a file of `size` bytes into `out` (zero-extended
@@ -241,29 +269,42 @@ impl CryptFile {
         // Encrypt every touched block into one buffer and write it with one system call.
         let ct_start = l.block_offset(first);
         let ct_len = (l.block_offset(last) + l.block_len(last, new_size) + l.overhead - ct_start) as usize;
-        let mut buf = vec![0u8; prefix.len() + ct_len];
-        buf[..prefix.len()].copy_from_slice(&prefix);
-        let ct = &mut buf[prefix.len()..];
-        let mut plain = vec![0u8; bs as usize];
-        for n in first..=last {
-            let bstart = n * bs;
-            let blen = l.block_len(n, new_size) as usize;
-            let wfrom = off.max(bstart);
-            let wto = (off + data.len() as u64).min(bstart + blen as u64);
-            let covers_old = wfrom == bstart && (wto - bstart) >= l.block_len(n, size);
-            let pb = &mut plain[..blen];
-            if !covers_old && bstart < size {
-                let got = self.read_block(n, size, pb)?;
-                pb[got..].fill(0);
-            } else {
-                pb.fill(0);
+        let nl = self.codec.nonce_len();
+        let nblocks = (last - first + 1) as usize;
+        with_scratch(prefix.len() + ct_len, bs as usize + nblocks * nl, |buf, scratch| -> Result<()> {
+            buf[..prefix.len()].copy_from_slice(&prefix);
+            let (plain, nonces) = scratch.split_at_mut(bs as usize);
+            crate::random::fill(nonces);
+            let ct = &mut buf[prefix.len()..];
+            for n in first..=last {
+                let bstart = n * bs;
+                let blen = l.block_len(n, new_size) as usize;
+                let wfrom = off.max(bstart);
+                let wto = (off + data.len() as u64).min(bstart + blen as u64);
+                let cs = (l.block_offset(n) - ct_start) as usize;
+                let out = &mut ct[cs..cs + blen + l.overhead as usize];
+                let i = (n - first) as usize;
+                out[..nl].copy_from_slice(&nonces[i * nl..(i + 1) * nl]);
+                if wfrom == bstart && wto == bstart + blen as u64 {
+                    // The write covers the whole block: encrypt straight from the caller's data.
+                    let src = &data[(wfrom - off) as usize..(wto - off) as usize];
+                    self.codec.seal_into_prefilled(n, n == new_last, src, out);
+                    continue;
+                }
+                let covers_old = wfrom == bstart && (wto - bstart) >= l.block_len(n, size);
+                let pb = &mut plain[..blen];
+                if !covers_old && bstart < size {
+                    let got = self.read_block(n, size, pb)?;
+                    pb[got..].fill(0);
+                } else {
+                    pb.fill(0);
+                }
+                pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
+                    .copy_from_slice(&data[(wfrom - off) as usize..(wto - off) as usize]);
+                self.codec.seal_into_prefilled(n, n == new_last, pb, out);
             }
-            pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
-                .copy_from_slice(&data[(wfrom - off) as usize..(wto - off) as usize]);
-            let cs = (l.block_offset(n) - ct_start) as usize;
-            self.codec.seal_into(n, n == new_last, pb, &mut ct[cs..cs + blen + l.overhead as usize]);
-        }
-        sys::pwrite_all(self.fd(), &buf, write_off).ctx(|| format!("writing {}", self.what))?;
+            sys::pwrite_all(self.fd(), buf, write_off).ctx(|| format!("writing {}", self.what))
+        })?;
         if header_with_data.is_some() {
             self.header.store(HDR_PLAIN, Ordering::Release);
         }

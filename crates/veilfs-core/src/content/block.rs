@@ -47,12 +47,25 @@ impl BlockCodec {
         self.cipher.overhead()
     }
 
-    /// Encrypts `plain` as block `n` into `out`, which must be `plain.len() + overhead` long.
+    /// Nonce length of the cipher.
+    pub fn nonce_len(&self) -> usize {
+        self.cipher.nonce_len()
+    }
+
+    /// Encrypts `plain` as block `n` into `out`, which must be `plain.len() + overhead` long,
+    /// with a fresh random nonce.
     pub fn seal_into(&self, n: u64, last: bool, plain: &[u8], out: &mut [u8]) {
+        crate::random::fill(&mut out[..self.cipher.nonce_len()]);
+        self.seal_into_prefilled(n, last, plain, out);
+    }
+
+    /// Like [`seal_into`](Self::seal_into), but the caller has already put a fresh random
+    /// nonce in the first `nonce_len` bytes of `out` (so a request of many blocks draws its
+    /// nonces with one call to the random generator).
+    pub fn seal_into_prefilled(&self, n: u64, last: bool, plain: &[u8], out: &mut [u8]) {
         let nl = self.cipher.nonce_len();
         assert_eq!(out.len(), plain.len() + nl + TAG_LEN, "output buffer size");
         let (nonce, rest) = out.split_at_mut(nl);
-        crate::random::fill(nonce);
         let (body, tag) = rest.split_at_mut(plain.len());
         body.copy_from_slice(plain);
         let t = self.key.seal(nonce, &block_aad(&self.file_id, n, last), body);
