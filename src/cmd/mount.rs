@@ -173,9 +173,13 @@ fn serve(
             let _ = f.write_all(msg.as_bytes());
         }
     };
-    // Hardening: no core dumps or ptrace of the process that holds the keys.
-    // SAFETY: prctl with constant arguments.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    // Hardening: no core dumps and no ptrace by same-user processes of the daemon holding
+    // the keys. Only as root: an undumpable process owned by a user cannot open its own
+    // /proc/self/fd/* paths, which the xattr calls on files need.
+    // SAFETY: geteuid/prctl with constant arguments.
+    if unsafe { libc::geteuid() } == 0 {
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    }
     // The kernel already applied the caller's umask to modes it sends.
     // SAFETY: umask has no memory effects.
     unsafe { libc::umask(0) };
