@@ -521,7 +521,9 @@ impl VeilFs {
 
     /// The owner of a new object made by `uid`/`gid` in `parent`.
     pub(crate) fn owner(&self, parent: &DirState, uid: u32, gid: u32) -> io::Result<Option<Owner>> {
-        if self.euid != 0 {
+        // Only a root daemon can give objects away; a root caller needs nothing (the backing
+        // filesystem already applies a set-group-id parent's group).
+        if self.euid != 0 || (uid == 0 && gid == 0) {
             return Ok(None);
         }
         let pst = sys::fstat(parent.cd.fd())?;
