@@ -183,6 +183,7 @@ fn serve(
     // The kernel already applied the caller's umask to modes it sends.
     // SAFETY: umask has no memory effects.
     unsafe { libc::umask(0) };
+    raise_fd_limit();
     let signals = block_signals();
     let activity = Arc::new(veilfs_fuse::Activity::default());
     let ttl = Duration::from_secs_f64(if a.shared_storage { 0.0 } else { a.attr_timeout.max(0.0) });
@@ -230,6 +231,18 @@ fn serve(
     std::mem::forget(bg);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// Every directory the kernel knows holds an open fd: allow as many as the hard limit.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut rl: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+        }
+    }
 }
 
 fn detach_stdio() {
