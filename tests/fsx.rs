@@ -1,25 +1,34 @@
-//! fsx-style randomized differential test: thousands of random file-system operations applied in
-//! lockstep to a veilfs mount and to a plain directory on tmpfs, comparing every result (return
-//! values, errno, data read, attributes) and, at checkpoints, the whole trees.
+//! fsx-style randomized differential test: many thousands of random file-system operations
+//! applied in lockstep to a veilfs mount and to a plain directory on the same tmpfs, comparing
+//! every result (return values, errno, data read, attributes) and, every 2000 operations, at each
+//! remount and at the end, the whole trees (names, types, modes, sizes, nlink, owners, contents,
+//! symlink targets).
 //!
 //! A small pool of names (8 files in 2–3 directories, 2 symlink names, 4 directory names) makes
 //! operations collide: writes at random offsets across block boundaries and past EOF, truncates up
-//! and down, O_APPEND/O_TRUNC opens, long-lived handles (kept across rename/unlink), shared
-//! writable mmap, fallocate, rename (plain, NOREPLACE, EXCHANGE), link, unlink, mkdir, rmdir,
-//! symlink, readlink, chmod, chown, utimensat, user xattrs and readdir. Each test remounts in the
-//! middle (all data must survive).
+//! and down (to a few MiB), O_APPEND/O_TRUNC/O_EXCL opens, long-lived handles (kept across
+//! rename/unlink), shared writable mmap + msync, mmap reads (EOF page tail must be zero),
+//! O_DIRECT, copy_file_range, fallocate, rename (plain, NOREPLACE, EXCHANGE; files and whole
+//! directories), link, unlink, mkdir, rmdir, rm -r, symlink, readlink, chmod (set-id bits too),
+//! chown/lchown, utimensat, user xattrs and readdir. Each test remounts after every third of its
+//! operations and at the end (all data must survive). `fsx_no_writeback` mounts with
+//! `--no-writeback`, so small writes reach veilfs one by one.
 //!
-//! Replay a failure with the seed it prints:
+//! Replay a failure with the seed and count it prints:
 //! `VEILFS_FSX_SEED=<seed> VEILFS_FSX_OPS=<ops> cargo test --release --test fsx <test name>`.
-//! Without VEILFS_FSX_SEED the seed is random (and printed); VEILFS_FSX_OPS sets the op count.
+//! Without VEILFS_FSX_SEED the seed is random (and printed). VEILFS_FSX_DUMP=1 lists the plain
+//! tree at the end; VEILFS_FSX_NO_OPEN_UNLINKED=1 avoids keeping files open past their last name
+//! (a debugging aid to fuzz past a known bug there — see `no_open_unlinked`).
 //!
-//! Not exercised on purpose: FALLOC_FL_PUNCH_HOLE/ZERO_RANGE (veilfs answers EOPNOTSUPP, tmpfs
-//! supports them) and chmod of a symlink itself (Linux has no lchmod).
+//! Not generated on purpose: FALLOC_FL_PUNCH_HOLE/ZERO_RANGE (veilfs answers EOPNOTSUPP, tmpfs
+//! implements them), SEEK_DATA/SEEK_HOLE (veilfs rounds to whole blocks), chmod of a symlink
+//! itself (Linux has no lchmod), and chown(-1, -1) (see `op_chown`).
 
 mod common;
 use common::*;
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::CString;
 use std::fmt::{self, Debug};
 use std::os::unix::ffi::OsStrExt;
@@ -41,8 +50,10 @@ const BLOCK: u64 = 4096;
 const PAGE: u64 = 4096;
 const MAX_HANDLES: usize = 3;
 const HISTORY: usize = 24;
-/// Default operation count per test (both tests run in parallel; ~30–60 s in total here).
-const DEFAULT_OPS: usize = 6000;
+/// Whole trees are compared every this many operations.
+const CHECKPOINT: usize = 2000;
+/// Default operation count per test (the two tests run in parallel: 25–55 s in total here).
+const DEFAULT_OPS: usize = 200_000;
 
 // ---- small helpers ---------------------------------------------------------------------------
 
@@ -110,6 +121,7 @@ impl Debug for Errno {
             libc::ENODATA => "ENODATA",
             libc::EOPNOTSUPP => "EOPNOTSUPP",
             libc::E2BIG => "E2BIG",
+            libc::ESTALE => "ESTALE",
             _ => return write!(f, "errno {}", self.0),
         };
         f.write_str(name)
@@ -155,11 +167,21 @@ impl Drop for Fd {
     }
 }
 
+/// Permission bits, printed in octal.
+#[derive(PartialEq, Eq, Clone, Copy)]
+struct Perm(u32);
+
+impl Debug for Perm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "0o{:o}", self.0)
+    }
+}
+
 /// The attributes the test compares (no times, inode numbers or block counts).
 #[derive(PartialEq, Debug)]
 struct St {
     kind: &'static str,
-    perm: u32,
+    perm: Perm,
     /// Not compared for directories (their sizes are the file system's business).
     size: Option<i64>,
     nlink: u64,
@@ -176,7 +198,7 @@ fn st_of(s: &libc::stat) -> St {
     };
     St {
         kind,
-        perm: s.st_mode & 0o7777,
+        perm: Perm(s.st_mode & 0o7777),
         size: if kind == "dir" { None } else { Some(s.st_size) },
         nlink: s.st_nlink,
         uid: s.st_uid,
@@ -332,6 +354,13 @@ struct Fsx {
     history: VecDeque<String>,
     handles: Vec<Handle>,
     next_handle: u32,
+    /// VEILFS_FSX_NO_OPEN_UNLINKED=1: close all handles before unlink/rename/rmdir, so no file is
+    /// ever open after its last name is gone. Only a debugging aid to fuzz past a known bug in
+    /// that area; the default (unset) exercises it.
+    no_open_unlinked: bool,
+    /// Per operation: (count, how many first syscalls failed alike on both sides).
+    stats: RefCell<BTreeMap<&'static str, (u32, u32)>>,
+    cur_op: &'static str,
 }
 
 impl Fsx {
@@ -347,6 +376,9 @@ impl Fsx {
             history: VecDeque::new(),
             handles: Vec::new(),
             next_handle: 0,
+            no_open_unlinked: std::env::var("VEILFS_FSX_NO_OPEN_UNLINKED").is_ok_and(|v| v == "1"),
+            stats: Default::default(),
+            cur_op: "",
         }
     }
 
@@ -409,14 +441,17 @@ impl Fsx {
     /// Returns whether it succeeded.
     fn sys(&self, what: &str, rel: &str, f: impl Fn(&CString) -> i64) -> bool {
         let (a, b) = (ck(f(&cpath(&self.pm(rel)))), ck(f(&cpath(&self.pp(rel)))));
-        self.agree(&format!("{what} {rel}"), a, b).is_ok()
+        let ok = self.agree(&format!("{what} {rel}"), a, b).is_ok();
+        self.note(ok);
+        ok
     }
 
     /// Runs a two-path syscall on both sides and compares the results.
     fn sys2(&self, what: &str, a: &str, b: &str, f: impl Fn(&CString, &CString) -> i64) {
         let rm = ck(f(&cpath(&self.pm(a)), &cpath(&self.pm(b))));
         let rp = ck(f(&cpath(&self.pp(a)), &cpath(&self.pp(b))));
-        self.same(&format!("{what} {a} {b}"), rm, rp);
+        let ok = self.agree(&format!("{what} {a} {b}"), rm, rp).is_ok();
+        self.note(ok);
     }
 
     fn open2(&self, rel: &str, flags: i32, mode: u32) -> Option<(Fd, Fd)> {
@@ -427,13 +462,26 @@ impl Fsx {
         };
         let (m, p) = (open(self.pm(rel)), open(self.pp(rel)));
         match (m, p) {
-            (Ok(m), Ok(p)) => Some((m, p)),
-            (Err(a), Err(b)) if a == b => None,
+            (Ok(m), Ok(p)) => {
+                self.note(true);
+                Some((m, p))
+            }
+            (Err(a), Err(b)) if a == b => {
+                self.note(false);
+                None
+            }
             (m, p) => self.fail(format!(
                 "open {rel} flags {flags:#o}: veilfs {:?}, plain {:?}",
-                m.map(|_| "ok").map_err(|e| e),
-                p.map(|_| "ok").map_err(|e| e)
+                m.map(|_| "ok"),
+                p.map(|_| "ok")
             )),
+        }
+    }
+
+    /// Counts a failed first syscall of the current operation (for the summary).
+    fn note(&self, ok: bool) {
+        if !ok {
+            self.stats.borrow_mut().entry(self.cur_op).or_default().1 += 1;
         }
     }
 
@@ -479,6 +527,17 @@ impl Fsx {
             0..=2 => self.rng.pick(&DIRS),
             3 => self.rng.pick(&LINKS),
             _ => self.rng.pick(&FILES),
+        }
+    }
+
+    /// Usually a name of `pool` that does not exist (so link/symlink/mkdir mostly succeed).
+    fn pick_free(&mut self, pool: &[&'static str]) -> &'static str {
+        let free: Vec<&'static str> =
+            pool.iter().copied().filter(|r| lstat(&self.pp(r)) == Err(Errno(libc::ENOENT))).collect();
+        if free.is_empty() || self.rng.chance(30) {
+            self.rng.pick(pool)
+        } else {
+            self.rng.pick(&free)
         }
     }
 
@@ -697,6 +756,50 @@ impl Fsx {
         self.close2(m, p);
     }
 
+    /// O_DIRECT read or write at any alignment (both tmpfs and FUSE accept it); under the
+    /// writeback cache this checks that direct I/O and cached pages agree.
+    fn op_direct(&mut self) {
+        let rel = self.pick_file();
+        let size = self.size_of(rel);
+        let off = self.pick_off(size);
+        let len = self.pick_len();
+        let write = self.rng.chance(50);
+        self.log(format!("O_DIRECT {} {rel} off={off} len={len}", if write { "pwrite" } else { "pread" }));
+        let Some((m, p)) = self.open2(rel, libc::O_RDWR | libc::O_DIRECT, 0) else { return };
+        if write {
+            let data = self.rng.bytes(len);
+            self.same("O_DIRECT pwrite", pwrite(&m, &data, off), pwrite(&p, &data, off));
+        } else {
+            self.same_data(
+                &format!("O_DIRECT pread {rel} off={off} len={len}"),
+                pread(&m, len, off),
+                pread(&p, len, off),
+            );
+        }
+        self.cmp_fstat(rel, &m, &p);
+        self.close2(m, p);
+    }
+
+    fn op_copy_range(&mut self) {
+        let (src, dst) = (self.pick_file(), self.pick_file());
+        let (ssize, dsize) = (self.size_of(src), self.size_of(dst));
+        let (off_in, off_out) = (self.pick_off(ssize), self.pick_off(dsize));
+        let len = self.pick_len();
+        self.log(format!("copy_file_range {src}@{off_in} -> {dst}@{off_out} len={len}"));
+        let Some((mi, pi)) = self.open2(src, libc::O_RDONLY, 0) else { return };
+        let Some((mo, po)) = self.open2(dst, libc::O_WRONLY, 0) else { return };
+        let cfr = |i: &Fd, o: &Fd| {
+            let (mut a, mut b) = (off_in as i64, off_out as i64);
+            // SAFETY: valid descriptors and offset pointers.
+            ck(unsafe { libc::copy_file_range(i.0, &mut a, o.0, &mut b, len, 0) } as i64)
+        };
+        self.same("copy_file_range", cfr(&mi, &mo), cfr(&pi, &po));
+        self.cmp_fstat(dst, &mo, &po);
+        self.close2(mi, pi);
+        self.close2(mo, po);
+        self.cmp_lstat(dst);
+    }
+
     fn op_handle_open(&mut self) {
         if self.handles.len() >= MAX_HANDLES {
             return self.op_handle_close();
@@ -796,8 +899,15 @@ impl Fsx {
     }
 
     fn op_rename(&mut self) {
-        let src = self.pick_entry();
-        let dst = self.pick_entry();
+        if self.no_open_unlinked {
+            self.close_all();
+        }
+        let files: Vec<&str> = FILES.iter().chain(&LINKS).copied().collect();
+        let (src, dst) = match self.rng.below(20) {
+            0..=14 => (self.rng.pick(&files), self.rng.pick(&files)),
+            15..=17 => (self.rng.pick(&DIRS), self.rng.pick(&DIRS)),
+            _ => (self.pick_entry(), self.pick_entry()),
+        };
         let (flags, name) = match self.rng.below(20) {
             0..=16 => (0, "rename"),
             17 | 18 => (libc::RENAME_NOREPLACE, "rename NOREPLACE"),
@@ -816,7 +926,7 @@ impl Fsx {
 
     fn op_link(&mut self) {
         let src = self.pick_file();
-        let dst = self.pick_file();
+        let dst = if self.rng.chance(70) { self.pick_free(&FILES) } else { self.pick_file() };
         self.log(format!("link {src} -> {dst}"));
         // SAFETY: valid C strings.
         self.sys2("link", src, dst, |a, b| unsafe { libc::link(a.as_ptr(), b.as_ptr()) } as i64);
@@ -825,6 +935,9 @@ impl Fsx {
     }
 
     fn op_unlink(&mut self) {
+        if self.no_open_unlinked {
+            self.close_all();
+        }
         let rel = self.pick_file();
         self.log(format!("unlink {rel}"));
         // SAFETY: valid C string.
@@ -833,7 +946,7 @@ impl Fsx {
     }
 
     fn op_mkdir(&mut self) {
-        let rel = if self.rng.chance(80) { self.rng.pick(&DIRS) } else { self.pick_file() };
+        let rel = if self.rng.chance(95) { self.pick_free(&DIRS) } else { self.pick_file() };
         let mode = self.rng.pick(&[0o755, 0o700, 0o2775]);
         self.log(format!("mkdir {rel} {mode:o}"));
         // SAFETY: valid C string.
@@ -842,6 +955,9 @@ impl Fsx {
     }
 
     fn op_rmdir(&mut self) {
+        if self.no_open_unlinked {
+            self.close_all();
+        }
         let rel = if self.rng.chance(80) { self.rng.pick(&DIRS) } else { self.pick_file() };
         self.log(format!("rmdir {rel}"));
         // SAFETY: valid C string.
@@ -855,7 +971,7 @@ impl Fsx {
         } else {
             self.rng.pick(&TARGETS).to_string()
         };
-        let rel = if self.rng.chance(60) { self.rng.pick(&LINKS) } else { self.pick_file() };
+        let rel = if self.rng.chance(60) { self.pick_free(&LINKS) } else { self.pick_file() };
         self.log(format!("symlink {rel} -> {target:?}"));
         let t = CString::new(target).unwrap();
         // SAFETY: valid C strings.
@@ -883,7 +999,12 @@ impl Fsx {
 
     fn op_chown(&mut self) {
         let rel = self.pick_entry();
-        let (uid, gid) = (self.rng.pick(&IDS), self.rng.pick(&IDS));
+        let (uid, mut gid) = (self.rng.pick(&IDS), self.rng.pick(&IDS));
+        if uid == u32::MAX && gid == u32::MAX {
+            // chown(-1, -1) does not clear set-id bits on veilfs (the kernel sends FUSE only a
+            // ctime change with killpriv_v2): a known, minor difference, so not generated.
+            gid = 0;
+        }
         let nofollow = self.rng.chance(50);
         let name = if nofollow { "lchown" } else { "chown" };
         self.log(format!("{name} {rel} {} {}", uid as i32, gid as i32));
@@ -909,12 +1030,17 @@ impl Fsx {
         };
         let times = [t(), t()];
         let nofollow = self.rng.chance(30);
+        let show = |t: &libc::timespec| {
+            if t.tv_nsec == libc::UTIME_OMIT {
+                "OMIT".to_string()
+            } else {
+                format!("{}.{:09}", t.tv_sec, t.tv_nsec)
+            }
+        };
         self.log(format!(
-            "utimensat {rel} atime={}.{} mtime={}.{}{}",
-            times[0].tv_sec,
-            times[0].tv_nsec,
-            times[1].tv_sec,
-            times[1].tv_nsec,
+            "utimensat {rel} atime={} mtime={}{}",
+            show(&times[0]),
+            show(&times[1]),
             if nofollow { " NOFOLLOW" } else { "" }
         ));
         let flags = if nofollow { libc::AT_SYMLINK_NOFOLLOW } else { 0 };
@@ -923,8 +1049,12 @@ impl Fsx {
             .sys("utimensat", rel, |c| unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), flags) }
                 as i64);
         if r {
+            // Only the times that were set (an omitted atime differs legitimately).
+            let (seta, setm) = (times[0].tv_nsec != libc::UTIME_OMIT, times[1].tv_nsec != libc::UTIME_OMIT);
             let f = |p: PathBuf| {
-                raw_stat(&p, !nofollow).map(|s| (s.st_atime, s.st_atime_nsec, s.st_mtime, s.st_mtime_nsec))
+                raw_stat(&p, !nofollow).map(|s| {
+                    (seta.then_some((s.st_atime, s.st_atime_nsec)), setm.then_some((s.st_mtime, s.st_mtime_nsec)))
+                })
             };
             self.same(&format!("times of {rel} after utimensat"), f(self.pm(rel)), f(self.pp(rel)));
         }
@@ -1032,44 +1162,79 @@ impl Fsx {
 
     fn one_op(&mut self) {
         type Op = fn(&mut Fsx);
-        const OPS: [(u64, Op); 26] = [
-            (14, Fsx::op_write),
-            (10, Fsx::op_read),
-            (5, Fsx::op_append),
-            (3, Fsx::op_open_trunc),
-            (6, Fsx::op_truncate),
-            (2, Fsx::op_fallocate),
-            (5, Fsx::op_mmap_write),
-            (2, Fsx::op_mmap_read),
-            (4, Fsx::op_handle_open),
-            (3, Fsx::op_handle_close),
-            (8, Fsx::op_handle_write),
-            (5, Fsx::op_handle_read),
-            (3, Fsx::op_handle_truncate),
-            (1, Fsx::op_handle_sync),
-            (7, Fsx::op_rename),
-            (4, Fsx::op_link),
-            (4, Fsx::op_unlink),
-            (3, Fsx::op_mkdir),
-            (3, Fsx::op_rmdir),
-            (3, Fsx::op_symlink),
-            (2, Fsx::op_readlink),
-            (2, Fsx::op_chmod),
-            (2, Fsx::op_chown),
-            (2, Fsx::op_utimens),
-            (3, Fsx::op_xattr),
-            (3, Fsx::op_readdir),
+        const OPS: [(u64, &str, Op); 28] = [
+            (14, "write", Fsx::op_write),
+            (10, "read", Fsx::op_read),
+            (5, "append", Fsx::op_append),
+            (3, "open_trunc", Fsx::op_open_trunc),
+            (6, "truncate", Fsx::op_truncate),
+            (2, "fallocate", Fsx::op_fallocate),
+            (5, "mmap_write", Fsx::op_mmap_write),
+            (2, "mmap_read", Fsx::op_mmap_read),
+            (3, "direct", Fsx::op_direct),
+            (3, "copy_range", Fsx::op_copy_range),
+            (4, "handle_open", Fsx::op_handle_open),
+            (3, "handle_close", Fsx::op_handle_close),
+            (8, "handle_write", Fsx::op_handle_write),
+            (5, "handle_read", Fsx::op_handle_read),
+            (3, "handle_truncate", Fsx::op_handle_truncate),
+            (1, "handle_sync", Fsx::op_handle_sync),
+            (7, "rename", Fsx::op_rename),
+            (4, "link", Fsx::op_link),
+            (4, "unlink", Fsx::op_unlink),
+            (3, "mkdir", Fsx::op_mkdir),
+            (3, "rmdir", Fsx::op_rmdir),
+            (3, "symlink", Fsx::op_symlink),
+            (2, "readlink", Fsx::op_readlink),
+            (2, "chmod", Fsx::op_chmod),
+            (2, "chown", Fsx::op_chown),
+            (2, "utimens", Fsx::op_utimens),
+            (3, "xattr", Fsx::op_xattr),
+            (3, "readdir", Fsx::op_readdir),
         ];
         let total: u64 = OPS.iter().map(|o| o.0).sum();
         let mut x = self.rng.below(total + 3);
-        if x >= total {
-            return self.op_stat();
-        }
-        for (w, op) in OPS {
-            if x < w {
-                return op(self);
+        let (name, op): (&'static str, Op) = OPS
+            .iter()
+            .find(|o| {
+                let hit = x < o.0;
+                x = x.wrapping_sub(o.0);
+                hit
+            })
+            .map_or(("stat", Fsx::op_stat), |o| (o.1, o.2));
+        self.cur_op = name;
+        self.stats.borrow_mut().entry(name).or_default().0 += 1;
+        op(self);
+    }
+
+    /// Keeps the name space useful: "a" and "b" are directories again, and now and then a file
+    /// name that became a directory is removed recursively. (Compared like any operation.)
+    fn fixup(&mut self) {
+        for d in ["a", "b"] {
+            match lstat(&self.pp(d)) {
+                Ok(st) if st.kind == "dir" => continue,
+                Ok(_) => {
+                    self.log(format!("fixup: unlink {d}"));
+                    // SAFETY: valid C string.
+                    self.sys("unlink", d, |c| unsafe { libc::unlink(c.as_ptr()) } as i64);
+                }
+                Err(_) => {}
             }
-            x -= w;
+            self.log(format!("fixup: mkdir {d}"));
+            // SAFETY: valid C string.
+            self.sys("mkdir", d, |c| unsafe { libc::mkdir(c.as_ptr(), 0o755) } as i64);
+        }
+        if self.rng.chance(5) {
+            let rel = if self.rng.chance(80) { self.rng.pick(&FILES) } else { self.rng.pick(&LINKS) };
+            if lstat(&self.pp(rel)).is_ok_and(|s| s.kind == "dir") {
+                if self.no_open_unlinked {
+                    self.close_all();
+                }
+                self.log(format!("fixup: rm -r {rel}"));
+                let f = |p: PathBuf| std::fs::remove_dir_all(p).map_err(|e| Errno(e.raw_os_error().unwrap_or(0)));
+                self.same(&format!("rm -r {rel}"), f(self.pm(rel)), f(self.pp(rel)));
+                self.cmp_lstat(rel);
+            }
         }
     }
 
@@ -1106,34 +1271,47 @@ impl Fsx {
         }
     }
 
-    /// Runs the whole sequence, comparing the trees at checkpoints, remounting at `remount_at`.
-    fn run(&mut self, m: &mut Mounted, remount_at: Option<usize>) {
+    /// Runs the whole sequence, comparing the trees at checkpoints, remounting every `remount_every`
+    /// operations and at the end.
+    fn run(&mut self, m: &mut Mounted, remount_every: usize) {
         for d in ["a", "b"] {
             // SAFETY: valid C string.
             assert!(self.sys("mkdir", d, |c| unsafe { libc::mkdir(c.as_ptr(), 0o755) } as i64));
         }
-        let checkpoint = (self.ops / 5).max(1);
         let t0 = Instant::now();
         for step in 0..self.ops {
             self.step = step;
-            if remount_at == Some(step) {
+            if step > 0 && step % remount_every == 0 {
                 self.close_all();
                 self.compare_trees("before remount");
                 self.log("remount".into());
                 m.remount();
                 self.compare_trees("after remount");
-            } else if step > 0 && step % checkpoint == 0 {
+            } else if step > 0 && step % CHECKPOINT == 0 {
                 self.compare_trees("checkpoint");
             }
+            self.fixup();
             self.one_op();
         }
         self.step = self.ops;
+        if std::env::var("VEILFS_FSX_DUMP").is_ok() {
+            eprintln!("{}", String::from_utf8_lossy(&sh(&format!("cd {} && ls -laR", self.plain.display())).stdout));
+        }
         self.close_all();
         self.compare_trees("end");
         // Once more after a remount: everything written must have reached the ciphertext.
         m.remount();
         self.compare_trees("after final remount");
-        eprintln!("fsx[{}]: seed {} passed {} ops in {:.1?}", self.test, self.seed, self.ops, t0.elapsed());
+        let summary: Vec<String> =
+            self.stats.borrow().iter().map(|(k, (n, e))| format!("{k} {n} ({e} failed alike)")).collect();
+        eprintln!(
+            "fsx[{}]: seed {} passed {} ops in {:.1?}: {}",
+            self.test,
+            self.seed,
+            self.ops,
+            t0.elapsed(),
+            summary.join(", ")
+        );
     }
 }
 
@@ -1145,7 +1323,7 @@ fn fsx(test: &'static str, extra: &[&str]) {
          VEILFS_FSX_OPS={ops} cargo test --release --test fsx {test})"
     );
     let mut f = Fsx::new(test, &m, seed, ops);
-    f.run(&mut m, Some(ops / 2));
+    f.run(&mut m, (ops / 3).max(1));
 }
 
 /// Default mount (writeback cache), with a remount half-way and at the end.
@@ -1158,4 +1336,57 @@ fn fsx_writeback() {
 #[test]
 fn fsx_no_writeback() {
     fsx("fsx_no_writeback", &["--no-writeback"]);
+}
+
+/// REPRODUCER for a bug found by this fuzzer (and by stress-ng's sync-file, msync, revio,
+/// fallocate, io, iomix, copy-file, fsize and aio stressors): a file that is still open after its
+/// last name was removed (unlink, or a rename over it) must stay fully usable, as on any local
+/// file system. veilfs answers SETATTR on such a node with ESTALE (`do_setattr` looks up the
+/// node's first name even when an open handle exists), so ftruncate, fchmod, fchown and futimens
+/// fail with ESTALE, and with the writeback cache (which flushes mtime/ctime through SETATTR)
+/// so do fsync, fallocate and even close (ESTALE or EIO).
+#[test]
+fn reproducer_open_unlinked_file_stays_usable() {
+    let mut failures = Vec::new();
+    for extra in [&[][..], &["--no-writeback"][..]] {
+        let Some(m) = Mounted::new("256m", extra) else { return };
+        for (base, side) in [(&m.mnt, "veilfs"), (&m.plain, "plain")] {
+            let path = cpath(&base.join("gone"));
+            let other = cpath(&base.join("other"));
+            for replace in [false, true] {
+                // SAFETY: valid C strings, descriptors and buffers throughout.
+                unsafe {
+                    let fd = Fd(libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o644));
+                    assert!(fd.0 >= 0);
+                    assert_eq!(libc::write(fd.0, b"hello".as_ptr().cast(), 5), 5);
+                    if replace {
+                        std::fs::write(base.join("other"), b"new").unwrap();
+                        assert_eq!(libc::rename(other.as_ptr(), path.as_ptr()), 0);
+                    } else {
+                        assert_eq!(libc::unlink(path.as_ptr()), 0);
+                    }
+                    let how = if replace { "renamed over" } else { "unlinked" };
+                    let times = [libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 0 }; 2];
+                    let steps: [(&str, i64); 6] = [
+                        ("ftruncate", libc::ftruncate(fd.0, 100) as i64),
+                        ("fchmod", libc::fchmod(fd.0, 0o600) as i64),
+                        ("fchown", libc::fchown(fd.0, 1000, 1000) as i64),
+                        ("futimens", libc::futimens(fd.0, times.as_ptr()) as i64),
+                        ("pwrite", libc::pwrite(fd.0, b"x".as_ptr().cast(), 1, 200) as i64),
+                        ("fsync", libc::fsync(fd.0) as i64),
+                    ];
+                    for (what, r) in steps {
+                        if let Err(e) = ck(r) {
+                            failures.push(format!("{side} {extra:?}: {what} of an open, {how} file: {e:?}"));
+                        }
+                    }
+                    if let Err(e) = fd.close() {
+                        failures.push(format!("{side} {extra:?}: close of an open, {how} file: {e:?}"));
+                    }
+                }
+            }
+            let _ = std::fs::remove_file(base.join("gone"));
+        }
+    }
+    assert!(failures.is_empty(), "operations on open files whose name is gone failed:\n{}", failures.join("\n"));
 }
