@@ -286,6 +286,12 @@ impl VeilFs {
         }
     }
 
+    /// The inode's open file, if some handle has it open (it stays usable after its last
+    /// name is gone, like any open file).
+    pub(crate) fn open_crypt(&self, node: &Node) -> Option<Arc<CryptFile>> {
+        node.file.as_ref().and_then(|f| f.open.lock().as_ref().map(|(c, _)| c.clone()))
+    }
+
     fn current_size(&self, f: &crate::inodes::FileState, crypt: &CryptFile) -> io::Result<u64> {
         if self.opts.shared_storage {
             let s = crypt.plain_size().map_err(cerr)?;
@@ -977,6 +983,21 @@ impl VeilFs {
             }
             return Ok(self.attr_of(&node, &sys::fstat(fd)?));
         }
+        // An open file is changed through its fd: that also works once its names are gone.
+        let open = self.handles.file_opt(fh).map(|h| h.crypt.clone()).or_else(|| self.open_crypt(&node));
+        if let Some(c) = open {
+            let fd = c.backing().as_fd();
+            if let Some(m) = mode {
+                sys::fchmod(fd, m & 0o7777)?;
+            }
+            if uid.is_some() || gid.is_some() {
+                sys::fchownat(fd, b"", uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
+            }
+            if set_times {
+                sys::futimens(fd, &times)?;
+            }
+            return Ok(self.attr_of(&node, &sys::fstat(fd)?));
+        }
         let l = node.link()?;
         let pfd = l.parent.dir()?.cd.fd();
         let name = l.on_disk.as_bytes();
@@ -1015,6 +1036,9 @@ impl VeilFs {
         if let Some(d) = &node.dir {
             return on_fd(d.cd.fd());
         }
+        if let Some(c) = self.open_crypt(node) {
+            return on_fd(c.backing().as_fd());
+        }
         let l = node.link()?;
         on_path(&sys::proc_path(l.parent.dir()?.cd.fd(), Some(l.on_disk.as_bytes()))?)
     }
@@ -1050,6 +1074,21 @@ impl VeilFs {
         let node = self.nodes.get(ino)?;
         let stored = self.xattr.encrypt_name(&node.identity, name).map_err(cerr)?;
         let blob = self.xattr.encrypt_value(&node.identity, &stored, value);
+        // Stored names are longer than plaintext ones: refuse a new attribute whose name
+        // would push the list past the kernel's 64 KiB listxattr limit, instead of letting
+        // every later listxattr fail.
+        const XATTR_LIST_MAX: usize = 65536;
+        let list_len = self.with_xattr(&node, |fd| sys::flistxattr(fd, &mut []), |p| sys::llistxattr(p, &mut []))?;
+        if list_len + stored.len() + 1 > XATTR_LIST_MAX {
+            let exists = self.with_xattr(
+                &node,
+                |fd| sys::fgetxattr(fd, stored.as_bytes(), &mut []),
+                |p| sys::lgetxattr(p, stored.as_bytes(), &mut []),
+            );
+            if exists.is_err() {
+                return Err(errno(libc::ENOSPC));
+            }
+        }
         self.with_xattr(
             &node,
             |fd| sys::fsetxattr(fd, stored.as_bytes(), &blob, flags),
