@@ -362,6 +362,28 @@ mod tests {
         assert!(c.decrypt_name(&iv2, &k.d).is_err());
     }
 
+    #[test]
+    fn every_name_length_round_trips() {
+        let c = cipher();
+        let iv = [4u8; 16];
+        for len in 1..=NAME_MAX {
+            // Every byte value but '/' and NUL appears across the lengths.
+            let name: Vec<u8> = (0..len)
+                .map(|i| [1u8, b'a', 0xff, b' ', 0x80, b'.'][i % 6].wrapping_add((len % 7) as u8))
+                .map(|b| if b == b'/' || b == 0 { b'x' } else { b })
+                .collect();
+            let k = c.name_key(&iv, &name).unwrap();
+            let s = c.bind(&iv, &k.d, EntryKind::Dir, &[len as u8; 16]);
+            let entry = k.entry_name(&s);
+            assert!(entry.len() <= NAME_MAX, "length {len}: entry of {} bytes", entry.len());
+            assert_eq!(k.side_file.is_some(), len > 142, "length {len}: long-name threshold");
+            let parsed = ParsedEntry::parse(entry.as_bytes());
+            let side = k.side_file_contents();
+            let d = c.entry_d(&parsed, |_| Ok(side.clone().unwrap().into_bytes())).unwrap();
+            assert_eq!(c.decrypt_name(&iv, &d).unwrap(), name, "length {len}");
+        }
+    }
+
     proptest! {
         #[test]
         fn every_name_round_trips(name in prop::collection::vec(1u8..=255, 1..=255)) {
