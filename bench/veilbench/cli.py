@@ -28,7 +28,7 @@ from pathlib import Path
 from . import SCHEMA, backing as backing_mod, report
 from .datasets import BUILD_PACKAGES, Datasets
 from .filesystems import Ext4LoopFs, Filesystem, Secrets, ensure_installed, registry
-from .mounts import force_unmount, mounts_under
+from .mounts import force_unmount, is_mounted, mounts_under
 from .proc import (Cleanup, Interrupted, StepError, ignore_signals, install_signal_handlers,
                    run, which)
 from .progress import Progress
@@ -350,7 +350,7 @@ class Runner:
                 record["errors"] = {k: v for k, v in record["errors"].items()
                                     if k not in record["values"] and k not in record["na"]}
             self.cleanup.release(store_token)
-            if mnt.exists() and not os.path.ismount(mnt):
+            if not is_mounted(mnt):   # never stat a possibly hung mount point
                 mnt.rmdir()
         record["seconds"] = time.time() - record["started"]
         # Other work on the machine skews timings; keep the evidence per run.

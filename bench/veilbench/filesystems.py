@@ -203,8 +203,8 @@ class FuseFs(Filesystem):
     def _stop(self, m: Mount, timeout: float) -> None:
         """Unmount by path, give the daemon time to flush and exit, then kill
         the PID if it is still there."""
-        if m.mountpoint is not None:
-            force_unmount(m.mountpoint, timeout=timeout)
+        if m.mountpoint is not None and not force_unmount(m.mountpoint, timeout=timeout):
+            timeout = 1   # the daemon did not answer: do not wait for it to exit
         if m.proc is not None:
             try:
                 m.proc.wait(timeout=timeout)

@@ -9,21 +9,29 @@ hung daemon can always be got rid of.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
 from pathlib import Path
 
-from .proc import StepError, run, which
+from .proc import StepError, run
 
 
 def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+def _canonical(path: Path) -> str:
+    """Absolute path with symlinks resolved in the *parent* only: resolving
+    the path itself would stat the mount point and hang on a dead daemon."""
+    path = Path(os.path.abspath(path))
+    return str(path.parent.resolve(strict=False) / path.name)
+
+
 def mount_entry(path: Path) -> dict | None:
     """The last mountinfo entry whose mount point is *path*, or None."""
-    target = str(Path(path).resolve(strict=False))
+    target = _canonical(path)
     found = None
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
@@ -36,7 +44,7 @@ def mount_entry(path: Path) -> dict | None:
 
 def mounts_under(path: Path) -> list[str]:
     """Mount points at or below *path*."""
-    root = str(Path(path).resolve(strict=False))
+    root = _canonical(path)
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = _unescape(line.split()[4])
@@ -80,25 +88,25 @@ def abort_fuse_connection(path: Path) -> bool:
         return False
 
 
-def force_unmount(path: Path, timeout: float = 30) -> None:
-    """Unmount *path* by path, escalating until it is gone (or raising)."""
+def force_unmount(path: Path, timeout: float = 30) -> bool:
+    """Unmount *path* by path, escalating until it is gone (or raising).
+
+    A polite unmount gets a short time (it hangs if the daemon is stopped
+    or wedged); then the FUSE connection is aborted, which fails every
+    pending request, and the unmount is retried, lazily as a last resort.
+    Returns True if the polite unmount worked (the daemon is alive and can
+    be given time to exit), False if force was needed."""
     path = Path(path)
-    attempts = [["umount", str(path)]]
-    if which("fusermount3"):
-        attempts.append(["fusermount3", "-u", str(path)])
-    for argv in attempts:
+    polite = min(timeout, 15)
+    clean = True
+    for argv in (["umount", str(path)], ["umount", str(path)], ["umount", "-l", str(path)]):
         if not is_mounted(path):
-            return
+            return clean
         try:
-            run(argv, timeout=timeout)
+            run(argv, timeout=polite)
         except StepError:
-            continue
-    if not is_mounted(path):
-        return
-    abort_fuse_connection(path)
-    try:
-        run(["umount", "-l", str(path)], timeout=timeout)
-    except StepError:
-        pass
+            clean = False
+            abort_fuse_connection(path)
     if is_mounted(path):
         raise StepError(f"could not unmount {path}")
+    return clean
