@@ -32,6 +32,8 @@ def check_cell(cell, where: str, problems: list[str]) -> str:
         problems.append(f"{where}: not an object")
         return "bad"
     if "median" in cell:
+        if cell.get("failed") and not isinstance(cell.get("error"), str):
+            problems.append(f"{where}: partial failure without an error string")
         nums = [cell.get(k) for k in ("median", "min", "max")]
         if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in nums):
             problems.append(f"{where}: median/min/max must be finite numbers: {cell}")

@@ -72,6 +72,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-install", action="store_true",
                    help="do not apt-get/pip install missing tools")
     p.add_argument("--title", default=None, help="title for the chart and tables")
+    p.add_argument("--render", type=Path, metavar="DIR", default=None,
+                   help="only re-render DIR/results.json into tables and chart (no benchmark)")
     args = p.parse_args(argv)
     args.fs = _split(args.fs, fs_names, "filesystem")
     args.workloads = _split(args.workloads, list(GROUPS_BY_NAME), "workload group")
@@ -388,6 +390,8 @@ class Runner:
             "finished": final and self.interrupted is None,
             "interrupted": self.interrupted,
             "command": "bench/run " + " ".join(sys.argv[1:]),
+            "title": self.args.title or ("veilbench quick smoke run" if self.args.quick
+                                         else "veilbench results"),
             "quick": self.args.quick,
             "plan": self.plan,
             "backings": list(self.plan),
@@ -410,42 +414,7 @@ class Runner:
 
     def write_reports(self) -> None:
         doc = self.write_json(final=True)
-        title = self.args.title or ("veilbench quick smoke run" if self.args.quick
-                                    else "veilbench results")
-        header = self._markdown_header(doc, title)
-        parts = []
-        for b in self.plan:
-            parts.append(report.markdown({b: doc["summary"][b]}, self.metrics_for(b),
-                                         self.args.fs, {k: v["title"] for k, v in self.fs_info.items()},
-                                         header if not parts else "").strip())
-        (self.args.out / "results.md").write_text("\n\n".join(parts) + "\n")
-        try:
-            metrics = self.metrics_for(next(iter(self.plan)))
-            summary = {b: {fs: {m.name: doc["summary"][b][fs].get(m.name, {"na": "not run"})
-                                for m in metrics} for fs in self.args.fs} for b in self.plan}
-            report.chart(summary, metrics, self.args.fs, self.args.out / "chart.png", title)
-        except ImportError as exc:
-            self.log(f"no chart: {exc}")
-
-    def _markdown_header(self, doc: dict, title: str) -> str:
-        m = doc["machine"]
-        lines = [f"# {title}", "",
-                 f"`{doc['command']}` — {doc['created']}"
-                 + ("" if doc["finished"] else f" — **incomplete run** ({doc['interrupted']})"), "",
-                 f"Machine: {m.get('cpu')} × {m.get('cpus')} CPUs, {m.get('memory_gib')} GiB RAM, "
-                 f"kernel {m.get('kernel')}, {m.get('os')}; disk backing: {m.get('disk_fs')}.", ""]
-        versions = [f"{fs} {i['version']}".strip() for fs, i in self.fs_info.items()
-                    if i["available"] and i["version"]]
-        if versions:
-            lines += ["Versions: " + "; ".join(versions) + ".", ""]
-        tree = doc["datasets"].get("kernel_tree", {}).get("description")
-        if tree:
-            lines += [f"Kernel tree: {tree}.", ""]
-        for b, p in self.plan.items():
-            reps = sorted(set(p["reps"].values()))
-            lines.append(f"- {b}: groups {', '.join(p['groups'])}; repetitions "
-                         + "/".join(map(str, reps)))
-        return "\n".join(lines) + "\n"
+        report.write_outputs(doc, self.args.out, self.log)
 
     # -------------------------------------------------------------- main
     def main(self) -> int:
@@ -486,6 +455,21 @@ def _dpkg_installed(package: str) -> bool:
     return res.returncode == 0 and b"install ok installed" in res.stdout
 
 
+def render(out: Path, title: str | None) -> int:
+    """Recompute summaries from the raw runs in *out*/results.json and
+    redraw the tables and chart (after a report change, or to retitle)."""
+    path = out / "results.json"
+    doc = json.loads(path.read_text())
+    if title:
+        doc["title"] = title
+    doc["summary"] = report.summarize_doc(doc)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    report.write_outputs(doc, out, lambda m: print(m, file=sys.stderr))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.render is not None:
+        return render(args.render, args.title)
     return Runner(args).main()

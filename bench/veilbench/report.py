@@ -29,14 +29,28 @@ def summarize(runs: list[dict], backings, filesystems, metrics: list[Metric]) ->
     return out
 
 
+def summarize_doc(doc: dict) -> dict:
+    """summarize() for a results.json document (used by ``--render``)."""
+    return {b: summarize(doc["runs"], [b], doc["filesystems"],
+                         [Metric(**m) for m in doc["metrics"][b]])[b]
+            for b in doc["backings"]}
+
+
 def _cell(runs: list[dict], metric: Metric) -> dict:
     if metric.name == PEAK_RSS.name:
         values = _peak_rss_per_rep(runs)
     else:
         values = [r["values"][metric.name] for r in runs if metric.name in r["values"]]
+    failed = [r["errors"][metric.name] for r in runs if metric.name in r.get("errors", {})]
     if values:
-        return {"median": statistics.median(values), "min": min(values), "max": max(values),
+        cell = {"median": statistics.median(values), "min": min(values), "max": max(values),
                 "n": len(values), "values": values}
+        if failed:
+            # Some repetitions failed: the median is over the others, and the
+            # failure must stay visible next to it.
+            cell["failed"] = len(failed)
+            cell["error"] = failed[0]
+        return cell
     for key in ("na", "errors"):
         reasons = [r[key][metric.name] for r in runs if metric.name in r.get(key, {})]
         if reasons:
@@ -73,9 +87,13 @@ def fmt(x: float) -> str:
 
 def _value_cell(cell: dict, notes: dict) -> str:
     if "median" in cell:
+        text = fmt(cell["median"])
         if cell["n"] > 1 and cell["min"] != cell["max"]:
-            return f"{fmt(cell['median'])} ({fmt(cell['min'])}–{fmt(cell['max'])})"
-        return fmt(cell["median"])
+            text += f" ({fmt(cell['min'])}–{fmt(cell['max'])})"
+        if cell.get("failed"):
+            total = cell["n"] + cell["failed"]
+            text += f" ⚠ {cell['failed']}/{total} failed [{_note(notes, cell['error'])}]"
+        return text
     if "na" in cell:
         return "n/a"
     return f"error [{_note(notes, cell['error'])}]"
@@ -139,6 +157,53 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+# ------------------------------------------------------------------ files
+
+def write_outputs(doc: dict, out: Path, log) -> None:
+    """results.md and chart.png from a results.json document."""
+    filesystems = doc["filesystems"]
+    titles = {k: v["title"] for k, v in doc["fs_info"].items()}
+    metrics = {b: [Metric(**m) for m in doc["metrics"][b]] for b in doc["backings"]}
+    parts = []
+    for b in doc["backings"]:
+        header = markdown_header(doc) if not parts else ""
+        parts.append(markdown({b: doc["summary"][b]}, metrics[b], filesystems, titles,
+                              header).strip())
+    (out / "results.md").write_text("\n\n".join(parts) + "\n")
+    first = metrics[doc["backings"][0]]
+    summary = {b: {fs: {m.name: doc["summary"][b][fs].get(m.name, {"na": "not run"})
+                        for m in first} for fs in filesystems} for b in doc["backings"]}
+    try:
+        chart(summary, first, filesystems, out / "chart.png", doc.get("title", "veilbench"))
+    except ImportError as exc:
+        log(f"no chart: {exc}")
+
+
+def markdown_header(doc: dict) -> str:
+    m = doc.get("machine", {})
+    lines = [f"# {doc.get('title', 'veilbench results')}", "",
+             f"`{doc['command']}` — {doc['created']}"
+             + ("" if doc["finished"] else f" — **incomplete run** ({doc['interrupted']})"), "",
+             f"Machine: {m.get('cpu')} × {m.get('cpus')} CPUs, {m.get('memory_gib')} GiB RAM, "
+             f"kernel {m.get('kernel')}, {m.get('os')}; disk backing: {m.get('disk_fs')}.", ""]
+    versions = [f"{fs} {i['version']}".strip() for fs, i in doc["fs_info"].items()
+                if i["available"] and i["version"]]
+    if versions:
+        lines += ["Versions: " + "; ".join(versions) + ".", ""]
+    tree = doc.get("datasets", {}).get("kernel_tree", {}).get("description")
+    if tree:
+        lines += [f"Kernel tree: {tree}.", ""]
+    loads = [r["loadavg_1min"] for r in doc["runs"] if "loadavg_1min" in r]
+    if loads:
+        lines += [f"1-minute load average during the runs: median {statistics.median(loads):.1f}, "
+                  f"range {min(loads):.1f}–{max(loads):.1f} ({m.get('cpus')} CPUs).", ""]
+    for b, p in doc["plan"].items():
+        reps = sorted(set(p["reps"].values()))
+        lines.append(f"- {b}: groups {', '.join(p['groups'])}; repetitions "
+                     + "/".join(map(str, reps)))
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------ chart
 
 def chart(summary: dict, metrics: list[Metric], filesystems: list[str], path: Path,
@@ -176,7 +241,8 @@ def chart(summary: dict, metrics: list[Metric], filesystems: list[str], path: Pa
         ax.set_title(f"backing: {backing}", fontsize=10)
     bar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.6, pad=0.02)
     bar.set_ticks([-3, -2, -1, 0, 1, 2, 3], labels=["⅛×", "¼×", "½×", "1×", "2×", "4×", "8×"])
-    bar.set_label("relative to plain (>1× = better than plain; grey = error / n/a)", fontsize=8)
+    bar.set_label("relative to plain (>1× = better than plain; grey = error / n/a; "
+                  "⚠ = some repetitions failed)", fontsize=8)
     fig.suptitle(title, fontsize=11)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
@@ -218,4 +284,6 @@ def _heat(per_fs, metrics, filesystems):
                 texts[(i, j)] = f"{r:.2f}×\n{fmt(cell['median'])}"
             else:
                 texts[(i, j)] = fmt(cell["median"])
+            if cell.get("failed"):
+                texts[(i, j)] += f"\n⚠ {cell['failed']} failed"
     return grid, texts
