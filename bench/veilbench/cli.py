@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -389,7 +390,7 @@ class Runner:
             "created": self.started.isoformat(timespec="seconds"),
             "finished": final and self.interrupted is None,
             "interrupted": self.interrupted,
-            "command": "bench/run " + " ".join(sys.argv[1:]),
+            "command": "bench/run " + shlex.join(sys.argv[1:]),
             "title": self.args.title or ("veilbench quick smoke run" if self.args.quick
                                          else "veilbench results"),
             "quick": self.args.quick,

@@ -130,6 +130,13 @@ class FuseFs(Filesystem):
         return None
 
     def version(self) -> str:
+        """The Debian package version when it comes from a package (some
+        tools print no usable version), else the tool's own first line."""
+        if self.packages:
+            res = run(["dpkg-query", "-W", "-f", "${Version}", self.packages[0]],
+                      timeout=20, check=False)
+            if res.returncode == 0 and res.stdout.strip():
+                return res.stdout.decode().strip()
         if not self.version_cmd:
             return ""
         res = run(self._fmt(self.version_cmd), timeout=20, check=False)
