@@ -1,0 +1,125 @@
+"""Unit tests of the parts of veilbench that need no root and no mounts:
+the interleaved schedule, ratio direction, summaries (including partial
+failures), Markdown rendering and the output checker.
+
+    python3 -m unittest discover -s bench/tests
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))
+
+from veilbench import SCHEMA, cli, report  # noqa: E402
+from veilbench.workloads import GROUPS_BY_NAME, PEAK_RSS, Metric, all_metrics  # noqa: E402
+import check_outputs  # noqa: E402  (bench/check_outputs.py)
+
+FAST = Metric("speed", "speed", "MiB/s", True)
+SLOW = Metric("time", "time", "s", False)
+
+
+class ScheduleTest(unittest.TestCase):
+    def test_interleaved_and_rotated(self):
+        plan = {"tmpfs": {"groups": ["stream"], "reps": {"stream": 3}}}
+        order = [fs for _, _, _, fs, _ in cli.schedule(plan, ["a", "b", "c"])]
+        self.assertEqual(order, ["a", "b", "c", "b", "c", "a", "c", "a", "b"])
+
+    def test_group_reps_cap(self):
+        args = cli.parse_args(["--backing", "tmpfs", "--workloads", "stream,build",
+                               "--group-reps", "build=1", "--fs", "plain"])
+        plan = cli.make_plan(args)
+        steps = list(cli.schedule(plan, ["plain"]))
+        self.assertEqual(sum(1 for s in steps if s[2] == "build"), 1)
+        self.assertEqual(sum(1 for s in steps if s[2] == "stream"), 3)
+
+
+class RatioTest(unittest.TestCase):
+    def test_direction_is_better_than_reference(self):
+        self.assertAlmostEqual(report.ratio({"median": 200}, {"median": 100}, FAST), 2.0)
+        self.assertAlmostEqual(report.ratio({"median": 50}, {"median": 100}, SLOW), 2.0)
+        self.assertIsNone(report.ratio({"error": "x"}, {"median": 1}, FAST))
+
+
+def _run(fs, rep, values=None, errors=None, na=None):
+    return {"backing": "tmpfs", "fs": fs, "group": "g", "rep": rep,
+            "values": values or {}, "errors": errors or {}, "na": na or {}}
+
+
+class SummaryTest(unittest.TestCase):
+    def test_median_and_partial_failure(self):
+        runs = [_run("x", 0, {"time": 3.0}), _run("x", 1, {"time": 1.0}),
+                _run("x", 2, errors={"time": "boom"})]
+        cell = report.summarize(runs, ["tmpfs"], ["x"], [SLOW])["tmpfs"]["x"]["time"]
+        self.assertEqual((cell["median"], cell["min"], cell["max"], cell["n"]), (2.0, 1.0, 3.0, 2))
+        self.assertEqual((cell["failed"], cell["error"]), (1, "boom"))
+
+    def test_error_and_na_cells(self):
+        runs = [_run("x", 0, errors={"time": "unavailable: nope"}),
+                _run("y", 0, na={"time": "no daemon"})]
+        s = report.summarize(runs, ["tmpfs"], ["x", "y"], [SLOW])["tmpfs"]
+        self.assertEqual(s["x"]["time"], {"error": "unavailable: nope"})
+        self.assertEqual(s["y"]["time"], {"na": "no daemon"})
+
+    def test_peak_rss_is_max_per_rep(self):
+        runs = [_run("x", 0, {"peak_rss": 10.0}), _run("x", 0, {"peak_rss": 30.0}),
+                _run("x", 1, {"peak_rss": 20.0})]
+        cell = report.summarize(runs, ["tmpfs"], ["x"], [PEAK_RSS])["tmpfs"]["x"]["peak_rss"]
+        self.assertEqual(sorted(cell["values"]), [20.0, 30.0])
+
+
+class OutputsTest(unittest.TestCase):
+    """A synthetic results.json rendered by report.write_outputs must pass
+    check_outputs; a broken one must not."""
+
+    def _doc(self):
+        metrics = all_metrics([GROUPS_BY_NAME["stream"]])
+        runs = [{"backing": "tmpfs", "fs": "plain", "group": "stream", "rep": 0,
+                 "values": {"stream_write": 100.0, "stream_read": 200.0},
+                 "na": {"cpu_per_gib": "no FUSE daemon", "peak_rss": "no FUSE daemon"},
+                 "errors": {}},
+                {"backing": "tmpfs", "fs": "veilfs", "group": "stream", "rep": 0,
+                 "values": {}, "na": {},
+                 "errors": {m.name: "unavailable: not built" for m in metrics}}]
+        doc = {"schema": SCHEMA, "created": "now", "finished": True, "interrupted": None,
+               "command": "bench/run --quick", "title": "t", "quick": True,
+               "plan": {"tmpfs": {"groups": ["stream"], "reps": {"stream": 1}}},
+               "backings": ["tmpfs"], "filesystems": ["plain", "veilfs"],
+               "metrics": {"tmpfs": [dict(m.__dict__) for m in metrics]},
+               "groups": {"stream": {"title": "s", "metrics": [m.name for m in
+                                                              GROUPS_BY_NAME["stream"].metrics]}},
+               "fs_info": {"plain": {"title": "plain", "available": True, "reason": None,
+                                     "version": ""},
+                           "veilfs": {"title": "veilfs", "available": False,
+                                      "reason": "not built", "version": ""}},
+               "machine": {}, "datasets": {}, "runs": runs}
+        doc["summary"] = report.summarize_doc(doc)
+        return doc
+
+    def _write(self, doc, out: Path):
+        (out / "results.json").write_text(json.dumps(doc))
+        report.write_outputs(doc, out, lambda m: None)
+
+    def test_rendered_outputs_pass_the_checker(self):
+        with tempfile.TemporaryDirectory() as d:
+            self._write(self._doc(), Path(d))
+            rc = check_outputs.main([d, "--expect-fs", "plain,veilfs", "--expect-backing", "tmpfs"])
+            self.assertEqual(rc, 0)
+
+    def test_checker_rejects_missing_cells_and_bad_png(self):
+        with tempfile.TemporaryDirectory() as d:
+            doc = self._doc()
+            self._write(doc, Path(d))
+            del doc["summary"]["tmpfs"]["veilfs"]["stream_read"]
+            (Path(d) / "results.json").write_text(json.dumps(doc))
+            (Path(d) / "chart.png").write_bytes(b"not a png")
+            self.assertEqual(check_outputs.main([d]), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
