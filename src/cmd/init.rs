@@ -5,7 +5,6 @@ use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
 use veilfs_core::content::ContentCipher;
-use veilfs_core::kdf::Argon2Params;
 use veilfs_core::{InitOptions, Vault};
 
 /// Arguments of `veilfs init`.
@@ -26,15 +25,8 @@ pub struct Args {
     /// Plaintext bytes per encrypted block (power of two, 512..1048576).
     #[arg(long, default_value_t = 4096)]
     pub block_size: u32,
-    /// Argon2id memory in MiB.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.memory_kib / 1024, value_name = "MiB")]
-    pub kdf_memory: u32,
-    /// Argon2id passes.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.iterations)]
-    pub kdf_iterations: u32,
-    /// Argon2id lanes.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.parallelism)]
-    pub kdf_parallelism: u32,
+    #[command(flatten)]
+    pub kdf: super::KdfArgs,
     /// Do not create a recovery key.
     #[arg(long)]
     pub no_recovery_key: bool,
@@ -46,15 +38,7 @@ fn parse_cipher(s: &str) -> Result<ContentCipher, String> {
 
 /// Runs `veilfs init`.
 pub fn run(a: Args) -> Result<i32> {
-    let kdf = Argon2Params {
-        memory_kib: a.kdf_memory.saturating_mul(1024),
-        iterations: a.kdf_iterations,
-        parallelism: a.kdf_parallelism,
-    };
-    kdf.validate()?;
-    if kdf.memory_kib < 64 * 1024 || kdf.iterations < 2 {
-        eprintln!("veilfs: warning: weak key derivation settings; only use them for tests");
-    }
+    let kdf = a.kdf.params()?;
     let password = a.password.read_new("Choose a password")?;
     let opts = InitOptions { cipher: a.cipher, block_size: a.block_size, kdf, recovery_key: !a.no_recovery_key };
     let t = Instant::now();

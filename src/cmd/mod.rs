@@ -14,6 +14,7 @@ pub mod speed;
 use crate::password::PasswordArgs;
 use anyhow::{Context, Result};
 use std::path::Path;
+use veilfs_core::kdf::Argon2Params;
 use veilfs_core::{RecoveryKey, Secret, Vault};
 
 /// How to unlock an existing vault.
@@ -44,6 +45,36 @@ impl UnlockArgs {
         let vault = Vault::open(cipherdir, &secret, self.slot)
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
         Ok(vault)
+    }
+}
+
+/// Argon2id cost options of a new password slot (`init`, `passwd`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct KdfArgs {
+    /// Argon2id memory in MiB.
+    #[arg(long, default_value_t = Argon2Params::DEFAULT.memory_kib / 1024, value_name = "MiB")]
+    pub kdf_memory: u32,
+    /// Argon2id passes.
+    #[arg(long, default_value_t = Argon2Params::DEFAULT.iterations)]
+    pub kdf_iterations: u32,
+    /// Argon2id lanes.
+    #[arg(long, default_value_t = Argon2Params::DEFAULT.parallelism)]
+    pub kdf_parallelism: u32,
+}
+
+impl KdfArgs {
+    /// The parameters, validated.
+    pub fn params(&self) -> Result<Argon2Params> {
+        let p = Argon2Params {
+            memory_kib: self.kdf_memory.saturating_mul(1024),
+            iterations: self.kdf_iterations,
+            parallelism: self.kdf_parallelism,
+        };
+        p.validate()?;
+        if p.memory_kib < 64 * 1024 || p.iterations < 2 {
+            eprintln!("veilfs: warning: weak key derivation settings; only use them for tests");
+        }
+        Ok(p)
     }
 }
 

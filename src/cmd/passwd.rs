@@ -5,7 +5,6 @@ use crate::password::PasswordArgs;
 use anyhow::Result;
 use std::path::PathBuf;
 use veilfs_core::config::SlotKind;
-use veilfs_core::kdf::Argon2Params;
 use veilfs_core::RecoveryKey;
 
 /// Arguments of `veilfs passwd`.
@@ -37,15 +36,8 @@ pub struct Args {
     /// Run CMD and use its first output line as the new password.
     #[arg(long, value_name = "CMD")]
     pub new_extpass: Option<String>,
-    /// Argon2id memory in MiB for the new slot.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.memory_kib / 1024, value_name = "MiB")]
-    pub kdf_memory: u32,
-    /// Argon2id passes for the new slot.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.iterations)]
-    pub kdf_iterations: u32,
-    /// Argon2id lanes for the new slot.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.parallelism)]
-    pub kdf_parallelism: u32,
+    #[command(flatten)]
+    pub kdf: super::KdfArgs,
 }
 
 /// Runs `veilfs passwd`.
@@ -87,11 +79,7 @@ pub fn run(a: Args) -> Result<i32> {
         PasswordArgs { passfile: None, password_stdin: a.unlock.password.password_stdin, extpass: None }
     };
     let new_pw = new_src.read_new("New password")?;
-    let params = Argon2Params {
-        memory_kib: a.kdf_memory.saturating_mul(1024),
-        iterations: a.kdf_iterations,
-        parallelism: a.kdf_parallelism,
-    };
+    let params = a.kdf.params()?;
     let id = cfg.add_password_slot(vault.master_key(), &new_pw, params)?;
     cfg.slots.retain(|s| !drop.contains(&s.id));
     vault.save_config(cfg)?;

@@ -620,15 +620,16 @@ impl VeilFs {
         Ok((node, st, fh))
     }
 
-    /// MKNOD (FIFOs, sockets, device nodes).
-    pub(crate) fn do_mknod(
+    /// Makes a new entry `name` in directory `parent`: under the directory's lock, refuses a
+    /// name in use (EEXIST), lets `make` create the backing object (returning its on-disk name
+    /// and `d_type`), gives it to the caller (`uid`/`gid`) and registers it.
+    fn make_entry(
         &self,
         parent: u64,
         name: &[u8],
-        mode: u32,
-        rdev: u32,
         uid: u32,
         gid: u32,
+        make: impl FnOnce(&DirState, &NameKey) -> io::Result<(String, u8)>,
     ) -> io::Result<(Arc<Node>, libc::stat)> {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
@@ -638,27 +639,38 @@ impl VeilFs {
         if found.is_some() {
             return Err(errno(libc::EEXIST));
         }
+        let owner = self.owner(dir, uid, gid)?;
+        let (on_disk, d_type) = make(dir, &key)?;
+        self.chown_new(dir, &on_disk, &owner)?;
+        self.created(&pnode, &key, &on_disk, d_type, name)
+    }
+
+    /// MKNOD (FIFOs, sockets, device nodes; regular files too).
+    pub(crate) fn do_mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
         let kind = EntryKind::from_mode(mode);
         if kind == EntryKind::Dir {
             return Err(errno(libc::EINVAL));
         }
-        let owner = self.owner(dir, uid, gid)?;
-        let id: Identity = veilfs_core::random::bytes();
-        let on_disk = self.vault.entry_name_for(&dir.cd, &key, kind, &id).map_err(cerr)?;
-        if kind == EntryKind::File {
-            let fd = sys::openat(
-                dir.cd.fd(),
-                on_disk.as_bytes(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-                mode & 0o7777,
-            )?;
-            drop(fd);
-        } else {
-            sys::mknodat(dir.cd.fd(), on_disk.as_bytes(), mode, attr::rdev_from_fuse(rdev))?;
-        }
-        self.chown_new(dir, &on_disk, &owner)?;
-        let dt = if kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN };
-        self.created(&pnode, &key, &on_disk, dt, name)
+        self.make_entry(parent, name, uid, gid, |dir, key| {
+            let id: Identity = veilfs_core::random::bytes();
+            let on_disk = self.vault.entry_name_for(&dir.cd, key, kind, &id).map_err(cerr)?;
+            if kind == EntryKind::File {
+                let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+                drop(sys::openat(dir.cd.fd(), on_disk.as_bytes(), flags, mode & 0o7777)?);
+                Ok((on_disk, libc::DT_REG))
+            } else {
+                sys::mknodat(dir.cd.fd(), on_disk.as_bytes(), mode, attr::rdev_from_fuse(rdev))?;
+                Ok((on_disk, libc::DT_UNKNOWN))
+            }
+        })
     }
 
     /// MKDIR.
@@ -670,21 +682,12 @@ impl VeilFs {
         uid: u32,
         gid: u32,
     ) -> io::Result<(Arc<Node>, libc::stat)> {
-        self.check_writable()?;
-        let pnode = self.nodes.get(parent)?;
-        let dir = pnode.dir()?;
-        let _g = dir.ops.lock();
-        let (key, found) = self.find(dir, name)?;
-        if found.is_some() {
-            return Err(errno(libc::EEXIST));
-        }
-        let owner = self.owner(dir, uid, gid)?;
-        let pst = sys::fstat(dir.cd.fd())?;
-        // A set-group-id directory passes the bit on, as local filesystems do.
-        let mode = (mode & 0o7777) | (pst.st_mode & libc::S_ISGID);
-        let (entry, _sub) = self.vault.mkdir_unchecked(&dir.cd, name, mode).map_err(cerr)?;
-        self.chown_new(dir, &entry.on_disk, &owner)?;
-        self.created(&pnode, &key, &entry.on_disk, libc::DT_DIR, name)
+        self.make_entry(parent, name, uid, gid, |dir, _key| {
+            // A set-group-id directory passes the bit on, as local filesystems do.
+            let mode = (mode & 0o7777) | (sys::fstat(dir.cd.fd())?.st_mode & libc::S_ISGID);
+            let (entry, _sub) = self.vault.mkdir_unchecked(&dir.cd, name, mode).map_err(cerr)?;
+            Ok((entry.on_disk, libc::DT_DIR))
+        })
     }
 
     /// SYMLINK.
@@ -696,21 +699,13 @@ impl VeilFs {
         uid: u32,
         gid: u32,
     ) -> io::Result<(Arc<Node>, libc::stat)> {
-        self.check_writable()?;
-        let pnode = self.nodes.get(parent)?;
-        let dir = pnode.dir()?;
-        let _g = dir.ops.lock();
-        let (key, found) = self.find(dir, name)?;
-        if found.is_some() {
-            return Err(errno(libc::EEXIST));
-        }
-        let owner = self.owner(dir, uid, gid)?;
-        let id: Identity = veilfs_core::random::bytes();
-        let stored = self.vault.encrypt_target(&id, target).map_err(cerr)?;
-        let on_disk = self.vault.entry_name_for(&dir.cd, &key, EntryKind::Symlink, &id).map_err(cerr)?;
-        sys::symlinkat(&stored, dir.cd.fd(), on_disk.as_bytes())?;
-        self.chown_new(dir, &on_disk, &owner)?;
-        self.created(&pnode, &key, &on_disk, libc::DT_LNK, name)
+        self.make_entry(parent, name, uid, gid, |dir, key| {
+            let id: Identity = veilfs_core::random::bytes();
+            let stored = self.vault.encrypt_target(&id, target).map_err(cerr)?;
+            let on_disk = self.vault.entry_name_for(&dir.cd, key, EntryKind::Symlink, &id).map_err(cerr)?;
+            sys::symlinkat(&stored, dir.cd.fd(), on_disk.as_bytes())?;
+            Ok((on_disk, libc::DT_LNK))
+        })
     }
 
     /// READLINK.
@@ -768,23 +763,17 @@ impl VeilFs {
 
     /// LINK.
     pub(crate) fn do_link(&self, ino: u64, newparent: u64, newname: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
-        self.check_writable()?;
         let node = self.nodes.get(ino)?;
         if node.kind == EntryKind::Dir {
             return Err(errno(libc::EPERM));
         }
-        let pnode = self.nodes.get(newparent)?;
-        let dir = pnode.dir()?;
-        let _g = dir.ops.lock();
-        let (key, found) = self.find(dir, newname)?;
-        if found.is_some() {
-            return Err(errno(libc::EEXIST));
-        }
-        let src = node.link()?;
-        let on_disk = self.vault.entry_name_for(&dir.cd, &key, node.kind, &node.identity).map_err(cerr)?;
-        sys::linkat(src.parent.dir()?.cd.fd(), src.on_disk.as_bytes(), dir.cd.fd(), on_disk.as_bytes())?;
-        let dt = if node.kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN };
-        self.created(&pnode, &key, &on_disk, dt, newname)
+        // uid/gid 0: a new link keeps the file's owner.
+        self.make_entry(newparent, newname, 0, 0, |dir, key| {
+            let src = node.link()?;
+            let on_disk = self.vault.entry_name_for(&dir.cd, key, node.kind, &node.identity).map_err(cerr)?;
+            sys::linkat(src.parent.dir()?.cd.fd(), src.on_disk.as_bytes(), dir.cd.fd(), on_disk.as_bytes())?;
+            Ok((on_disk, if node.kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN }))
+        })
     }
 
     /// RENAME (flags: RENAME_NOREPLACE, RENAME_EXCHANGE).
