@@ -959,8 +959,7 @@ impl VeilFs {
         let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
         let times = [atime.unwrap_or(omit), mtime.unwrap_or(omit)];
         let set_times = atime.is_some() || mtime.is_some();
-        if let Some(d) = &node.dir {
-            let fd = d.cd.fd();
+        let set_on_fd = |fd: std::os::fd::BorrowedFd<'_>| -> io::Result<FileAttr> {
             if let Some(m) = mode {
                 sys::fchmod(fd, m & 0o7777)?;
             }
@@ -970,22 +969,15 @@ impl VeilFs {
             if set_times {
                 sys::futimens(fd, &times)?;
             }
-            return Ok(self.attr_of(&node, &sys::fstat(fd)?));
+            Ok(self.attr_of(&node, &sys::fstat(fd)?))
+        };
+        if let Some(d) = &node.dir {
+            return set_on_fd(d.cd.fd());
         }
         // An open file is changed through its fd: that also works once its names are gone.
         let open = self.handles.file_opt(fh).map(|h| h.crypt.clone()).or_else(|| self.open_crypt(&node));
         if let Some(c) = open {
-            let fd = c.backing().as_fd();
-            if let Some(m) = mode {
-                sys::fchmod(fd, m & 0o7777)?;
-            }
-            if uid.is_some() || gid.is_some() {
-                sys::fchownat(fd, b"", uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
-            }
-            if set_times {
-                sys::futimens(fd, &times)?;
-            }
-            return Ok(self.attr_of(&node, &sys::fstat(fd)?));
+            return set_on_fd(c.backing().as_fd());
         }
         let l = node.link()?;
         let pfd = l.parent.dir()?.cd.fd();
