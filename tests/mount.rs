@@ -304,6 +304,53 @@ fn ciphertext_reveals_no_names_or_content_and_data_survives_remount() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "XATTRVALUE");
 }
 
+/// The ciphertext files of a mount's root directory, largest first.
+fn ciphertext_files_by_size(m: &Mounted) -> Vec<(u64, std::path::PathBuf)> {
+    let mut v: Vec<_> = fs::read_dir(&m.cipher)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with("veilfs."))
+        .map(|p| (fs::metadata(&p).unwrap().len(), p))
+        .collect();
+    v.sort_by(|a, b| b.cmp(a));
+    v
+}
+
+#[test]
+fn streamed_files_stay_fully_authenticated_and_only_real_holes_are_sparse() {
+    // Write-back sends the 1 MiB pieces of a stream to several threads, so a piece often
+    // arrives before the one below it. That must not mark the file SPARSE (in which zeroed
+    // blocks would read as zeros instead of failing authentication).
+    let Some(mut m) = Mounted::new("1g", &[]) else { return };
+    for i in 0..3 {
+        let o = sh(&format!(
+            "dd if=/dev/zero of='{}' bs=4k count=16384 status=none && sync",
+            m.m(&format!("s{i}")).display()
+        ));
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = sh(&format!("printf x | dd of='{}' bs=1 seek=9000000 status=none", m.m("holey").display()));
+    assert!(o.status.success(), "{}", text(&o));
+    m.umount();
+    let files = ciphertext_files_by_size(&m);
+    assert_eq!(files.len(), 4);
+    for (len, p) in &files[..3] {
+        let h = fs::read(p).unwrap();
+        assert_eq!(h[3] & 1, 0, "a streamed file ({len} bytes) was marked SPARSE");
+    }
+    let holey = fs::read(&files[3].1).unwrap();
+    assert_eq!(holey[3] & 1, 1, "a file with a real hole must be marked SPARSE");
+    // Zero one inner block of a streamed file: reading it must fail, not return zeros.
+    let f = OpenOptions::new().write(true).open(&files[0].1).unwrap();
+    f.write_all_at(&vec![0u8; 4096 + 28], 36 + 5 * (4096 + 28)).unwrap();
+    drop(f);
+    m.mount();
+    let mut names: Vec<_> = (0..3).map(|i| m.m(&format!("s{i}"))).collect();
+    names.retain(|p| fs::read(p).is_err());
+    assert_eq!(names.len(), 1, "exactly the tampered file must fail to read");
+    assert_eq!(fs::read(m.m("holey")).unwrap().len(), 9000001);
+}
+
 #[test]
 fn concurrent_writers_leave_exactly_the_bytes_written() {
     let Some(m) = Mounted::new("2g", &[]) else { return };

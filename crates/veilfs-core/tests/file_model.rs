@@ -31,11 +31,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn file_matches_model(ops in prop::collection::vec(op(), 1..25)) {
+    fn file_matches_model(ops in prop::collection::vec(op(), 1..25), defer in any::<bool>()) {
         let t = tempfile::tempdir().unwrap();
         let v = new_vault(t.path());
         let root = v.root().unwrap();
         let (_e, mut f) = v.create_file(&root, b"f", 0o644).unwrap();
+        f.set_defer_sparse(defer);
         let mut model: Vec<u8> = Vec::new();
         for op in ops {
             let size = model.len() as u64;
@@ -53,12 +54,15 @@ proptest! {
                     model.resize(n as usize, 0);
                 }
                 Op::Reopen => {
+                    f.settle().unwrap();
                     let e = v.lookup(&root, b"f").unwrap().unwrap();
                     f = v.open_file(&root, &e, libc::O_RDWR).unwrap();
+                    f.set_defer_sparse(defer);
                 }
             }
             prop_assert_eq!(f.plain_size().unwrap(), model.len() as u64);
         }
+        f.settle().unwrap();
         check_equal(&v, &root, &model);
         // Partial reads at random places agree too.
         let size = model.len() as u64;
@@ -115,4 +119,63 @@ fn empty_file_is_zero_bytes_on_disk() {
     f.truncate(0, 1).unwrap();
     assert_eq!(std::fs::metadata(root.path.join(&e.on_disk)).unwrap().len(), 0);
     assert_eq!(read_file(&v, &root, "empty").unwrap(), b"");
+}
+
+/// The header's SPARSE flag (bit 0 of the flags after the version).
+fn sparse_flag(p: &std::path::Path) -> bool {
+    let h = std::fs::read(p).unwrap();
+    h[3] & 1 == 1
+}
+
+#[test]
+fn deferred_holes_filled_before_settle_do_not_make_the_file_sparse() {
+    let t = tempfile::tempdir().unwrap();
+    let v = new_vault(t.path());
+    let root = v.root().unwrap();
+    let (_e, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    let mib = 1usize << 20;
+    // Write-back order as seen from a multi-threaded daemon: the second MiB first.
+    let (a, b) = (data(mib, 1), data(mib, 2));
+    assert_eq!(f.write_at(&b, mib as u64, 0).unwrap(), 2 * mib as u64);
+    // Before the hole is filled it reads as zeros (the mount's own view).
+    let mut buf = vec![1u8; 4096];
+    f.read_at(&mut buf, 8192, 2 * mib as u64).unwrap();
+    assert!(buf.iter().all(|&x| x == 0));
+    f.write_at(&a, 0, 2 * mib as u64).unwrap();
+    f.settle().unwrap();
+    let p = cipher_path(&v, &root, "f");
+    assert!(!sparse_flag(&p), "a file whose holes were filled must not be marked SPARSE");
+    let mut want = a.clone();
+    want.extend_from_slice(&b);
+    assert_eq!(read_file(&v, &root, "f").unwrap(), want);
+    // A zeroed block of a non-sparse file is an integrity error, not zeros.
+    let cb = v.content().layout.cipher_block();
+    let fd = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&fd, &vec![0u8; cb as usize], v.content().layout.block_offset(3)).unwrap();
+    assert!(read_file(&v, &root, "f").is_err());
+}
+
+#[test]
+fn deferred_holes_left_open_are_declared_at_settle_or_unreadable_after_a_crash() {
+    let t = tempfile::tempdir().unwrap();
+    let v = new_vault(t.path());
+    let root = v.root().unwrap();
+    let (_e, f) = v.create_file(&root, b"settled", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    f.write_at(b"tail", 100_000, 0).unwrap();
+    let p = cipher_path(&v, &root, "settled");
+    assert!(!sparse_flag(&p));
+    f.sync(true).unwrap(); // sync settles
+    assert!(sparse_flag(&p), "an unfilled hole must be declared by settle/sync");
+    let mut want = vec![0u8; 100_000];
+    want.extend_from_slice(b"tail");
+    assert_eq!(read_file(&v, &root, "settled").unwrap(), want);
+
+    // "Crash": the process goes away before settle. The holes read as errors, never zeros.
+    let (_e, g) = v.create_file(&root, b"crashed", 0o644).unwrap();
+    g.set_defer_sparse(true);
+    g.write_at(b"tail", 100_000, 0).unwrap();
+    std::mem::forget(g);
+    assert!(read_file(&v, &root, "crashed").is_err());
 }

@@ -266,6 +266,9 @@ impl VeilFs {
             let what = dir.cd.child_path(&l.on_disk);
             let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), node.identity, what).map_err(cerr)?;
             f.size.store(crypt.plain_size().map_err(cerr)?, Ordering::Release);
+            // Only this process writes the file: holes left by out-of-order write-back can wait
+            // for the writes that fill them before the header is marked SPARSE.
+            crypt.set_defer_sparse(!self.opts.shared_storage);
             let crypt = Arc::new(crypt);
             *g = Some((crypt.clone(), 1));
             return Ok(crypt);
@@ -277,9 +280,12 @@ impl VeilFs {
     pub(crate) fn release_file(&self, node: &Node) {
         if let Some(f) = &node.file {
             let mut g = f.open.lock();
-            if let Some((_, n)) = g.as_mut() {
+            if let Some((c, n)) = g.as_mut() {
                 *n -= 1;
                 if *n == 0 {
+                    if let Err(e) = c.settle() {
+                        tracing::error!("{e}");
+                    }
                     *g = None;
                 }
             }
@@ -598,9 +604,10 @@ impl VeilFs {
             mode & 0o7777,
         )?;
         self.chown_new(dir, &on_disk, &owner)?;
-        let crypt = Arc::new(
-            CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, dir.cd.child_path(&on_disk)).map_err(cerr)?,
-        );
+        let crypt =
+            CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, dir.cd.child_path(&on_disk)).map_err(cerr)?;
+        crypt.set_defer_sparse(!self.opts.shared_storage);
+        let crypt = Arc::new(crypt);
         let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
         drop(guard);
         let f = node.file()?;
