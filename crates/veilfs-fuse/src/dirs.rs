@@ -20,13 +20,23 @@ pub struct IndexEntry {
     pub on_disk: String,
     /// `d_type` from the listing (may be `DT_UNKNOWN`; updated by our own creations).
     pub d_type: u8,
-    /// The decrypted plaintext name, once someone needed it (`None` inside: undecryptable).
-    pub plain: OnceLock<Option<Vec<u8>>>,
+    /// The decrypted plaintext name and `D`, once someone needed them (`None` inside:
+    /// undecryptable). Keeping `D` spares READDIRPLUS and lookups a re-decode of the name.
+    pub plain: OnceLock<Option<Decoded>>,
+}
+
+/// A verified entry name: plaintext and `D` (the name's SIV ciphertext).
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    /// Plaintext name.
+    pub name: Vec<u8>,
+    /// `D`, already checked to be in canonical form.
+    pub d: Vec<u8>,
 }
 
 impl IndexEntry {
     /// A fresh entry.
-    pub fn new(on_disk: String, d_type: u8, plain: Option<Vec<u8>>) -> Self {
+    pub fn new(on_disk: String, d_type: u8, plain: Option<Decoded>) -> Self {
         let cell = OnceLock::new();
         if let Some(p) = plain {
             let _ = cell.set(Some(p));

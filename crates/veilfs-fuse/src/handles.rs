@@ -24,6 +24,8 @@ pub struct SnapEntry {
     pub name: Vec<u8>,
     /// On-disk name.
     pub on_disk: String,
+    /// `D` of the name (verified).
+    pub d: Vec<u8>,
     /// `d_type` from the backing listing.
     pub d_type: u8,
 }

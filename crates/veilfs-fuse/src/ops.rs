@@ -2,7 +2,7 @@
 //! the ciphertext. `fs.rs` only unpacks requests and sends replies.
 
 use crate::attr;
-use crate::dirs::{DirState, IndexEntry};
+use crate::dirs::{Decoded, DirState, IndexEntry};
 use crate::handles::{Handles, OpenFile, SnapEntry};
 use crate::inodes::{Node, NodeTable, ROOT};
 use fuser::FileAttr;
@@ -175,7 +175,9 @@ impl VeilFs {
     /// The identity `on_disk` (in `dir`, with `D` = `d`, backing type from `st`) promises.
     fn identity(&self, dir: &DirState, d: &[u8], on_disk: &str, st: &libc::stat) -> io::Result<(EntryKind, Identity)> {
         let kind = EntryKind::from_mode(st.st_mode);
-        let s = ParsedEntry::parse(on_disk.as_bytes()).binding().ok_or_else(|| errno(libc::EIO))?;
+        // `on_disk` comes from the index, which holds only names that parsed as entries, so
+        // the binding is what follows the last dot.
+        let s = on_disk.rsplit_once('.').map(|(_, s)| s).ok_or_else(|| errno(libc::EIO))?;
         let id = self
             .names
             .unbind(&dir.cd.iv, d, kind, s)
@@ -494,7 +496,7 @@ impl VeilFs {
         for e in idx.as_ref().expect("built").values() {
             let plain = e.plain.get_or_init(|| match self.decode_d(dir, &e.on_disk) {
                 Ok(d) => match self.names.decrypt_name(&dir.cd.iv, &d) {
-                    Ok(n) => Some(n),
+                    Ok(name) => Some(Decoded { name, d }),
                     Err(err) => {
                         tracing::error!("integrity error in {}: {err}", dir.cd.child_path(&e.on_disk));
                         None
@@ -505,8 +507,13 @@ impl VeilFs {
                     None
                 }
             });
-            if let Some(name) = plain {
-                out.push(SnapEntry { name: name.clone(), on_disk: e.on_disk.clone(), d_type: e.d_type });
+            if let Some(p) = plain {
+                out.push(SnapEntry {
+                    name: p.name.clone(),
+                    on_disk: e.on_disk.clone(),
+                    d: p.d.clone(),
+                    d_type: e.d_type,
+                });
             }
         }
         let s = Arc::new(out);
@@ -527,8 +534,7 @@ impl VeilFs {
     pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, libc::stat)> {
         let dir = parent.dir()?;
         let st = sys::fstatat(dir.cd.fd(), e.on_disk.as_bytes())?;
-        let d = self.decode_d(dir, &e.on_disk).map_err(cerr)?;
-        Ok((self.node_at(parent, &d, &e.on_disk, &st)?, st))
+        Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
     }
 
     /// The owner of a new object made by `uid`/`gid` in `parent`.
@@ -564,7 +570,8 @@ impl VeilFs {
     ) -> io::Result<(Arc<Node>, libc::stat)> {
         let dir = parent.dir()?;
         dir.update(|idx| {
-            idx.insert(key.key.clone(), IndexEntry::new(on_disk.to_string(), d_type, Some(name.to_vec())));
+            let plain = Decoded { name: name.to_vec(), d: key.d.clone() };
+            idx.insert(key.key.clone(), IndexEntry::new(on_disk.to_string(), d_type, Some(plain)));
         });
         let st = sys::fstatat(dir.cd.fd(), on_disk.as_bytes())?;
         Ok((self.node_at(parent, &key.d, on_disk, &st)?, st))
@@ -845,10 +852,12 @@ impl VeilFs {
             sys::renameat2(fd_.cd.fd(), s_on.as_bytes(), td.cd.fd(), new_s.as_bytes(), libc::RENAME_NOREPLACE)?;
             sys::renameat2(td.cd.fd(), tmp.as_bytes(), fd_.cd.fd(), new_d.as_bytes(), libc::RENAME_NOREPLACE)?;
             fd_.update(|i| {
-                i.insert(skey.key.clone(), IndexEntry::new(new_d.clone(), dtype(dkind), Some(name.to_vec())));
+                let plain = Decoded { name: name.to_vec(), d: skey.d.clone() };
+                i.insert(skey.key.clone(), IndexEntry::new(new_d.clone(), dtype(dkind), Some(plain)));
             });
             td.update(|i| {
-                i.insert(dkey.key.clone(), IndexEntry::new(new_s.clone(), dtype(skind), Some(newname.to_vec())));
+                let plain = Decoded { name: newname.to_vec(), d: dkey.d.clone() };
+                i.insert(dkey.key.clone(), IndexEntry::new(new_s.clone(), dtype(skind), Some(plain)));
             });
             self.relink(sst.st_ino, from.id, &s_on, &to, &new_s);
             self.relink(dst_st.st_ino, to.id, &d_on, &from, &new_d);
@@ -886,7 +895,7 @@ impl VeilFs {
         if skey.side_file.is_some() && !(from.id == to.id && skey.key == dkey.key) {
             self.unlink_side_file(fd_, &skey);
         }
-        let plain = Some(newname.to_vec());
+        let plain = Some(Decoded { name: newname.to_vec(), d: dkey.d.clone() });
         if from.id == to.id {
             fd_.update(|i| {
                 i.remove(&skey.key);
