@@ -58,6 +58,8 @@ pub struct DirState {
     stamp: Mutex<(i64, i64)>,
     /// Serializes changes of this directory (create, unlink, rename, ...).
     pub ops: Mutex<()>,
+    /// Others may change the backing directory (shared storage): keep `stamp` current.
+    shared: bool,
 }
 
 fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
@@ -66,9 +68,9 @@ fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
 }
 
 impl DirState {
-    /// State for an open, verified directory.
-    pub fn new(cd: CipherDir) -> Self {
-        DirState { cd, index: RwLock::new(None), stamp: Mutex::new((0, 0)), ops: Mutex::new(()) }
+    /// State for an open, verified directory; `shared` when other mounts may change it.
+    pub fn new(cd: CipherDir, shared: bool) -> Self {
+        DirState { cd, index: RwLock::new(None), stamp: Mutex::new((0, 0)), ops: Mutex::new(()), shared }
     }
 
     /// Lists the backing directory into a fresh index. Two entries for one key only exist
@@ -131,8 +133,11 @@ impl DirState {
             f(idx);
         }
         drop(w);
-        if let Ok(s) = ctime_of(&self.cd) {
-            *self.stamp.lock() = s;
+        // Only shared storage compares the stamp; otherwise spare the fstat.
+        if self.shared {
+            if let Ok(s) = ctime_of(&self.cd) {
+                *self.stamp.lock() = s;
+            }
         }
     }
 

@@ -125,7 +125,7 @@ impl VeilFs {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         let fs = VeilFs {
-            nodes: NodeTable::new(DirState::new(root), iv, st.st_ino),
+            nodes: NodeTable::new(DirState::new(root, opts.shared_storage), iv, st.st_ino),
             vault,
             names,
             ctx,
@@ -191,7 +191,8 @@ impl VeilFs {
         let (kind, identity) = self.identity(dir, d, on_disk, st)?;
         self.nodes.lookup(parent, on_disk, st, kind, identity, || {
             let fd = sys::open_dir_at(dir.cd.fd(), on_disk.as_bytes())?;
-            Ok(Some(DirState::new(CipherDir::from_parts(fd, identity, dir.cd.path.join(on_disk)))))
+            let cd = CipherDir::from_parts(fd, identity, dir.cd.path.join(on_disk));
+            Ok(Some(DirState::new(cd, self.opts.shared_storage)))
         })
     }
 
@@ -753,7 +754,9 @@ impl VeilFs {
             (false, true) => return Err(errno(libc::EISDIR)),
             _ => {}
         }
-        let (_, identity) = self.identity(dir, &key.d, &on_disk, &st)?;
+        // A directory's identity (its IV) is needed to put it back if removal fails halfway;
+        // a file's is not, so spare the SIV.
+        let identity = if kind == EntryKind::Dir { self.identity(dir, &key.d, &on_disk, &st)?.1 } else { [0u8; 16] };
         self.vault.remove_entry(&dir.cd, &on_disk, kind, &identity).map_err(cerr)?;
         self.unlink_side_file(dir, &key);
         dir.update(|idx| {
