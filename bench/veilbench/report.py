@@ -112,7 +112,7 @@ def markdown(summary: dict, metrics: list[Metric], filesystems: list[str],
         notes: dict = {}
         lines += [f"## Backing store: {backing}", ""]
         lines += _table_values(per_fs, metrics, filesystems, notes)
-        for ref in ("plain", "gocryptfs"):
+        for ref in ("plain", "fuse-floor", "gocryptfs"):
             if ref in per_fs and ref in filesystems:
                 lines += _table_ratios(per_fs, metrics, filesystems, ref)
         if notes:

@@ -50,11 +50,13 @@ class Sizes:
     fio_io: int = 64 * MiB
     fio_runtime: int = 30
     md_files: int = 2000
+    par_file: int = 512 * MiB
 
     @classmethod
     def quick(cls) -> "Sizes":
         return cls(stream=16 * MiB, bigfile=32 * MiB, many_count=64, mixed_total=8 * 1000 * 1000,
-                   fio_file=16 * MiB, fio_io=4 * MiB, fio_runtime=5, md_files=200)
+                   fio_file=16 * MiB, fio_io=4 * MiB, fio_runtime=5, md_files=200,
+                   par_file=32 * MiB)
 
 
 @dataclass
@@ -234,6 +236,38 @@ def run_randio(ctx: Context) -> None:
     ctx.record("randwrite", _fio(ctx, path, "randwrite"))
 
 
+def _fio_writers(ctx: Context, path: Path, jobs: int) -> float:
+    """MiB/s of *jobs* fio writers, each on its own contiguous share of one
+    existing file (128 KiB writes, final fsync timed)."""
+    share = ctx.sizes.par_file // jobs
+    argv = ["fio", "--name=writers", f"--filename={path}", "--rw=write", "--bs=128k",
+            f"--size={share}", f"--offset_increment={share}", f"--numjobs={jobs}",
+            "--ioengine=psync", "--group_reporting", "--end_fsync=1", "--fallocate=none",
+            "--output-format=json"]
+    out = run(argv, timeout=ctx.timeout).stdout.decode()
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["write"]
+    if not side.get("io_bytes"):
+        raise StepError("fio writers did no I/O")
+    return side["io_bytes"] / MiB / (side["runtime"] / 1000.0)
+
+
+def run_parallel(ctx: Context) -> None:
+    """One writer, then two writers on disjoint halves of one file of the
+    same size (a database or VM image): MiB/s of each and the scaling
+    ratio.  The file exists at full size first, so no write changes its
+    size (appends serialize in every filesystem)."""
+    path = ctx.mount.path / "parallel.dat"
+    run(["truncate", "-s", str(ctx.sizes.par_file), str(path)], timeout=ctx.timeout)
+    ctx.settle()
+    one = _fio_writers(ctx, path, 1)
+    ctx.settle()
+    two = _fio_writers(ctx, path, 2)
+    ctx.record("par1", one)
+    ctx.record("par2", two)
+    ctx.record("par_scaling", two / one)
+
+
 def _md_phase(ctx: Context, phase: str, directory: Path) -> float:
     argv = [sys.executable, "-m", "veilbench.mdtest", phase, str(directory), str(ctx.sizes.md_files)]
     out = run(argv, timeout=ctx.timeout, cwd=PACKAGE_DIR.parent).stdout.decode()
@@ -302,6 +336,10 @@ GROUPS: tuple[Group, ...] = (
     Group("randio", "fio 4 KiB random read / write", run_randio, (
         M("randread", "fio 4 KiB randread", "IOPS"),
         M("randwrite", "fio 4 KiB randwrite", "IOPS"))),
+    Group("parallel", "one vs two writers on disjoint halves of one file", run_parallel, (
+        M("par1", "1 writer, one file", "MiB/s"),
+        M("par2", "2 writers, disjoint halves of one file", "MiB/s"),
+        M("par_scaling", "2 writers / 1 writer", "×"))),
     Group("metadata", "mdtest-style create/stat/delete of 4 KiB files", run_metadata, (
         M("md_create", "file create", "ops/s"),
         M("md_stat", "file stat", "ops/s"),
