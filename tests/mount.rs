@@ -352,6 +352,27 @@ fn streamed_files_stay_fully_authenticated_and_only_real_holes_are_sparse() {
 }
 
 #[test]
+fn syncfs_after_deleting_freshly_written_files_succeeds() {
+    // With the write-back cache the kernel flushes the times of a file it wrote even after
+    // the file was closed and deleted; that flush used to fail with ESTALE, which syncfs
+    // then reported (found by stress-ng's io stressor).
+    let Some(m) = Mounted::new("256m", &[]) else { return };
+    let root = File::open(&m.mnt).unwrap();
+    for round in 0..5 {
+        for i in 0..200 {
+            let p = m.m(&format!("f{i}"));
+            let mut f = File::create(&p).unwrap();
+            f.write_all(&[round as u8; 4096]).unwrap();
+            drop(f);
+            fs::remove_file(&p).unwrap();
+        }
+        // SAFETY: syncfs on a valid open fd.
+        let r = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&root)) };
+        assert_eq!(r, 0, "syncfs failed in round {round}: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[test]
 fn concurrent_writers_leave_exactly_the_bytes_written() {
     let Some(m) = Mounted::new("2g", &[]) else { return };
     let path = m.m("shared");

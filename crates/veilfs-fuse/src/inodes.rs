@@ -54,6 +54,9 @@ pub struct Node {
     links: Mutex<Vec<Link>>,
     /// Directory state (directories only).
     pub dir: Option<DirState>,
+    /// The last attributes of an object whose last name is gone while the kernel still
+    /// knows it (it may flush times of a deleted file before forgetting it).
+    gone: Mutex<Option<Gone>>,
     /// File state (regular files only).
     pub file: Option<FileState>,
 }
@@ -62,7 +65,31 @@ fn enoent() -> io::Error {
     io::Error::from_raw_os_error(libc::ENOENT)
 }
 
+/// The attributes of a deleted object (`stat` has no `Debug` without libc's extra traits).
+pub struct Gone(pub libc::stat);
+
+impl std::fmt::Debug for Gone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gone(ino {})", self.0.st_ino)
+    }
+}
+
 impl Node {
+    /// Records that the object's last name was removed; `st` is its stat from before.
+    pub fn set_gone(&self, st: &libc::stat) {
+        let mut st = *st;
+        st.st_nlink = 0;
+        *self.gone.lock() = Some(Gone(st));
+    }
+
+    /// The attributes of a deleted object, changed by `f` (the changes have nowhere to go).
+    pub fn gone_stat(&self, f: impl FnOnce(&mut libc::stat)) -> Option<libc::stat> {
+        self.gone.lock().as_mut().map(|g| {
+            f(&mut g.0);
+            g.0
+        })
+    }
+
     /// The directory state, or ENOTDIR.
     pub fn dir(&self) -> io::Result<&DirState> {
         self.dir.as_ref().ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTDIR))
@@ -125,6 +152,7 @@ impl NodeTable {
             backing_ino,
             lookups: AtomicU64::new(1),
             links: Mutex::new(Vec::new()),
+            gone: Mutex::new(None),
             dir: Some(root),
             file: None,
         });
@@ -178,6 +206,7 @@ impl NodeTable {
             backing_ino: ino,
             lookups: AtomicU64::new(1),
             links: Mutex::new(vec![Link { parent: parent.clone(), on_disk: on_disk.to_string() }]),
+            gone: Mutex::new(None),
             dir,
             file: (kind == EntryKind::File).then(FileState::default),
         });

@@ -233,7 +233,7 @@ impl VeilFs {
                 return Ok(st);
             }
         }
-        Err(errno(libc::ESTALE))
+        node.gone_stat(|_| {}).ok_or_else(|| errno(libc::ESTALE))
     }
 
     // ---- file content --------------------------------------------------------------------
@@ -771,6 +771,9 @@ impl VeilFs {
         if let Some(id) = self.nodes.id_of(st.st_ino) {
             if let Ok(n) = self.nodes.get(id) {
                 n.remove_link(parent, on_disk);
+                if n.links().is_empty() && n.dir.is_none() {
+                    n.set_gone(st);
+                }
             }
         }
         if st.st_nlink <= 1 || EntryKind::from_mode(st.st_mode) == EntryKind::Dir {
@@ -998,7 +1001,35 @@ impl VeilFs {
         if let Some(c) = open {
             return set_on_fd(c.backing().as_fd());
         }
-        let l = node.link()?;
+        let l = match node.link() {
+            Ok(l) => l,
+            Err(e) => {
+                // Deleted and closed: the kernel may still flush the times of a file it
+                // wrote through its cache. The changes have nowhere to go; answer with
+                // the last attributes, changed as asked, like an unlinked local inode.
+                let st = node.gone_stat(|st| {
+                    if let Some(m) = mode {
+                        st.st_mode = (st.st_mode & libc::S_IFMT) | (m & 0o7777);
+                    }
+                    if let Some(u) = uid {
+                        st.st_uid = u;
+                    }
+                    if let Some(g) = gid {
+                        st.st_gid = g;
+                    }
+                    for (t, (sec, nsec)) in times
+                        .iter()
+                        .zip([(&mut st.st_atime, &mut st.st_atime_nsec), (&mut st.st_mtime, &mut st.st_mtime_nsec)])
+                    {
+                        if t.tv_nsec != libc::UTIME_OMIT && t.tv_nsec != libc::UTIME_NOW {
+                            *sec = t.tv_sec;
+                            *nsec = t.tv_nsec;
+                        }
+                    }
+                });
+                return st.map(|st| self.attr_of(&node, &st)).ok_or(e);
+            }
+        };
         let pfd = l.parent.dir()?.cd.fd();
         let name = l.on_disk.as_bytes();
         if let Some(m) = mode {
