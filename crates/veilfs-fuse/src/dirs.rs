@@ -90,8 +90,11 @@ impl DirState {
                 }
                 continue;
             };
-            let on_disk = String::from_utf8_lossy(&r.name).into_owned();
-            if let Some(prev) = idx.get(key) {
+            let key = key.to_string();
+            // Entry names parse only as UTF-8, so this moves the bytes without a copy.
+            let on_disk =
+                String::from_utf8(r.name).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            if let Some(prev) = idx.get(&key) {
                 let newer =
                     |n: &str| sys::fstatat(self.cd.fd(), n.as_bytes()).map(|s| (s.st_ctime, s.st_ctime_nsec)).ok();
                 tracing::warn!("{}: two entries for one name; using the newer", self.cd.path.display());
@@ -99,7 +102,7 @@ impl DirState {
                     continue;
                 }
             }
-            idx.insert(key.to_string(), IndexEntry::new(on_disk, r.d_type, None));
+            idx.insert(key, IndexEntry::new(on_disk, r.d_type, None));
         }
         Ok(idx)
     }

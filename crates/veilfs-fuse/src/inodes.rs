@@ -107,6 +107,12 @@ impl Node {
         self.links.lock().clone()
     }
 
+    /// The first result of `f` over the known names, without copying them (hot paths such as
+    /// GETATTR). Holds this node's name list locked while `f` runs.
+    pub fn find_link<T>(&self, f: impl FnMut(&Link) -> Option<T>) -> Option<T> {
+        self.links.lock().iter().find_map(f)
+    }
+
     /// The first known name (ESTALE if none is left).
     pub fn link(&self) -> io::Result<Link> {
         self.links.lock().first().cloned().ok_or_else(|| io::Error::from_raw_os_error(libc::ESTALE))

@@ -228,12 +228,11 @@ impl VeilFs {
                 return sys::fstat(c.backing().as_fd());
             }
         }
-        for l in node.links() {
-            if let Ok(st) = sys::fstatat(l.parent.dir()?.cd.fd(), l.on_disk.as_bytes()) {
-                return Ok(st);
-            }
-        }
-        node.gone_stat(|_| {}).ok_or_else(|| errno(libc::ESTALE))
+        let found = node.find_link(|l| {
+            let dir = l.parent.dir.as_ref()?;
+            sys::fstatat(dir.cd.fd(), l.on_disk.as_bytes()).ok()
+        });
+        found.or_else(|| node.gone_stat(|_| {})).ok_or_else(|| errno(libc::ESTALE))
     }
 
     // ---- file content --------------------------------------------------------------------
