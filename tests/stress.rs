@@ -147,6 +147,9 @@ fn run_group(name: &str, stressors: &[Stressor], temp: &Path, seed: u64) -> Opti
     let out = Command::new("timeout")
         .args(["-k", "10", &(GROUP_SECS * 4).to_string(), "stress-ng"])
         .args(&args)
+        // Some stressors (open) also create files in the working directory: keep them in
+        // the mount too, not in the checkout.
+        .current_dir(temp)
         .stdin(Stdio::null())
         .output()
         .expect("run stress-ng");

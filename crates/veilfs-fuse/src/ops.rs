@@ -232,7 +232,9 @@ impl VeilFs {
             let dir = l.parent.dir.as_ref()?;
             sys::fstatat(dir.cd.fd(), l.on_disk.as_bytes()).ok()
         });
-        found.or_else(|| node.gone_stat(|_| {})).ok_or_else(|| errno(libc::ESTALE))
+        // A deleted, closed object stays ESTALE here (answering with its last attributes made
+        // stress-ng's inotify IN_DELETE_SELF check time out); only SETATTR uses them.
+        found.ok_or_else(|| errno(libc::ESTALE))
     }
 
     // ---- file content --------------------------------------------------------------------
@@ -770,7 +772,9 @@ impl VeilFs {
         if let Some(id) = self.nodes.id_of(st.st_ino) {
             if let Ok(n) = self.nodes.get(id) {
                 n.remove_link(parent, on_disk);
-                if n.links().is_empty() && n.dir.is_none() {
+                // Gone only if this was its last name on disk, not merely the last one this
+                // mount had looked up (other hard links may exist).
+                if st.st_nlink <= 1 && n.dir.is_none() && n.find_link(|_| Some(())).is_none() {
                     n.set_gone(st);
                 }
             }
