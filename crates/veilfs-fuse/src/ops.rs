@@ -7,7 +7,7 @@ use crate::handles::{Handles, OpenFile, SnapEntry};
 use crate::inodes::{Node, NodeTable, ROOT};
 use fuser::FileAttr;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -239,6 +239,18 @@ impl VeilFs {
 
     // ---- file content --------------------------------------------------------------------
 
+    /// The content layer over `fd`, the backing file `on_disk` in `dir` whose entry promises
+    /// `identity`. Used by every path that opens a file's content, so they all read the header
+    /// the same way and agree on when SPARSE is written.
+    fn content(&self, fd: OwnedFd, identity: Identity, dir: &DirState, on_disk: &str) -> io::Result<CryptFile> {
+        let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), identity, dir.cd.child_path(on_disk))
+            .map_err(cerr)?;
+        // Only this process writes the file: holes left by out-of-order write-back can wait
+        // for the writes that fill them before the header is marked SPARSE.
+        crypt.set_defer_sparse(!self.opts.shared_storage);
+        Ok(crypt)
+    }
+
     /// The inode's open file, opening it if this is the first user.
     pub(crate) fn acquire(&self, node: &Arc<Node>) -> io::Result<Arc<CryptFile>> {
         let f = node.file()?;
@@ -267,12 +279,8 @@ impl VeilFs {
                     continue;
                 }
             };
-            let what = dir.cd.child_path(&l.on_disk);
-            let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), node.identity, what).map_err(cerr)?;
+            let crypt = self.content(fd, node.identity, dir, &l.on_disk)?;
             f.size.store(crypt.plain_size().map_err(cerr)?, Ordering::Release);
-            // Only this process writes the file: holes left by out-of-order write-back can wait
-            // for the writes that fill them before the header is marked SPARSE.
-            crypt.set_defer_sparse(!self.opts.shared_storage);
             let crypt = Arc::new(crypt);
             *g = Some((crypt.clone(), 1));
             return Ok(crypt);
@@ -613,10 +621,7 @@ impl VeilFs {
             mode & 0o7777,
         )?;
         self.chown_new(dir, &on_disk, &owner)?;
-        let crypt =
-            CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, dir.cd.child_path(&on_disk)).map_err(cerr)?;
-        crypt.set_defer_sparse(!self.opts.shared_storage);
-        let crypt = Arc::new(crypt);
+        let crypt = Arc::new(self.content(fd, id, dir, &on_disk)?);
         let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
         drop(guard);
         let f = node.file()?;
