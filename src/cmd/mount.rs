@@ -50,7 +50,9 @@ pub struct Args {
     /// Seconds the kernel may cache attributes and names.
     #[arg(long, default_value_t = 1.0, value_name = "SECS")]
     pub attr_timeout: f64,
-    /// Worker threads serving requests.
+    /// Worker threads serving requests (default: one per CPU, at least 2). More threads
+    /// than CPUs only contend for the kernel's FUSE queue: on 2 CPUs, 4 threads read a
+    /// stream ~20 % slower than 2.
     #[arg(long, default_value_t = default_threads())]
     pub threads: usize,
     /// Disable the kernel's writeback cache (small writes then reach veilfs one by one).
@@ -61,8 +63,13 @@ pub struct Args {
     pub nonempty: bool,
 }
 
+/// One worker per CPU. Measured on 2 vCPUs (512 MiB streamed, tmpfs backing): 2 threads
+/// read in 0.39–0.52 s against 0.53–0.64 s for 4 and 0.56–0.61 s for 3, write in 0.75–1.10 s
+/// against 0.84–1.14 s, and use less CPU for 4 KiB random writes; with more threads than
+/// CPUs the idle ones contend for the spin lock of the kernel's request queue (6.6 % of the
+/// daemon's samples while reading). Two at least, so a slow request never stalls the rest.
 fn default_threads() -> usize {
-    (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(4)
+    std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
 }
 
 /// Parses `90`, `90s`, `30m`, `2h`, `1d`.
