@@ -51,7 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="comma-separated filesystems (default: all)")
     p.add_argument("--workloads", default=",".join(g.name for g in GROUPS),
                    help="comma-separated workload groups (default: all)")
-    p.add_argument("--backing", default="tmpfs,disk", help="tmpfs, disk or both (default)")
+    p.add_argument("--backing", default="tmpfs,disk", help="comma-separated backing stores: tmpfs, disk (default: tmpfs,disk)")
     p.add_argument("--reps", type=int, default=3, help="repetitions per workload (default 3)")
     p.add_argument("--group-reps", default="",
                    help="per-group repetition override, e.g. build=1,kernel=2")
