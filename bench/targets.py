@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Prints veilfs's performance targets (issue 5) as met / not met from a run.
 
-    bench/targets.py RESULTS_DIR [--backing tmpfs]
+    bench/targets.py RESULTS_DIR [--backing tmpfs] [--before EARLIER_DIR]
 
 Reads RESULTS_DIR/results.json (written by bench/run) and prints a Markdown table:
 for every workload, veilfs's median, its ratio to gocryptfs (>1 = veilfs better), its
 cost relative to the FUSE floor (veilfs time / floor time, or floor rate / veilfs rate;
 <= 1.3 is the target) and its ratio to plain, followed by the scalar targets (du, build,
 4 KiB writes, two writers, peak RSS). Needs plain, fuse-floor, veilfs and gocryptfs in the
-run; rows whose inputs are missing say so.
+run; rows whose inputs are missing say so. With --before, prints instead a before/after
+table of the same ratios against an earlier run (each run's ratios come from its own
+peers, so machine drift between the runs cancels out as far as it can).
 """
 
 from __future__ import annotations
@@ -44,18 +46,56 @@ def fmt(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def load(results: Path, backing: str) -> tuple[dict, dict] | None:
+    """(medians per filesystem, metrics by name) of one backing of a run."""
+    doc = json.loads((results / "results.json").read_text())
+    summary = summarize_doc(doc)
+    if backing not in summary:
+        print(f"targets: no {backing} backing in {results}", file=sys.stderr)
+        return None
+    return summary[backing], {m["name"]: Metric(**m) for m in doc["metrics"][backing]}
+
+
+def ratios(per_fs: dict, m: Metric, name: str) -> tuple[float | None, float | None, float | None]:
+    """veilfs × gocryptfs (>1 better), cost vs the floor (veilfs / floor, <1 better), × plain."""
+    v = median(per_fs, "veilfs", name)
+    if v is None:
+        return None, None, None
+    g, f, pl = (median(per_fs, fs, name) for fs in ("gocryptfs", "fuse-floor", "plain"))
+    return (better_ratio(m, v, g) if g else None, 1 / better_ratio(m, v, f) if f else None,
+            better_ratio(m, v, pl) if pl else None)
+
+
+def before_after(before: tuple[dict, dict], after: tuple[dict, dict]) -> None:
+    rows = ["| workload | × gocryptfs before | after | cost vs floor before | after | × plain before | after |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name in SPEED:
+        m = after[1].get(name) or before[1].get(name)
+        if m is None:
+            continue
+        b, a = ratios(before[0], m, name), ratios(after[0], m, name)
+        if all(x is None for x in a + b):
+            continue
+        rows.append(f"| {m.label} | {fmt(b[0])} | {fmt(a[0])} | {fmt(b[1])} | {fmt(a[1])} | {fmt(b[2])} | {fmt(a[2])} |")
+    print("\n".join(rows))
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path)
     p.add_argument("--backing", default="tmpfs")
+    p.add_argument("--before", type=Path, help="an earlier run: print a before/after table")
     a = p.parse_args(argv)
-    doc = json.loads((a.results / "results.json").read_text())
-    summary = summarize_doc(doc)
-    if a.backing not in summary:
-        print(f"targets: no {a.backing} backing in {a.results}", file=sys.stderr)
+    loaded = load(a.results, a.backing)
+    if loaded is None:
         return 2
-    per_fs = summary[a.backing]
-    metrics = {m["name"]: Metric(**m) for m in doc["metrics"][a.backing]}
+    if a.before is not None:
+        earlier = load(a.before, a.backing)
+        if earlier is None:
+            return 2
+        before_after(earlier, loaded)
+        return 0
+    per_fs, metrics = loaded
     rows = ["| workload | veilfs | × gocryptfs (≥ 2) | cost vs fuse-floor (≤ 1.3) | × plain | fuse-floor × gocryptfs | met |",
             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name in SPEED:
@@ -63,10 +103,8 @@ def main(argv: list[str]) -> int:
         v = median(per_fs, "veilfs", name)
         if m is None or v is None:
             continue
-        g, f, pl = (median(per_fs, fs, name) for fs in ("gocryptfs", "fuse-floor", "plain"))
-        vg = better_ratio(m, v, g) if g else None
-        cost = 1 / better_ratio(m, v, f) if f else None
-        vp = better_ratio(m, v, pl) if pl else None
+        g, f = median(per_fs, "gocryptfs", name), median(per_fs, "fuse-floor", name)
+        vg, cost, vp = ratios(per_fs, m, name)
         fg = better_ratio(m, f, g) if f and g else None
         goal = 3.0 if name == "randwrite" else 2.0
         met = []

@@ -8,6 +8,8 @@ bash scripts/deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release "$@"
+# The benchmark harness's own unit tests (no root, no mounts; the timed runs stay out of here).
+python3 -m unittest discover -s bench/tests
 # An independent Python reader (written from docs/FORMAT.md) must agree with the vectors.
 python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
 python3 tests/vectors/reference_reader.py --vectors tests/vectors/v1.json

@@ -19,6 +19,7 @@ sys.path.insert(0, str(BENCH))
 from veilbench import SCHEMA, cli, report  # noqa: E402
 from veilbench.workloads import GROUPS_BY_NAME, PEAK_RSS, Metric, all_metrics  # noqa: E402
 import check_outputs  # noqa: E402  (bench/check_outputs.py)
+import targets  # noqa: E402  (bench/targets.py)
 
 FAST = Metric("speed", "speed", "MiB/s", True)
 SLOW = Metric("time", "time", "s", False)
@@ -119,6 +120,46 @@ class OutputsTest(unittest.TestCase):
             (Path(d) / "results.json").write_text(json.dumps(doc))
             (Path(d) / "chart.png").write_bytes(b"not a png")
             self.assertEqual(check_outputs.main([d]), 1)
+
+
+class TargetsTest(unittest.TestCase):
+    """bench/targets.py: ratio directions and the before/after table."""
+
+    @staticmethod
+    def _run_dir(d: Path, write: dict[str, float], delete: dict[str, float]) -> Path:
+        metrics = all_metrics([GROUPS_BY_NAME["stream"], GROUPS_BY_NAME["kernel"]])
+        runs = [{"backing": "tmpfs", "fs": fs, "group": "g", "rep": 0,
+                 "values": {"stream_write": write[fs], "delete": delete[fs]}, "na": {}, "errors": {}}
+                for fs in write]
+        doc = {"metrics": {"tmpfs": [dict(m.__dict__) for m in metrics]}, "backings": ["tmpfs"],
+               "filesystems": list(write), "runs": runs}
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(doc))
+        return d
+
+    def test_ratios_and_before_after(self):
+        import contextlib
+        import io
+        fss = ("plain", "fuse-floor", "veilfs", "gocryptfs")
+        with tempfile.TemporaryDirectory() as t:
+            before = self._run_dir(Path(t) / "a", dict(zip(fss, (1000, 500, 200, 100))),
+                                   dict(zip(fss, (1.0, 2.0, 4.0, 3.0))))
+            after = self._run_dir(Path(t) / "b", dict(zip(fss, (1000, 500, 400, 100))),
+                                  dict(zip(fss, (1.0, 2.0, 2.0, 3.0))))
+            per_fs, metrics = targets.load(after, "tmpfs")
+            # 400 vs gocryptfs 100 MiB/s: 4x better; floor 500: costs 1.25; plain 1000: 0.4x.
+            self.assertEqual(targets.ratios(per_fs, metrics["stream_write"], "stream_write"), (4.0, 1.25, 0.4))
+            # 2 s vs gocryptfs 3 s (time: lower is better): 1.5x better; floor 2 s: cost 1.0.
+            vg, cost, vp = targets.ratios(per_fs, metrics["delete"], "delete")
+            self.assertAlmostEqual(vg, 1.5)
+            self.assertAlmostEqual(cost, 1.0)
+            self.assertAlmostEqual(vp, 0.5)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(targets.main([str(after), "--before", str(before)]), 0)
+            rows = {line.split(" | ")[0].strip("| "): line for line in out.getvalue().splitlines()}
+            self.assertIn("| 2.00 | 4.00 | 2.50 | 1.25 | 0.20 | 0.40 |", rows["stream_write"])
+            self.assertIn("| 0.75 | 1.50 | 2.00 | 1.00 | 0.25 | 0.50 |", rows["delete (rm -rf + sync)"])
 
 
 if __name__ == "__main__":
