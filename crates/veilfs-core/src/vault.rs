@@ -400,24 +400,24 @@ impl Vault {
     /// file; it is moved aside before its IV file goes, so a crash never leaves a live
     /// directory without one. Does not touch long-name side files.
     pub fn remove_entry(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
-        let what = dir.child_path(on_disk);
+        // The path is only formatted for an error: removing is on the hot path of rm -rf.
+        let what = || dir.child_path(on_disk);
         if kind != EntryKind::Dir {
-            return sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(|| what.clone());
+            return sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(what);
         }
-        let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(|| what.clone())?;
-        let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| what.clone())?;
+        let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
+        let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
         if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
-            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
+            return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
         }
         let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
-        sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)
-            .ctx(|| what.clone())?;
+        sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
         let _ = sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false);
         if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
             // Something appeared inside meanwhile: put it back as it was.
             let _ = sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), identity, 0o400);
             let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
-            return Err(Error::io(what, e));
+            return Err(Error::io(what(), e));
         }
         Ok(())
     }
