@@ -245,7 +245,7 @@ pub struct NameCipher {
 /// a listing opens two SIVs per entry. Each instance is used by one thread at a time
 /// (`encrypt`/`decrypt` take `&mut`); the key schedules are zeroized when an instance is
 /// dropped (the `aes` and `cmac` crates' `zeroize` features).
-struct SivPool {
+pub(crate) struct SivPool {
     key: SecretBytes<64>,
     free: Mutex<Vec<Aes256Siv>>,
 }
@@ -254,11 +254,11 @@ struct SivPool {
 const SIV_POOL_MAX: usize = 16;
 
 impl SivPool {
-    fn new(key: &SecretBytes<64>) -> Self {
+    pub(crate) fn new(key: &SecretBytes<64>) -> Self {
         SivPool { key: key.clone(), free: Mutex::new(Vec::new()) }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut Aes256Siv) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Aes256Siv) -> R) -> R {
         let spare = self.free.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut siv = spare.unwrap_or_else(|| Aes256Siv::new(self.key.expose().into()));
         let r = f(&mut siv);

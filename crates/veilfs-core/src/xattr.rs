@@ -15,9 +15,7 @@ use crate::content::aead::TAG_LEN;
 use crate::content::ContentCipher;
 use crate::error::{Error, Result};
 use crate::keys::{hkdf_expand, SecretBytes, SubKeys};
-use crate::names::{b64_decode, b64_encode, Identity};
-use aes_siv::siv::Aes256Siv;
-use aes_siv::KeyInit;
+use crate::names::{b64_decode, b64_encode, Identity, SivPool};
 
 /// Prefix of every attribute veilfs stores.
 pub const STORED_PREFIX: &str = "user.veilfs.";
@@ -28,7 +26,7 @@ pub const MAX_NAME: usize = 166;
 
 /// Encrypts and decrypts attribute names and values.
 pub struct XattrCipher {
-    names: SecretBytes<64>,
+    names: SivPool,
     content: SecretBytes<32>,
     cipher: ContentCipher,
 }
@@ -42,7 +40,7 @@ impl std::fmt::Debug for XattrCipher {
 impl XattrCipher {
     /// From the vault's subkeys and content cipher.
     pub fn new(keys: &SubKeys, cipher: ContentCipher) -> Self {
-        XattrCipher { names: keys.xattr_names.clone(), content: keys.content.clone(), cipher }
+        XattrCipher { names: SivPool::new(&keys.xattr_names), content: keys.content.clone(), cipher }
     }
 
     fn value_key(&self, id: &Identity) -> crate::content::BlockKey {
@@ -59,8 +57,7 @@ impl XattrCipher {
         if name.len() > MAX_NAME {
             return Err(Error::io("xattr", std::io::Error::from_raw_os_error(libc::ERANGE)));
         }
-        let ct =
-            Aes256Siv::new(self.names.expose().into()).encrypt([id.as_slice()], name).expect("SIV of a short name");
+        let ct = self.names.with(|siv| siv.encrypt([id.as_slice()], name)).expect("SIV of a short name");
         Ok(format!("{STORED_PREFIX}{}", b64_encode(&ct)))
     }
 
@@ -69,7 +66,7 @@ impl XattrCipher {
         let rest = stored.strip_prefix(STORED_PREFIX.as_bytes())?;
         let ct = std::str::from_utf8(rest).ok().and_then(b64_decode);
         Some(
-            ct.and_then(|ct| Aes256Siv::new(self.names.expose().into()).decrypt([id.as_slice()], ct.as_slice()).ok())
+            ct.and_then(|ct| self.names.with(|siv| siv.decrypt([id.as_slice()], ct.as_slice())).ok())
                 .ok_or_else(|| Error::auth("xattr name", "failed authentication (moved from another object?)")),
         )
     }
