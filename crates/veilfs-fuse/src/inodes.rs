@@ -126,9 +126,11 @@ impl Node {
         }
     }
 
-    /// Forgets the name `parent/on_disk`.
-    pub fn remove_link(&self, parent: u64, on_disk: &str) {
-        self.links.lock().retain(|x| !(x.parent.id == parent && x.on_disk == on_disk));
+    /// Forgets the name `parent/on_disk`; returns whether this mount still knows another.
+    pub fn remove_link(&self, parent: u64, on_disk: &str) -> bool {
+        let mut links = self.links.lock();
+        links.retain(|x| !(x.parent.id == parent && x.on_disk == on_disk));
+        !links.is_empty()
     }
 
     /// Renames `from_parent/from` to `to_parent/to`.

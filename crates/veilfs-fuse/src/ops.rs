@@ -776,10 +776,10 @@ impl VeilFs {
     fn after_unlink(&self, parent: u64, on_disk: &str, st: &libc::stat) {
         if let Some(id) = self.nodes.id_of(st.st_ino) {
             if let Ok(n) = self.nodes.get(id) {
-                n.remove_link(parent, on_disk);
+                let named = n.remove_link(parent, on_disk);
                 // Gone only if this was its last name on disk, not merely the last one this
                 // mount had looked up (other hard links may exist).
-                if st.st_nlink <= 1 && n.dir.is_none() && n.find_link(|_| Some(())).is_none() {
+                if st.st_nlink <= 1 && n.dir.is_none() && !named {
                     n.set_gone(st);
                 }
             }
