@@ -13,6 +13,7 @@ use crate::kdf::{self, Argon2Params};
 use crate::keys::{hmac16, MasterKey};
 use crate::names::{b64_decode, b64_encode, DirIv, CONFIG_NAME};
 use crate::recovery::RecoveryKey;
+use crate::sys::MetaError;
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
@@ -30,7 +31,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const FEATURES_V1: &[&str] =
     &["header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"];
 /// Largest config file we read (a config with many slots is still a few KiB).
-const MAX_CONFIG_LEN: usize = 1 << 20;
+pub const MAX_CONFIG_LEN: usize = 1 << 20;
 
 /// What kind of secret opens a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,24 +151,36 @@ impl VaultConfig {
     }
 
     /// Reads and checks the structure of the config in `cipherdir` (not yet authenticated:
-    /// that needs a key, see [`unlock`](Self::unlock)).
+    /// that needs a key, see [`unlock`](Self::unlock)). The file is opened without following
+    /// a symlink and without blocking (a FIFO planted as the config is refused, not waited
+    /// on), must be a regular file, and at most [`MAX_CONFIG_LEN`] bytes are read.
     pub fn load(cipherdir: &Path) -> Result<Self> {
         let path = Self::path_in(cipherdir);
         let cfg_err = |detail: String| Error::Config { path: path.clone(), detail };
-        let bytes = match std::fs::read(&path) {
+        let bytes = match crate::sys::read_meta_path(&path, MAX_CONFIG_LEN) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if e.is_not_found() => {
                 return Err(cfg_err(format!(
                     "not found: {} is not a veilfs vault (create one with `veilfs init`)",
                     cipherdir.display()
                 )))
             }
+            Err(e @ (MetaError::NotRegular(_) | MetaError::TooLarge(_))) => {
+                return Err(cfg_err(format!("{e}; it is not a veilfs config")))
+            }
             Err(e) => return Err(cfg_err(format!("cannot be read: {e}"))),
         };
+        Self::parse(&bytes, &path)
+    }
+
+    /// Parses and checks the structure of config bytes read from `path` (named in errors).
+    /// Never panics, whatever the bytes (fuzzed: `fuzz/fuzz_targets/config.rs`).
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Self> {
+        let cfg_err = |detail: String| Error::Config { path: path.to_path_buf(), detail };
         if bytes.len() > MAX_CONFIG_LEN {
             return Err(cfg_err("is larger than 1 MiB; it is not a veilfs config".into()));
         }
-        let cfg: VaultConfig = serde_json::from_slice(&bytes)
+        let cfg: VaultConfig = serde_json::from_slice(bytes)
             .map_err(|e| cfg_err(format!("is damaged or was edited ({e}); restore it from a backup")))?;
         cfg.check_structure().map_err(cfg_err)?;
         Ok(cfg)

@@ -6,7 +6,7 @@
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 fn cstr(name: &[u8]) -> io::Result<CString> {
@@ -248,13 +248,93 @@ pub fn read_dir_fd(dir: BorrowedFd<'_>) -> io::Result<Vec<RawDirEntry>> {
     }
 }
 
-/// Reads a whole small file relative to `dir`.
-pub fn read_small_file(dir: BorrowedFd<'_>, name: &[u8], max: usize) -> io::Result<Vec<u8>> {
-    let fd = openat(dir, name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
-    let mut buf = vec![0u8; max + 1];
-    let n = pread_full(fd.as_raw_fd(), &mut buf, 0)?;
+/// Why a small metadata file (directory IV, long-name side file, config) could not be read.
+#[derive(Debug)]
+pub enum MetaError {
+    /// The system call failed (`NotFound` when the file is absent).
+    Io(io::Error),
+    /// Something other than a regular file is there: a FIFO, socket, device, directory or
+    /// symlink was planted where the format puts a small file. Its `st_mode` (`S_IFLNK` for a
+    /// symlink, which is never opened).
+    NotRegular(u32),
+    /// The file is larger than the format allows (its size).
+    TooLarge(u64),
+}
+
+impl MetaError {
+    /// True when the file does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, MetaError::Io(e) if e.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+impl std::fmt::Display for MetaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetaError::Io(e) => write!(f, "{e}"),
+            MetaError::NotRegular(mode) => write!(f, "is {}, not a regular file", type_name(*mode)),
+            MetaError::TooLarge(n) => write!(f, "is {n} bytes long, larger than the format allows"),
+        }
+    }
+}
+
+/// "a FIFO", "a directory", ... for a `st_mode`.
+pub fn type_name(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symbolic link",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        _ => "an object of unknown type",
+    }
+}
+
+/// Flags for opening anything an attacker may have planted: never follow a symlink, never
+/// block (a FIFO opens at once instead of waiting for a writer), never become a controlling
+/// terminal.
+const SAFE_OPEN: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+
+/// Opens `name` in `dir` for reading as a regular file and checks it is one of at most `max`
+/// bytes, then reads it whole (with one read more than `max` to catch growth meanwhile).
+/// Nothing planted there can block or exhaust the reader: a symlink is not followed, a FIFO
+/// or device is opened non-blocking and refused by type before any read.
+pub fn read_meta_at(dir: BorrowedFd<'_>, name: &[u8], max: usize) -> Result<Vec<u8>, MetaError> {
+    let fd = match openat(dir, name, libc::O_RDONLY | SAFE_OPEN, 0) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(MetaError::NotRegular(libc::S_IFLNK)),
+        Err(e) => return Err(MetaError::Io(e)),
+    };
+    read_meta_fd(fd, max)
+}
+
+/// [`read_meta_at`] for a path (the config file), not following a final symlink.
+pub fn read_meta_path(path: &std::path::Path, max: usize) -> Result<Vec<u8>, MetaError> {
+    let c = cstr(path.as_os_str().as_bytes()).map_err(MetaError::Io)?;
+    // SAFETY: valid C string; the returned fd is checked and owned below.
+    let fd = match check(unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | SAFE_OPEN) }) {
+        // SAFETY: fresh fd owned by nobody else.
+        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(MetaError::NotRegular(libc::S_IFLNK)),
+        Err(e) => return Err(MetaError::Io(e)),
+    };
+    read_meta_fd(fd, max)
+}
+
+fn read_meta_fd(fd: OwnedFd, max: usize) -> Result<Vec<u8>, MetaError> {
+    let st = fstat(fd.as_fd()).map_err(MetaError::Io)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(MetaError::NotRegular(st.st_mode));
+    }
+    if st.st_size as u64 > max as u64 {
+        return Err(MetaError::TooLarge(st.st_size as u64));
+    }
+    let mut buf = vec![0u8; st.st_size as usize + 1];
+    let n = pread_full(fd.as_raw_fd(), &mut buf, 0).map_err(MetaError::Io)?;
     if n > max {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "file is larger than expected"));
+        return Err(MetaError::TooLarge(n as u64));
     }
     buf.truncate(n);
     Ok(buf)

@@ -14,7 +14,10 @@ use crate::kdf::Argon2Params;
 use crate::keys::{MasterKey, SubKeys};
 use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry, DIRIV_LEN, DIRIV_NAME};
 use crate::recovery::RecoveryKey;
-use crate::sys;
+use crate::sys::{self, MetaError};
+
+/// Largest long-name side file: `base64url(D)` of a 255-byte name is 362 bytes.
+const SIDE_FILE_MAX: usize = 512;
 use secrecy::SecretString;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -211,27 +214,36 @@ impl Vault {
         Ok(dir)
     }
 
-    /// Reads a directory's `veilfs.diriv`.
-    pub fn read_diriv(dir: BorrowedFd<'_>, what: &str) -> Result<DirIv> {
-        let bytes = sys::read_small_file(dir, DIRIV_NAME.as_bytes(), DIRIV_LEN)
-            .ctx(|| format!("reading {what}/{DIRIV_NAME}"))?;
-        bytes.try_into().map_err(|_| Error::auth(format!("{what}/{DIRIV_NAME}"), "is not 16 bytes long"))
-    }
-
-    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promised. A copied IV file
-    /// is an integrity error; a missing or empty one (a crash right after `mkdir`) is
-    /// restored from the authenticated entry.
+    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promises. A copied IV file,
+    /// one of the wrong length and anything but a regular file there (a planted FIFO, device
+    /// or symlink) is an integrity error; a missing or empty one (a crash right after
+    /// `mkdir`) is restored from the authenticated entry.
     pub fn check_diriv(&self, dir: &CipherDir) -> Result<()> {
-        let what = dir.path.display().to_string();
-        match sys::read_small_file(dir.fd(), DIRIV_NAME.as_bytes(), DIRIV_LEN) {
+        let what = || format!("{}/{DIRIV_NAME}", dir.path.display());
+        match sys::read_meta_at(dir.fd(), DIRIV_NAME.as_bytes(), DIRIV_LEN) {
             Ok(b) if b.as_slice() == dir.iv => Ok(()),
             Ok(b) if b.is_empty() => self.restore_diriv(dir),
+            Ok(b) if b.len() != DIRIV_LEN => Err(Error::auth(what(), format!("is {} bytes long, not 16", b.len()))),
             Ok(_) => Err(Error::auth(
-                format!("{what}/{DIRIV_NAME}"),
+                what(),
                 "does not match the IV its directory entry promises (copied from another directory?)",
             )),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.restore_diriv(dir),
-            Err(e) => Err(Error::io(format!("reading {what}/{DIRIV_NAME}"), e)),
+            Err(e) if e.is_not_found() => self.restore_diriv(dir),
+            Err(MetaError::Io(e)) => Err(Error::io(format!("reading {}", what()), e)),
+            Err(e) => Err(Error::auth(what(), e.to_string())),
+        }
+    }
+
+    /// Reads the long-name side file `side` of `dir`. Missing, oversized or not a regular
+    /// file: an integrity error naming it (the entry that needs it cannot be decoded).
+    pub fn read_side_file(dir: &CipherDir, side: &str) -> Result<Vec<u8>> {
+        match sys::read_meta_at(dir.fd(), side.as_bytes(), SIDE_FILE_MAX) {
+            Ok(b) => Ok(b),
+            Err(e) if e.is_not_found() => {
+                Err(Error::auth(dir.child_path(side), "is missing (the long name of an entry cannot be read)"))
+            }
+            Err(MetaError::Io(e)) => Err(Error::io(dir.child_path(side), e)),
+            Err(e) => Err(Error::auth(dir.child_path(side), e.to_string())),
         }
     }
 
@@ -255,10 +267,7 @@ impl Vault {
             ParsedEntry::Foreign => return Err(Error::auth(what(), "is not a veilfs entry name")),
             _ => {}
         }
-        let d = self
-            .names
-            .entry_d(&parsed, |side| sys::read_small_file(dir.fd(), side.as_bytes(), 4096).ctx(|| dir.child_path(side)))
-            .map_err(|e| relabel(e, &what()))?;
+        let d = self.names.entry_d(&parsed, |side| Self::read_side_file(dir, side)).map_err(|e| relabel(e, &what()))?;
         let name = self.names.decrypt_name(&dir.iv, &d).map_err(|e| relabel(e, &what()))?;
         let kind = EntryKind::from_mode(st.st_mode);
         let identity = self

@@ -534,10 +534,7 @@ impl VeilFs {
     /// `D` of an on-disk entry (reading the side file of a long name).
     pub(crate) fn decode_d(&self, dir: &DirState, on_disk: &str) -> veilfs_core::Result<Vec<u8>> {
         let parsed = ParsedEntry::parse(on_disk.as_bytes());
-        self.names.entry_d(&parsed, |side| {
-            sys::read_small_file(dir.cd.fd(), side.as_bytes(), 4096)
-                .map_err(|e| veilfs_core::Error::io(dir.cd.child_path(side), e))
-        })
+        self.names.entry_d(&parsed, |side| Vault::read_side_file(&dir.cd, side))
     }
 
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
