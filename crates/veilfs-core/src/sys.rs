@@ -478,3 +478,252 @@ pub fn fremovexattr(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     // SAFETY: valid fd and C string.
     check(unsafe { libc::fremovexattr(fd.as_raw_fd(), n.as_ptr()) }).map(drop)
 }
+
+// ---- verified handles on entries ---------------------------------------------------------
+//
+// Every change of an entry's attributes goes through a handle on the object itself, obtained
+// without following a link and checked by type: a name is resolved once, and what is acted
+// on is what was checked. (A name-based `fchmodat` by a root daemon follows a symlink that a
+// user planted in the ciphertext; see docs/SECURITY.md, "Multi-user mounts".)
+
+/// An `O_PATH | O_NOFOLLOW` handle on `dir/name` (a symlink is the symlink itself) and its
+/// `stat`. Opening with `O_PATH` touches nothing: no FIFO blocks, no device driver runs.
+pub fn open_path_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<(OwnedFd, libc::stat)> {
+    let fd = openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+    let st = fstat(fd.as_fd())?;
+    Ok((fd, st))
+}
+
+/// Opens `dir/name` as a regular file with `flags` (access mode and the like): never follows
+/// a symlink, never blocks on a FIFO, and refuses anything but a regular file by type
+/// (`Err(Ok(st_mode))`), so a planted FIFO, socket or device is reported, not used.
+pub fn open_regular_at(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    flags: libc::c_int,
+) -> Result<(OwnedFd, libc::stat), Result<u32, io::Error>> {
+    let fd = match openat(dir, name, flags | SAFE_OPEN, 0) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(Ok(libc::S_IFLNK)),
+        Err(e) => return Err(Err(e)),
+    };
+    let st = fstat(fd.as_fd()).map_err(Err)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Ok(st.st_mode));
+    }
+    Ok((fd, st))
+}
+
+/// `/proc/self/fd/N`: reaches the object behind `fd` itself (for calls that have no fd form
+/// taking an `O_PATH` handle).
+pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a number")
+}
+
+/// chmod of the object behind `fd` (any fd, `O_PATH` too; never a symlink: callers check).
+/// `fchmodat2(fd, "", AT_EMPTY_PATH)` on Linux 6.6+, else through `/proc/self/fd/N`, which
+/// resolves to the object the fd holds, not to whatever has its name now.
+pub fn chmod_fd(fd: BorrowedFd<'_>, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: raw fchmodat2(fd, "", mode, AT_EMPTY_PATH) with a static NUL-terminated path.
+    let r = unsafe { libc::syscall(libc::SYS_fchmodat2, fd.as_raw_fd(), c"".as_ptr(), mode, libc::AT_EMPTY_PATH) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) {
+        return Err(e);
+    }
+    let p = fd_path(fd);
+    // SAFETY: valid C string.
+    check(unsafe { libc::chmod(p.as_ptr(), mode) }).map(drop)
+}
+
+/// chown of the object behind `fd` (`O_PATH` handles too; a symlink itself, not its target);
+/// `u32::MAX` leaves an id unchanged.
+pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    fchownat(fd, b"", uid, gid)
+}
+
+/// Sets the times of the object behind `fd` (`O_PATH` handles too; a symlink itself).
+pub fn utimens_fd(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<()> {
+    let flags = libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW;
+    // SAFETY: valid fd, static empty C string and a two-element timespec array.
+    check(unsafe { libc::utimensat(fd.as_raw_fd(), c"".as_ptr(), times.as_ptr(), flags) }).map(drop)
+}
+
+/// `getxattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink); an empty
+/// `buf` asks for the size.
+pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
+    let (p, n) = (fd_path(fd), cstr(name)?);
+    // SAFETY: valid C strings; the buffer describes writable memory (or is empty).
+    ssize(unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `setxattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink).
+pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &[u8], value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    let (p, n) = (fd_path(fd), cstr(name)?);
+    // SAFETY: valid C strings and a readable value buffer.
+    check(unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) }).map(drop)
+}
+
+/// `listxattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink).
+pub fn listxattr_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    let p = fd_path(fd);
+    // SAFETY: valid C string; the buffer describes writable memory.
+    ssize(unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `removexattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink).
+pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let (p, n) = (fd_path(fd), cstr(name)?);
+    // SAFETY: valid C strings.
+    check(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
+}
+
+// ---- acting as the caller ----------------------------------------------------------------
+//
+// A daemon running as root for `--allow-other` makes changes with the requesting user's
+// filesystem ids and groups, so that even a missed race acts with that user's rights, not
+// root's. fsuid/fsgid are per thread in Linux; supplementary groups are per thread too when
+// set with the raw system call (glibc's setgroups() would change every thread of the daemon).
+
+thread_local! {
+    /// The caller this thread acts as, if any: (uid, gid, groups).
+    static ACTING: std::cell::RefCell<Option<(u32, u32, Vec<libc::gid_t>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn set_creds(uid: u32, gid: u32, groups: &[libc::gid_t]) -> io::Result<()> {
+    // SAFETY: raw setgroups(2) for this thread only, with a valid array of `groups.len()` ids.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) as libc::c_int })?;
+    // SAFETY: setfsgid/setfsuid take plain ids; they return the previous id and cannot fail
+    // in a way that needs memory effects. Verified by reading the value back.
+    unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+    }
+    // SAFETY: an invalid id (-1) leaves the fs ids unchanged and returns the current ones.
+    let (u, g) = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
+    if u as u32 != uid || g as u32 != gid {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(())
+}
+
+/// Acts as `uid`/`gid` with supplementary `groups` on this thread until the guard drops
+/// (then back to root with no supplementary groups). Only for a daemon running as root.
+pub fn act_as(uid: u32, gid: u32, groups: Vec<libc::gid_t>) -> io::Result<ActingGuard> {
+    set_creds(uid, gid, &groups)?;
+    ACTING.with_borrow_mut(|a| *a = Some((uid, gid, groups)));
+    Ok(ActingGuard(std::marker::PhantomData))
+}
+
+/// Returned by [`act_as`]; restores root's filesystem ids on drop. Not `Send`: the ids
+/// belong to the thread.
+pub struct ActingGuard(std::marker::PhantomData<*const ()>);
+
+impl Drop for ActingGuard {
+    fn drop(&mut self) {
+        ACTING.with_borrow_mut(|a| *a = None);
+        if let Err(e) = set_creds(0, 0, &[]) {
+            // Never serve a later request with a user's ids: nothing sane can continue.
+            eprintln!("veilfs: cannot restore the daemon's credentials: {e}");
+            std::process::abort();
+        }
+    }
+}
+
+/// Runs `f` with the daemon's own (root) ids even while this thread acts as a caller: for
+/// the format's internal steps on objects the daemon itself just verified or created (the
+/// directory IV file of a directory being removed), which the caller's plaintext rights
+/// cover but the backing modes may not.
+pub fn privileged<R>(f: impl FnOnce() -> R) -> R {
+    let acting = ACTING.with_borrow(|a| a.clone());
+    let Some((uid, gid, groups)) = acting else { return f() };
+    if set_creds(0, 0, &[]).is_err() {
+        return f();
+    }
+    let r = f();
+    if let Err(e) = set_creds(uid, gid, &groups) {
+        eprintln!("veilfs: cannot switch back to the caller's credentials: {e}");
+        std::process::abort();
+    }
+    r
+}
+
+/// The supplementary groups of process `pid` (from `/proc/PID/status`), for [`act_as`].
+pub fn groups_of(pid: u32) -> io::Result<Vec<libc::gid_t>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(line.split_ascii_whitespace().filter_map(|g| g.parse().ok()).collect())
+}
+
+/// Where an xattr call goes: an open fd (a directory, an open file), a verified `O_PATH`
+/// handle of a non-symlink (through `/proc/self/fd/N`), or a path whose last component is
+/// not followed (a symlink itself, which only takes `trusted.*`/`security.*` attributes).
+#[derive(Debug, Clone, Copy)]
+pub enum XattrTarget<'a> {
+    /// An fd opened for I/O (not `O_PATH`).
+    Fd(BorrowedFd<'a>),
+    /// An `O_PATH` handle of anything but a symlink.
+    Handle(BorrowedFd<'a>),
+    /// A path, the last component not followed (`l*xattr`).
+    NoFollow(&'a CString),
+}
+
+impl XattrTarget<'_> {
+    /// `getxattr`; an empty `buf` asks for the size.
+    pub fn get(self, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            XattrTarget::Fd(fd) => fgetxattr(fd, name, buf),
+            XattrTarget::Handle(fd) => getxattr_fd(fd, name, buf),
+            XattrTarget::NoFollow(p) => lgetxattr(p, name, buf),
+        }
+    }
+
+    /// `setxattr`.
+    pub fn set(self, name: &[u8], value: &[u8], flags: libc::c_int) -> io::Result<()> {
+        match self {
+            XattrTarget::Fd(fd) => fsetxattr(fd, name, value, flags),
+            XattrTarget::Handle(fd) => setxattr_fd(fd, name, value, flags),
+            XattrTarget::NoFollow(p) => lsetxattr(p, name, value, flags),
+        }
+    }
+
+    /// `listxattr`; an empty `buf` asks for the size.
+    pub fn list(self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            XattrTarget::Fd(fd) => flistxattr(fd, buf),
+            XattrTarget::Handle(fd) => listxattr_fd(fd, buf),
+            XattrTarget::NoFollow(p) => llistxattr(p, buf),
+        }
+    }
+
+    /// `removexattr`.
+    pub fn remove(self, name: &[u8]) -> io::Result<()> {
+        match self {
+            XattrTarget::Fd(fd) => fremovexattr(fd, name),
+            XattrTarget::Handle(fd) => removexattr_fd(fd, name),
+            XattrTarget::NoFollow(p) => lremovexattr(p, name),
+        }
+    }
+
+    /// The whole list of stored names (NUL-separated).
+    pub fn list_all(self) -> io::Result<Vec<u8>> {
+        loop {
+            let mut buf = vec![0u8; self.list(&mut [])? + 256];
+            match self.list(&mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(buf);
+                }
+                // Grew meanwhile: ask again.
+                Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -323,23 +323,40 @@ impl Vault {
         Ok((good, bad))
     }
 
-    /// Finds the entry for plaintext `name` in `dir` (lists the directory).
+    /// Finds the entry for plaintext `name` in `dir` (lists the directory). `D` is computed
+    /// from the name, so a long name's side file is not needed (only listings read it), and
+    /// the entry's binding is verified against that `D`: a forged entry cannot hide the real
+    /// one, and among entries that verify, the newer (ctime) wins.
     pub fn lookup(&self, dir: &CipherDir, name: &[u8]) -> Result<Option<Entry>> {
         let key = self.names.name_key(&dir.iv, name)?;
         let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
         let mut found: Option<Entry> = None;
+        let mut forged: Option<Error> = None;
         for r in raw {
-            if ParsedEntry::parse(&r.name).key() != Some(key.key.as_str()) {
+            let parsed = ParsedEntry::parse(&r.name);
+            if parsed.key() != Some(key.key.as_str()) {
                 continue;
             }
-            let st = sys::fstatat(dir.fd(), &r.name).ctx(|| dir.child_path(&String::from_utf8_lossy(&r.name)))?;
-            if let Some(e) = self.decode_entry(dir, &r.name, st)? {
-                if found.as_ref().is_none_or(|f| ctime(&e.stat) > ctime(&f.stat)) {
-                    found = Some(e);
+            let on_disk = String::from_utf8_lossy(&r.name).into_owned();
+            let st = sys::fstatat(dir.fd(), &r.name).ctx(|| dir.child_path(&on_disk))?;
+            let kind = EntryKind::from_mode(st.st_mode);
+            let binding = parsed.binding().expect("user entry");
+            let identity = match self.names.unbind(&dir.iv, &key.d, kind, binding) {
+                Ok(id) => id,
+                Err(e) => {
+                    forged = Some(relabel(e, &dir.child_path(&on_disk)));
+                    continue;
                 }
+            };
+            if found.as_ref().is_none_or(|f| ctime(&st) > ctime(&f.stat)) {
+                found = Some(Entry { name: name.to_vec(), on_disk, key: key.clone(), kind, identity, stat: st });
             }
         }
-        Ok(found)
+        match (found, forged) {
+            (Some(e), _) => Ok(Some(e)),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
     }
 
     /// Opens the subdirectory named by `entry` in `parent`, verifying its IV.
@@ -362,14 +379,102 @@ impl Vault {
         // Writes need to read too (read-modify-write of partial blocks).
         let flags =
             if flags & libc::O_ACCMODE == libc::O_WRONLY { (flags & !libc::O_ACCMODE) | libc::O_RDWR } else { flags };
-        let fd = sys::openat(
-            parent.fd(),
-            entry.on_disk.as_bytes(),
-            (flags & !(libc::O_APPEND | libc::O_TRUNC | libc::O_CREAT)) | libc::O_NOFOLLOW,
-            0,
-        )
-        .ctx(|| what.clone())?;
+        let flags = flags & !(libc::O_APPEND | libc::O_TRUNC | libc::O_CREAT);
+        let fd = Self::open_content(parent, &entry.on_disk, flags, entry.stat.st_ino)?;
         CryptFile::open(sys::into_file(fd), self.ctx.clone(), entry.identity, what)
+    }
+
+    /// Opens the content of the regular file `on_disk` in `dir` with `flags`: never through a
+    /// symlink, never blocking on a planted FIFO, and only if it is a regular file and (when
+    /// `ino` is given) still the inode that was looked up. Anything else is an integrity error
+    /// naming the ciphertext file: something was put where the entry's file belongs.
+    pub fn open_content(dir: &CipherDir, on_disk: &str, flags: libc::c_int, ino: u64) -> Result<OwnedFd> {
+        match sys::open_regular_at(dir.fd(), on_disk.as_bytes(), flags) {
+            Ok((fd, st)) if ino == 0 || st.st_ino == ino => Ok(fd),
+            Ok(_) => Err(Error::auth(dir.child_path(on_disk), "was replaced by another file while in use")),
+            Err(Ok(mode)) => Err(Error::auth(
+                dir.child_path(on_disk),
+                format!("is {} where its entry names a regular file", sys::type_name(mode)),
+            )),
+            Err(Err(e)) => Err(Error::io(dir.child_path(on_disk), e)),
+        }
+    }
+
+    /// A verified `O_PATH` handle on the object of `entry` in `dir`: of the entry's kind and
+    /// the inode the entry was listed with. Attribute changes act on this handle, so a link
+    /// planted under the entry's name is never followed (docs/SECURITY.md §8).
+    pub fn entry_handle(dir: &CipherDir, on_disk: &str, kind: EntryKind, ino: u64) -> Result<(OwnedFd, libc::stat)> {
+        let what = || dir.child_path(on_disk);
+        let (fd, st) = sys::open_path_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
+        if EntryKind::from_mode(st.st_mode) != kind {
+            return Err(Error::auth(
+                what(),
+                format!("is {} where its entry names another kind", sys::type_name(st.st_mode)),
+            ));
+        }
+        if ino != 0 && st.st_ino != ino {
+            return Err(Error::auth(what(), "was replaced by another object while in use"));
+        }
+        Ok((fd, st))
+    }
+
+    /// Sets mode (not for symlinks), owner (`u32::MAX` keeps one) and times of `entry` in
+    /// `dir` through a verified handle (see [`entry_handle`](Self::entry_handle)).
+    pub fn set_attrs(
+        &self,
+        dir: &CipherDir,
+        entry: &Entry,
+        mode: Option<u32>,
+        owner: Option<(u32, u32)>,
+        times: Option<&[libc::timespec; 2]>,
+    ) -> Result<()> {
+        let what = || dir.child_path(&entry.on_disk);
+        let (fd, _) = Self::entry_handle(dir, &entry.on_disk, entry.kind, entry.stat.st_ino)?;
+        if let Some((uid, gid)) = owner {
+            sys::chown_fd(fd.as_fd(), uid, gid).ctx(what)?;
+        }
+        if let Some(m) = mode.filter(|_| entry.kind != EntryKind::Symlink) {
+            sys::chmod_fd(fd.as_fd(), m & 0o7777).ctx(what)?;
+        }
+        if let Some(t) = times {
+            sys::utimens_fd(fd.as_fd(), t).ctx(what)?;
+        }
+        Ok(())
+    }
+
+    /// The plaintext `user.*` attributes of `entry` (none for a symlink), read through a
+    /// verified handle. An attribute that fails authentication is an integrity error.
+    pub fn xattrs(&self, dir: &CipherDir, entry: &Entry) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if entry.kind == EntryKind::Symlink {
+            return Ok(Vec::new());
+        }
+        let what = || dir.child_path(&entry.on_disk);
+        let (fd, _) = Self::entry_handle(dir, &entry.on_disk, entry.kind, entry.stat.st_ino)?;
+        let t = sys::XattrTarget::Handle(fd.as_fd());
+        let raw = t.list_all().ctx(what)?;
+        let xc = crate::xattr::XattrCipher::new(&self.ctx.keys, self.ctx.cipher);
+        let mut out = Vec::new();
+        for stored in raw.split(|&b| b == 0).filter(|s| !s.is_empty()) {
+            let Some(name) = xc.decrypt_name(&entry.identity, stored) else { continue };
+            let name = name.map_err(|e| relabel(e, &what()))?;
+            let mut buf = vec![0u8; 65536 + xc.value_overhead()];
+            let n = t.get(stored, &mut buf).ctx(what)?;
+            let stored = String::from_utf8_lossy(stored);
+            let value = xc.decrypt_value(&entry.identity, &stored, &buf[..n]).map_err(|e| relabel(e, &what()))?;
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+
+    /// Sets the plaintext `user.*` attribute `name` of `entry` (not a symlink) through a
+    /// verified handle.
+    pub fn set_xattr(&self, dir: &CipherDir, entry: &Entry, name: &[u8], value: &[u8]) -> Result<()> {
+        let what = || dir.child_path(&entry.on_disk);
+        let (fd, _) = Self::entry_handle(dir, &entry.on_disk, entry.kind, entry.stat.st_ino)?;
+        let xc = crate::xattr::XattrCipher::new(&self.ctx.keys, self.ctx.cipher);
+        let stored = xc.encrypt_name(&entry.identity, name)?;
+        let blob = xc.encrypt_value(&entry.identity, &stored, value);
+        sys::XattrTarget::Handle(fd.as_fd()).set(stored.as_bytes(), &blob, 0).ctx(what)
     }
 
     /// Computes the on-disk name of a new entry `name` of `kind` with `identity` in `dir`,
@@ -421,10 +526,12 @@ impl Vault {
         }
         let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
         sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
-        let _ = sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false);
+        // The IV file goes with the daemon's own rights: the caller's right to remove the
+        // directory covers it, but a directory without write permission would refuse it.
+        let _ = sys::privileged(|| sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false));
         if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
             // Something appeared inside meanwhile: put it back as it was.
-            let _ = sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), identity, 0o400);
+            let _ = sys::privileged(|| sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), identity, 0o400));
             let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
             return Err(Error::io(what(), e));
         }
@@ -491,12 +598,18 @@ impl Vault {
         let iv: DirIv = crate::random::bytes();
         let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Dir, &iv)?;
         let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
-        sys::mkdirat(dir.fd(), tmp.as_bytes(), 0o700).ctx(|| dir.child_path(&tmp))?;
+        // Made with its final mode when that lets its owner write the IV file into it (the
+        // usual case; a set-group-id parent's group and bit are inherited as usual); else
+        // made private and given its mode through its own fd once the IV file is in.
+        let mode = mode & 0o7777;
+        let direct = mode & 0o700 == 0o700;
+        sys::mkdirat(dir.fd(), tmp.as_bytes(), if direct { mode } else { 0o700 }).ctx(|| dir.child_path(&tmp))?;
         let result = (|| {
             let fd = sys::open_dir_at(dir.fd(), tmp.as_bytes()).ctx(|| dir.child_path(&tmp))?;
             sys::write_new_file(fd.as_fd(), DIRIV_NAME.as_bytes(), &iv, 0o400).ctx(|| dir.child_path(&tmp))?;
-            // Set the final mode only now, so a mode without write permission still works.
-            sys::fchmodat(dir.fd(), tmp.as_bytes(), mode & 0o7777).ctx(|| dir.child_path(&tmp))?;
+            if !direct {
+                sys::chmod_fd(fd.as_fd(), mode).ctx(|| dir.child_path(&tmp))?;
+            }
             sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
                 .ctx(|| dir.child_path(&on_disk))?;
             Ok(fd)
