@@ -2,7 +2,7 @@
 //! exactly one reply.
 
 use crate::attr;
-use crate::ops::VeilFs;
+use crate::ops::{Caller, SetAttr, VeilFs};
 use fuser::{
     AccessFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
@@ -41,6 +41,11 @@ fn ts(t: Option<TimeOrNow>) -> Option<libc::timespec> {
             }
         },
     })
+}
+
+/// The ids a request came with.
+fn caller(req: &Request) -> Caller {
+    Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
 }
 
 fn xattr_reply(reply: ReplyXattr, size: u32, r: io::Result<Vec<u8>>) {
@@ -123,7 +128,7 @@ impl Filesystem for VeilFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -140,7 +145,12 @@ impl Filesystem for VeilFs {
         reply: ReplyAttr,
     ) {
         self.touch();
-        match self.do_setattr(ino.0, mode, uid, gid, size, ts(atime), ts(mtime), fh.map(|f| f.0)) {
+        match self.do_setattr(
+            ino.0,
+            &SetAttr { mode, uid, gid, size, atime: ts(atime), mtime: ts(mtime) },
+            fh.map(|f| f.0),
+            caller(req),
+        ) {
             Ok(a) => reply.attr(&self.opts.ttl, &a),
             Err(e) => reply.error(e.into()),
         }
@@ -165,33 +175,38 @@ impl Filesystem for VeilFs {
         reply: ReplyEntry,
     ) {
         self.touch();
-        self.entry(reply, self.do_mknod(parent.0, name.as_bytes(), mode, rdev, req.uid(), req.gid()));
+        self.entry(
+            reply,
+            self.acting(caller(req)).and_then(|_as| self.do_mknod(parent.0, name.as_bytes(), mode, rdev)),
+        );
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
         self.touch();
-        self.entry(reply, self.do_mkdir(parent.0, name.as_bytes(), mode, req.uid(), req.gid()));
+        self.entry(reply, self.acting(caller(req)).and_then(|_as| self.do_mkdir(parent.0, name.as_bytes(), mode)));
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.touch();
-        empty(reply, self.do_remove(parent.0, name.as_bytes(), false));
+        empty(reply, self.acting(caller(req)).and_then(|_as| self.do_remove(parent.0, name.as_bytes(), false)));
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.touch();
-        empty(reply, self.do_remove(parent.0, name.as_bytes(), true));
+        empty(reply, self.acting(caller(req)).and_then(|_as| self.do_remove(parent.0, name.as_bytes(), true)));
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         self.touch();
-        let r = self.do_symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), req.uid(), req.gid());
+        let r = self
+            .acting(caller(req))
+            .and_then(|_as| self.do_symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes()));
         self.entry(reply, r);
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -200,12 +215,18 @@ impl Filesystem for VeilFs {
         reply: ReplyEmpty,
     ) {
         self.touch();
-        empty(reply, self.do_rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()));
+        let r = self
+            .acting(caller(req))
+            .and_then(|_as| self.do_rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()));
+        empty(reply, r);
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         self.touch();
-        self.entry(reply, self.do_link(ino.0, newparent.0, newname.as_bytes()));
+        self.entry(
+            reply,
+            self.acting(caller(req)).and_then(|_as| self.do_link(ino.0, newparent.0, newname.as_bytes())),
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -399,7 +420,7 @@ impl Filesystem for VeilFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -408,7 +429,7 @@ impl Filesystem for VeilFs {
         reply: ReplyEmpty,
     ) {
         self.touch();
-        empty(reply, self.do_setxattr(ino.0, name.as_bytes(), value, flags));
+        empty(reply, self.do_setxattr(ino.0, name.as_bytes(), value, flags, caller(req)));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -421,9 +442,9 @@ impl Filesystem for VeilFs {
         xattr_reply(reply, size, self.do_listxattr(ino.0));
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.touch();
-        empty(reply, self.do_removexattr(ino.0, name.as_bytes()));
+        empty(reply, self.do_removexattr(ino.0, name.as_bytes(), caller(req)));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -442,7 +463,7 @@ impl Filesystem for VeilFs {
         reply: ReplyCreate,
     ) {
         self.touch();
-        match self.do_create(parent.0, name.as_bytes(), mode, flags, req.uid(), req.gid()) {
+        match self.acting(caller(req)).and_then(|_as| self.do_create(parent.0, name.as_bytes(), mode, flags)) {
             Ok((node, st, fh)) => {
                 reply.created(&self.opts.ttl, &self.attr_of(&node, &st), GEN, FileHandle(fh), self.keep_cache())
             }

@@ -31,6 +31,63 @@ pub struct FsOptions {
     pub writeback: bool,
 }
 
+/// What a SETATTR asks to change (`None`: leave as is).
+#[derive(Debug, Default, Clone)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New plaintext size.
+    pub size: Option<u64>,
+    /// New access time (`UTIME_NOW` allowed).
+    pub atime: Option<libc::timespec>,
+    /// New modification time (`UTIME_NOW` allowed).
+    pub mtime: Option<libc::timespec>,
+}
+
+impl SetAttr {
+    fn changes_anything(&self) -> bool {
+        self.mode.is_some()
+            || self.uid.is_some()
+            || self.gid.is_some()
+            || self.size.is_some()
+            || self.atime.is_some()
+            || self.mtime.is_some()
+    }
+
+    /// The two timespecs of `utimensat`, `UTIME_OMIT` for the ones not asked for.
+    fn times(&self) -> [libc::timespec; 2] {
+        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+        [self.atime.unwrap_or(omit), self.mtime.unwrap_or(omit)]
+    }
+
+    /// Applies the changes to a remembered `stat` (of a deleted object).
+    fn apply_to(&self, st: &mut libc::stat) {
+        if let Some(m) = self.mode {
+            st.st_mode = (st.st_mode & libc::S_IFMT) | (m & 0o7777);
+        }
+        if let Some(u) = self.uid {
+            st.st_uid = u;
+        }
+        if let Some(g) = self.gid {
+            st.st_gid = g;
+        }
+        for (t, (sec, nsec)) in self
+            .times()
+            .iter()
+            .zip([(&mut st.st_atime, &mut st.st_atime_nsec), (&mut st.st_mtime, &mut st.st_mtime_nsec)])
+        {
+            if t.tv_nsec != libc::UTIME_OMIT && t.tv_nsec != libc::UTIME_NOW {
+                *sec = t.tv_sec;
+                *nsec = t.tv_nsec;
+            }
+        }
+    }
+}
+
 /// What the mount is doing, shared with the process that runs it: when it last served a
 /// request and how many files are open (for `--idle`), and whether it has ended.
 #[derive(Debug, Default)]
@@ -80,8 +137,6 @@ pub struct VeilFs {
     pub(crate) writeback: bool,
     pub(crate) euid: u32,
     pub(crate) activity: Arc<Activity>,
-    /// Directories whose `veilfs.diriv` was checked against their entry.
-    diriv_checked: parking_lot::Mutex<std::collections::HashSet<u64>>,
 }
 
 pub(crate) fn errno(n: i32) -> io::Error {
@@ -100,13 +155,16 @@ pub(crate) fn cerr(e: veilfs_core::Error) -> io::Error {
     }
 }
 
-/// A new object's owner: the caller, with the group of a set-group-id parent.
-pub(crate) struct Owner {
+/// Who sent a request: the ids a root daemon acts with for it (see [`VeilFs::acting`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    /// User id.
     pub uid: u32,
+    /// Primary group id.
     pub gid: u32,
+    /// Process id (0 for requests the kernel makes on its own).
+    pub pid: u32,
 }
-
-const READ_FLAGS_RW: i32 = libc::O_RDWR | libc::O_NOFOLLOW;
 
 thread_local! {
     static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -136,10 +194,21 @@ impl VeilFs {
             euid,
             opts,
             activity,
-            diriv_checked: Default::default(),
         };
-        fs.diriv_checked.lock().insert(ROOT);
         Ok(fs)
+    }
+
+    /// For a daemon running as root: acts as `c` (fsuid, fsgid, supplementary groups) on this
+    /// thread until the guard drops, so a change made for a user has that user's rights on
+    /// the backing store, whatever a race or a planted link makes of its name. Nothing to do
+    /// for a daemon running as the mounting user or for root's own requests. Supplementary
+    /// groups come from `/proc/PID/status`; a request the kernel makes itself (pid 0) gets none.
+    pub(crate) fn acting(&self, c: Caller) -> io::Result<Option<sys::ActingGuard>> {
+        if self.euid != 0 || (c.uid == 0 && c.gid == 0) {
+            return Ok(None);
+        }
+        let groups = if c.pid == 0 { Vec::new() } else { sys::groups_of(c.pid).unwrap_or_default() };
+        sys::act_as(c.uid, c.gid, groups).map(Some)
     }
 
     /// Notes activity (for `--idle`).
@@ -192,6 +261,9 @@ impl VeilFs {
         self.nodes.lookup(parent, on_disk, st, kind, identity, || {
             let fd = sys::open_dir_at(dir.cd.fd(), on_disk.as_bytes())?;
             let cd = CipherDir::from_parts(fd, identity, dir.cd.path.join(on_disk));
+            // Every directory this mount uses was checked here first: its `veilfs.diriv` is
+            // the IV its entry promises (not one copied from another directory, not a FIFO).
+            self.vault.check_diriv(&cd).map_err(cerr)?;
             Ok(Some(DirState::new(cd, self.opts.shared_storage)))
         })
     }
@@ -262,20 +334,25 @@ impl VeilFs {
         let mut last = errno(libc::ESTALE);
         for l in node.links() {
             let dir = l.parent.dir()?;
-            let flags = if self.opts.read_only { libc::O_RDONLY | libc::O_NOFOLLOW } else { READ_FLAGS_RW };
-            let fd = match sys::openat(dir.cd.fd(), l.on_disk.as_bytes(), flags, 0) {
+            // Verified: a regular file, and the inode the kernel checked permissions against;
+            // a planted FIFO, device or link, or a swapped file, is an integrity error.
+            let open = |flags| Vault::open_content(&dir.cd, &l.on_disk, flags, node.backing_ino);
+            let fd = match open(if self.opts.read_only { libc::O_RDONLY } else { libc::O_RDWR }) {
                 Ok(fd) => fd,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) => {
-                    match sys::openat(dir.cd.fd(), l.on_disk.as_bytes(), libc::O_RDONLY | libc::O_NOFOLLOW, 0) {
+                Err(veilfs_core::Error::Io { source, .. })
+                    if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) =>
+                {
+                    match open(libc::O_RDONLY) {
                         Ok(fd) => fd,
                         Err(e) => {
-                            last = e;
+                            last = cerr(e);
                             continue;
                         }
                     }
                 }
+                Err(e @ veilfs_core::Error::Auth { .. }) => return Err(cerr(e)),
                 Err(e) => {
-                    last = e;
+                    last = cerr(e);
                     continue;
                 }
             };
@@ -482,11 +559,7 @@ impl VeilFs {
     /// OPENDIR.
     pub(crate) fn do_opendir(&self, ino: u64) -> io::Result<u64> {
         let node = self.nodes.get(ino)?;
-        let dir = node.dir()?;
-        if !self.diriv_checked.lock().contains(&node.id) {
-            self.vault.check_diriv(&dir.cd).map_err(cerr)?;
-            self.diriv_checked.lock().insert(node.id);
-        }
+        node.dir()?;
         Ok(self.handles.add_dir(node))
     }
 
@@ -544,28 +617,6 @@ impl VeilFs {
         Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
     }
 
-    /// The owner of a new object made by `uid`/`gid` in `parent`.
-    pub(crate) fn owner(&self, parent: &DirState, uid: u32, gid: u32) -> io::Result<Option<Owner>> {
-        // Only a root daemon can give objects away; a root caller needs nothing (the backing
-        // filesystem already applies a set-group-id parent's group).
-        if self.euid != 0 || (uid == 0 && gid == 0) {
-            return Ok(None);
-        }
-        let pst = sys::fstat(parent.cd.fd())?;
-        let gid = if pst.st_mode & libc::S_ISGID != 0 { pst.st_gid } else { gid };
-        if uid == 0 && gid == 0 {
-            return Ok(None);
-        }
-        Ok(Some(Owner { uid, gid }))
-    }
-
-    fn chown_new(&self, dir: &DirState, on_disk: &str, owner: &Option<Owner>) -> io::Result<()> {
-        if let Some(o) = owner {
-            sys::fchownat(dir.cd.fd(), on_disk.as_bytes(), o.uid, o.gid)?;
-        }
-        Ok(())
-    }
-
     /// Registers a new entry in the parent's index and node table; returns its node.
     fn created(
         &self,
@@ -591,8 +642,6 @@ impl VeilFs {
         name: &[u8],
         mode: u32,
         flags: i32,
-        uid: u32,
-        gid: u32,
     ) -> io::Result<(Arc<Node>, libc::stat, u64)> {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
@@ -608,7 +657,6 @@ impl VeilFs {
             let fh = self.do_open(node.id, flags)?;
             return Ok((node, st, fh));
         }
-        let owner = self.owner(dir, uid, gid)?;
         let id: Identity = veilfs_core::random::bytes();
         let on_disk = self.vault.entry_name_for(&dir.cd, &key, EntryKind::File, &id).map_err(cerr)?;
         let fd = sys::openat(
@@ -617,7 +665,6 @@ impl VeilFs {
             libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
             mode & 0o7777,
         )?;
-        self.chown_new(dir, &on_disk, &owner)?;
         let crypt = Arc::new(self.content(fd, id, dir, &on_disk)?);
         let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
         drop(guard);
@@ -640,13 +687,12 @@ impl VeilFs {
 
     /// Makes a new entry `name` in directory `parent`: under the directory's lock, refuses a
     /// name in use (EEXIST), lets `make` create the backing object (returning its on-disk name
-    /// and `d_type`), gives it to the caller (`uid`/`gid`) and registers it.
+    /// and `d_type`) and registers it. The object belongs to whoever the thread acts as
+    /// ([`acting`](Self::acting)).
     fn make_entry(
         &self,
         parent: u64,
         name: &[u8],
-        uid: u32,
-        gid: u32,
         make: impl FnOnce(&DirState, &NameKey) -> io::Result<(String, u8)>,
     ) -> io::Result<(Arc<Node>, libc::stat)> {
         self.check_writable()?;
@@ -657,9 +703,7 @@ impl VeilFs {
         if found.is_some() {
             return Err(errno(libc::EEXIST));
         }
-        let owner = self.owner(dir, uid, gid)?;
         let (on_disk, d_type) = make(dir, &key)?;
-        self.chown_new(dir, &on_disk, &owner)?;
         self.created(&pnode, &key, &on_disk, d_type, name)
     }
 
@@ -670,14 +714,12 @@ impl VeilFs {
         name: &[u8],
         mode: u32,
         rdev: u32,
-        uid: u32,
-        gid: u32,
     ) -> io::Result<(Arc<Node>, libc::stat)> {
         let kind = EntryKind::from_mode(mode);
         if kind == EntryKind::Dir {
             return Err(errno(libc::EINVAL));
         }
-        self.make_entry(parent, name, uid, gid, |dir, key| {
+        self.make_entry(parent, name, |dir, key| {
             let id: Identity = veilfs_core::random::bytes();
             let on_disk = self.vault.entry_name_for(&dir.cd, key, kind, &id).map_err(cerr)?;
             if kind == EntryKind::File {
@@ -692,15 +734,8 @@ impl VeilFs {
     }
 
     /// MKDIR.
-    pub(crate) fn do_mkdir(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        uid: u32,
-        gid: u32,
-    ) -> io::Result<(Arc<Node>, libc::stat)> {
-        self.make_entry(parent, name, uid, gid, |dir, _key| {
+    pub(crate) fn do_mkdir(&self, parent: u64, name: &[u8], mode: u32) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.make_entry(parent, name, |dir, _key| {
             // A set-group-id directory passes the bit on, as local filesystems do.
             let mode = (mode & 0o7777) | (sys::fstat(dir.cd.fd())?.st_mode & libc::S_ISGID);
             let (entry, _sub) = self.vault.mkdir_unchecked(&dir.cd, name, mode).map_err(cerr)?;
@@ -709,15 +744,8 @@ impl VeilFs {
     }
 
     /// SYMLINK.
-    pub(crate) fn do_symlink(
-        &self,
-        parent: u64,
-        name: &[u8],
-        target: &[u8],
-        uid: u32,
-        gid: u32,
-    ) -> io::Result<(Arc<Node>, libc::stat)> {
-        self.make_entry(parent, name, uid, gid, |dir, key| {
+    pub(crate) fn do_symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.make_entry(parent, name, |dir, key| {
             let id: Identity = veilfs_core::random::bytes();
             let stored = self.vault.encrypt_target(&id, target).map_err(cerr)?;
             let on_disk = self.vault.entry_name_for(&dir.cd, key, EntryKind::Symlink, &id).map_err(cerr)?;
@@ -792,8 +820,7 @@ impl VeilFs {
         if node.kind == EntryKind::Dir {
             return Err(errno(libc::EPERM));
         }
-        // uid/gid 0: a new link keeps the file's owner.
-        self.make_entry(newparent, newname, 0, 0, |dir, key| {
+        self.make_entry(newparent, newname, |dir, key| {
             let src = node.link()?;
             let on_disk = self.vault.entry_name_for(&dir.cd, key, node.kind, &node.identity).map_err(cerr)?;
             sys::linkat(src.parent.dir()?.cd.fd(), src.on_disk.as_bytes(), dir.cd.fd(), on_disk.as_bytes())?;
@@ -949,23 +976,12 @@ impl VeilFs {
     // ---- attributes ----------------------------------------------------------------------
 
     /// SETATTR.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn do_setattr(
-        &self,
-        ino: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<libc::timespec>,
-        mtime: Option<libc::timespec>,
-        fh: Option<u64>,
-    ) -> io::Result<FileAttr> {
+    pub(crate) fn do_setattr(&self, ino: u64, a: &SetAttr, fh: Option<u64>, caller: Caller) -> io::Result<FileAttr> {
         let node = self.nodes.get(ino)?;
-        if mode.is_some() || uid.is_some() || gid.is_some() || size.is_some() || atime.is_some() || mtime.is_some() {
+        if a.changes_anything() {
             self.check_writable()?;
         }
-        if let Some(size) = size {
+        if let Some(size) = a.size {
             if node.kind == EntryKind::Dir {
                 return Err(errno(libc::EISDIR));
             }
@@ -980,31 +996,21 @@ impl VeilFs {
                     h.crypt.truncate(size, cur).map_err(cerr)?;
                     f.size.store(size, Ordering::Release);
                 }
-                None => self.truncate(&node, size)?,
+                None => {
+                    let _as = self.acting(caller)?;
+                    self.truncate(&node, size)?
+                }
             }
         }
-        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
-        let times = [atime.unwrap_or(omit), mtime.unwrap_or(omit)];
-        let set_times = atime.is_some() || mtime.is_some();
-        let set_on_fd = |fd: std::os::fd::BorrowedFd<'_>| -> io::Result<FileAttr> {
-            if let Some(m) = mode {
-                sys::fchmod(fd, m & 0o7777)?;
-            }
-            if uid.is_some() || gid.is_some() {
-                sys::fchownat(fd, b"", uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
-            }
-            if set_times {
-                sys::futimens(fd, &times)?;
-            }
-            Ok(self.attr_of(&node, &sys::fstat(fd)?))
-        };
+        // Directories and open files are changed through the fd this mount holds (verified
+        // when opened; an open file keeps working once its names are gone). Anything else
+        // through a verified handle on the object its name holds now, acting as the caller.
         if let Some(d) = &node.dir {
-            return set_on_fd(d.cd.fd());
+            return self.set_on_fd(&node, d.cd.fd(), a);
         }
-        // An open file is changed through its fd: that also works once its names are gone.
         let open = self.handles.file_opt(fh).map(|h| h.crypt.clone()).or_else(|| self.open_crypt(&node));
         if let Some(c) = open {
-            return set_on_fd(c.backing().as_fd());
+            return self.set_on_fd(&node, c.backing().as_fd(), a);
         }
         let l = match node.link() {
             Ok(l) => l,
@@ -1012,45 +1018,36 @@ impl VeilFs {
                 // Deleted and closed: the kernel may still flush the times of a file it
                 // wrote through its cache. The changes have nowhere to go; answer with
                 // the last attributes, changed as asked, like an unlinked local inode.
-                let st = node.gone_stat(|st| {
-                    if let Some(m) = mode {
-                        st.st_mode = (st.st_mode & libc::S_IFMT) | (m & 0o7777);
-                    }
-                    if let Some(u) = uid {
-                        st.st_uid = u;
-                    }
-                    if let Some(g) = gid {
-                        st.st_gid = g;
-                    }
-                    for (t, (sec, nsec)) in times
-                        .iter()
-                        .zip([(&mut st.st_atime, &mut st.st_atime_nsec), (&mut st.st_mtime, &mut st.st_mtime_nsec)])
-                    {
-                        if t.tv_nsec != libc::UTIME_OMIT && t.tv_nsec != libc::UTIME_NOW {
-                            *sec = t.tv_sec;
-                            *nsec = t.tv_nsec;
-                        }
-                    }
-                });
-                return st.map(|st| self.attr_of(&node, &st)).ok_or(e);
+                return node.gone_stat(|st| a.apply_to(st)).map(|st| self.attr_of(&node, &st)).ok_or(e);
             }
         };
-        let pfd = l.parent.dir()?.cd.fd();
-        let name = l.on_disk.as_bytes();
-        if let Some(m) = mode {
-            if node.kind == EntryKind::Symlink {
-                return Err(errno(libc::EOPNOTSUPP));
-            }
-            sys::fchmodat(pfd, name, m & 0o7777)?;
+        if a.mode.is_some() && node.kind == EntryKind::Symlink {
+            return Err(errno(libc::EOPNOTSUPP));
         }
-        if uid.is_some() || gid.is_some() {
-            sys::fchownat(pfd, name, uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
+        let handle = self.handle(&node, &l)?;
+        let _as = self.acting(caller)?;
+        self.set_on_fd(&node, handle.as_fd(), a)
+    }
+
+    /// A verified `O_PATH` handle on the object `node` names at `l` (see
+    /// [`Vault::entry_handle`]): a swapped or planted object is an integrity error.
+    fn handle(&self, node: &Node, l: &crate::inodes::Link) -> io::Result<OwnedFd> {
+        let dir = l.parent.dir()?;
+        Vault::entry_handle(&dir.cd, &l.on_disk, node.kind, node.backing_ino).map(|(fd, _)| fd).map_err(cerr)
+    }
+
+    /// Applies `a`'s mode, owner and times to the object behind `fd` (a handle of `node`).
+    fn set_on_fd(&self, node: &Node, fd: std::os::fd::BorrowedFd<'_>, a: &SetAttr) -> io::Result<FileAttr> {
+        if a.uid.is_some() || a.gid.is_some() {
+            sys::chown_fd(fd, a.uid.unwrap_or(u32::MAX), a.gid.unwrap_or(u32::MAX))?;
         }
-        if set_times {
-            sys::utimensat(pfd, name, &times)?;
+        if let Some(m) = a.mode {
+            sys::chmod_fd(fd, m & 0o7777)?;
         }
-        let st = self.do_getattr(&node, fh)?;
-        Ok(self.attr_of(&node, &st))
+        if a.atime.is_some() || a.mtime.is_some() {
+            sys::utimens_fd(fd, &a.times())?;
+        }
+        Ok(self.attr_of(node, &sys::fstat(fd)?))
     }
 
     /// STATFS.
@@ -1061,22 +1058,33 @@ impl VeilFs {
 
     // ---- extended attributes -------------------------------------------------------------
 
-    /// Runs an xattr call on `node`: directories through their fd, other objects through
-    /// `/proc/self/fd/<parent>/<name>` with the `l*` calls (a symlink is not followed).
+    /// Runs an xattr call on `node`: directories and open files through their fd, anything
+    /// else through a verified handle on the object its name holds now (a symlink itself
+    /// through a path whose last component is not followed). With `caller`, acting as it
+    /// ([`acting`](Self::acting)) on that last path.
     fn with_xattr<T>(
         &self,
         node: &Node,
-        on_fd: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> io::Result<T>,
-        on_path: impl FnOnce(&std::ffi::CString) -> io::Result<T>,
+        caller: Option<Caller>,
+        f: impl FnOnce(sys::XattrTarget<'_>) -> io::Result<T>,
     ) -> io::Result<T> {
         if let Some(d) = &node.dir {
-            return on_fd(d.cd.fd());
+            return f(sys::XattrTarget::Fd(d.cd.fd()));
         }
         if let Some(c) = self.open_crypt(node) {
-            return on_fd(c.backing().as_fd());
+            return f(sys::XattrTarget::Fd(c.backing().as_fd()));
         }
         let l = node.link()?;
-        on_path(&sys::proc_path(l.parent.dir()?.cd.fd(), Some(l.on_disk.as_bytes()))?)
+        let handle = self.handle(node, &l)?;
+        let _as = match caller {
+            Some(c) => self.acting(c)?,
+            None => None,
+        };
+        if node.kind == EntryKind::Symlink {
+            let path = sys::proc_path(l.parent.dir()?.cd.fd(), Some(l.on_disk.as_bytes()))?;
+            return f(sys::XattrTarget::NoFollow(&path));
+        }
+        f(sys::XattrTarget::Handle(handle.as_fd()))
     }
 
     /// GETXATTR: the plaintext value.
@@ -1086,26 +1094,17 @@ impl VeilFs {
             return Err(errno(libc::ENODATA));
         };
         let cap = 65536 + self.xattr.value_overhead();
-        let buf = self.with_xattr(
-            &node,
-            |fd| {
-                let mut b = vec![0u8; cap];
-                let n = sys::fgetxattr(fd, stored.as_bytes(), &mut b)?;
-                b.truncate(n);
-                Ok(b)
-            },
-            |p| {
-                let mut b = vec![0u8; cap];
-                let n = sys::lgetxattr(p, stored.as_bytes(), &mut b)?;
-                b.truncate(n);
-                Ok(b)
-            },
-        )?;
+        let buf = self.with_xattr(&node, None, |t| {
+            let mut b = vec![0u8; cap];
+            let n = t.get(stored.as_bytes(), &mut b)?;
+            b.truncate(n);
+            Ok(b)
+        })?;
         self.xattr.decrypt_value(&node.identity, &stored, &buf).map_err(cerr)
     }
 
     /// SETXATTR.
-    pub(crate) fn do_setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> io::Result<()> {
+    pub(crate) fn do_setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32, c: Caller) -> io::Result<()> {
         self.check_writable()?;
         let node = self.nodes.get(ino)?;
         let stored = self.xattr.encrypt_name(&node.identity, name).map_err(cerr)?;
@@ -1114,42 +1113,18 @@ impl VeilFs {
         // would push the list past the kernel's 64 KiB listxattr limit, instead of letting
         // every later listxattr fail.
         const XATTR_LIST_MAX: usize = 65536;
-        let list_len = self.with_xattr(&node, |fd| sys::flistxattr(fd, &mut []), |p| sys::llistxattr(p, &mut []))?;
-        if list_len + stored.len() + 1 > XATTR_LIST_MAX {
-            let exists = self.with_xattr(
-                &node,
-                |fd| sys::fgetxattr(fd, stored.as_bytes(), &mut []),
-                |p| sys::lgetxattr(p, stored.as_bytes(), &mut []),
-            );
-            if exists.is_err() {
+        self.with_xattr(&node, Some(c), |t| {
+            if t.list(&mut [])? + stored.len() + 1 > XATTR_LIST_MAX && t.get(stored.as_bytes(), &mut []).is_err() {
                 return Err(errno(libc::ENOSPC));
             }
-        }
-        self.with_xattr(
-            &node,
-            |fd| sys::fsetxattr(fd, stored.as_bytes(), &blob, flags),
-            |p| sys::lsetxattr(p, stored.as_bytes(), &blob, flags),
-        )
+            t.set(stored.as_bytes(), &blob, flags)
+        })
     }
 
     /// LISTXATTR: NUL-separated plaintext names.
     pub(crate) fn do_listxattr(&self, ino: u64) -> io::Result<Vec<u8>> {
         let node = self.nodes.get(ino)?;
-        let raw = self.with_xattr(
-            &node,
-            |fd| {
-                let mut buf = vec![0u8; sys::flistxattr(fd, &mut [])? + 4096];
-                let n = sys::flistxattr(fd, &mut buf)?;
-                buf.truncate(n);
-                Ok(buf)
-            },
-            |p| {
-                let mut buf = vec![0u8; sys::llistxattr(p, &mut [])? + 4096];
-                let n = sys::llistxattr(p, &mut buf)?;
-                buf.truncate(n);
-                Ok(buf)
-            },
-        )?;
+        let raw = self.with_xattr(&node, None, |t| t.list_all())?;
         let mut out = Vec::new();
         for stored in raw.split(|&b| b == 0).filter(|s| !s.is_empty()) {
             match self.xattr.decrypt_name(&node.identity, stored) {
@@ -1165,15 +1140,11 @@ impl VeilFs {
     }
 
     /// REMOVEXATTR.
-    pub(crate) fn do_removexattr(&self, ino: u64, name: &[u8]) -> io::Result<()> {
+    pub(crate) fn do_removexattr(&self, ino: u64, name: &[u8], c: Caller) -> io::Result<()> {
         self.check_writable()?;
         let node = self.nodes.get(ino)?;
         let stored = self.xattr.encrypt_name(&node.identity, name).map_err(|_| errno(libc::ENODATA))?;
-        self.with_xattr(
-            &node,
-            |fd| sys::fremovexattr(fd, stored.as_bytes()),
-            |p| sys::lremovexattr(p, stored.as_bytes()),
-        )
+        self.with_xattr(&node, Some(c), |t| t.remove(stored.as_bytes()))
     }
 }
 
