@@ -4,7 +4,7 @@
 use crate::exit::{Exit, PASSWORD_SOURCE};
 use anyhow::Result;
 use secrecy::{ExposeSecret, SecretString};
-use std::io::{BufRead, IsTerminal};
+use std::io::IsTerminal;
 use zeroize::Zeroize;
 
 /// Password source options shared by every command that opens or creates a vault.
@@ -36,31 +36,84 @@ fn first_line(mut text: String, from: &str) -> Result<SecretString> {
     Ok(SecretString::from(pw))
 }
 
-/// Lines read from stdin so far (so `passwd` can take old and new password as two lines).
-static STDIN_LINES: std::sync::Mutex<Option<std::collections::VecDeque<String>>> = std::sync::Mutex::new(None);
+/// Longest input read as a password source (a file, standard input, an --extpass program).
+const SOURCE_MAX: usize = 64 * 1024;
+
+/// Reads `r` to its end (at most [`SOURCE_MAX`] bytes) into one buffer that is allocated once
+/// and zeroized when dropped, so no copy of the secret is left behind in freed memory (a
+/// growing `Vec` or `String` would leave one at each reallocation).
+fn read_secret(mut r: impl std::io::Read, from: &str) -> Result<zeroize::Zeroizing<Vec<u8>>> {
+    let mut buf = zeroize::Zeroizing::new(vec![0u8; SOURCE_MAX + 1]);
+    let mut n = 0;
+    loop {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => {
+                n += k;
+                if n > SOURCE_MAX {
+                    return Err(source_err(format!("{from} is longer than 64 KiB; it is not a password")));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(source_err(format!("reading {from}: {e}"))),
+        }
+    }
+    buf.truncate(n); // truncating never reallocates
+    Ok(buf)
+}
+
+/// The first line of `bytes` as a secret (rejects empty or non-UTF-8 passwords).
+fn first_line_of(bytes: &[u8], from: &str) -> Result<SecretString> {
+    let end = bytes.iter().position(|&b| b == b'\n' || b == b'\r').unwrap_or(bytes.len());
+    let line =
+        std::str::from_utf8(&bytes[..end]).map_err(|_| source_err(format!("the password from {from} is not UTF-8")))?;
+    if line.is_empty() {
+        return Err(source_err(format!("the password from {from} is empty")));
+    }
+    Ok(SecretString::from(line.to_string()))
+}
+
+/// Standard input, read whole on first use (so `passwd` can take old and new password as two
+/// lines), and how much of it is used. Used lines are overwritten with zeros at once.
+static STDIN: std::sync::Mutex<Option<(zeroize::Zeroizing<Vec<u8>>, usize)>> = std::sync::Mutex::new(None);
 
 /// Next line of standard input.
 fn stdin_line() -> Result<SecretString> {
-    let mut guard = STDIN_LINES.lock().expect("stdin lock");
-    let lines = guard.get_or_insert_with(|| std::io::stdin().lock().lines().map_while(|l| l.ok()).collect());
-    let line = lines.pop_front().ok_or_else(|| source_err("standard input has no (more) password lines"))?;
-    first_line(line, "standard input")
+    let mut guard = STDIN.lock().expect("stdin lock");
+    if guard.is_none() {
+        // The raw fd, not `std::io::stdin()`: its buffer lives as long as the process and
+        // would keep a copy of the password (measured by scanning the mount daemon's memory).
+        // SAFETY: fd 0 stays open for the life of the process; ManuallyDrop keeps it open.
+        let fd0 = std::mem::ManuallyDrop::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0) });
+        *guard = Some((read_secret(&*fd0, "standard input")?, 0));
+    }
+    let (buf, pos) = guard.as_mut().expect("just read");
+    let rest = &mut buf[*pos..];
+    if rest.is_empty() {
+        return Err(source_err("standard input has no (more) password lines"));
+    }
+    let line_len = rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |i| i + 1);
+    let pw = first_line_of(&rest[..line_len], "standard input");
+    rest[..line_len].zeroize();
+    *pos += line_len;
+    pw
 }
 
 fn from_extpass(cmd: &str) -> Result<SecretString> {
-    let out = std::process::Command::new("/bin/sh")
+    let mut child = std::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(cmd)
         .stdin(std::process::Stdio::inherit())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
-        .output()
+        .spawn()
         .map_err(|e| source_err(format!("--extpass: cannot run /bin/sh: {e}")))?;
-    if !out.status.success() {
-        return Err(source_err(format!("--extpass program failed ({})", out.status)));
+    let out = read_secret(child.stdout.take().expect("piped"), "--extpass");
+    let status = child.wait().map_err(|e| source_err(format!("--extpass: {e}")))?;
+    if !status.success() {
+        return Err(source_err(format!("--extpass program failed ({status})")));
     }
-    let text =
-        String::from_utf8(out.stdout).map_err(|_| source_err("--extpass printed a password that is not UTF-8"))?;
-    first_line(text, "--extpass")
+    first_line_of(&out?, "--extpass")
 }
 
 fn prompt(text: &str) -> Result<SecretString> {
@@ -82,9 +135,9 @@ impl PasswordArgs {
     /// Reads one secret (password or recovery key) with `what` in the prompt.
     pub fn read(&self, what: &str) -> Result<SecretString> {
         if let Some(f) = &self.passfile {
-            let text =
-                std::fs::read_to_string(f).map_err(|e| source_err(format!("--passfile {}: {e}", f.display())))?;
-            return first_line(text, &format!("--passfile {}", f.display()));
+            let from = format!("--passfile {}", f.display());
+            let file = std::fs::File::open(f).map_err(|e| source_err(format!("{from}: {e}")))?;
+            return first_line_of(&read_secret(file, &from)?, &from);
         }
         if self.password_stdin {
             return stdin_line();
