@@ -13,14 +13,19 @@ use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 
 /// Arguments of `veilfs export`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Like `cp -a`: modes, times, symlinks and hard links are kept, owners too when run as root. \
-Files that fail authentication (tampered or damaged) are named on stderr and left out; the rest is exported \
-and the exit code is 6.")]
+#[command(after_help = "Like `cp -a`: modes, times, symlinks, hard links and user.* extended attributes are \
+kept, owners too when run as root. Set-user-id and set-group-id bits of files and device nodes are not restored \
+unless --preserve-special is given: whoever could write the ciphertext chose them. Files that fail \
+authentication (tampered or damaged) are named on stderr and left out; the rest is exported and the exit \
+code is 6.")]
 pub struct Args {
     /// CIPHERDIR, optionally followed by a plaintext path inside the vault.
     pub src: PathBuf,
     /// Destination folder (created if missing).
     pub dest: PathBuf,
+    /// Also restore set-user-id/set-group-id bits of files and recreate device nodes.
+    #[arg(long)]
+    pub preserve_special: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
 }
@@ -32,6 +37,11 @@ struct Exporter<'a> {
     errors: usize,
     pb: indicatif::ProgressBar,
     is_root: bool,
+    preserve_special: bool,
+    /// Set-id bits not restored and device nodes not made (without --preserve-special).
+    withheld: usize,
+    /// Attributes the destination could not hold.
+    xattrs_lost: usize,
     /// Directories whose times are set after their contents.
     dir_times: Vec<(PathBuf, libc::stat)>,
 }
@@ -114,12 +124,26 @@ impl Exporter<'_> {
                 std::os::unix::fs::symlink(OsStr::from_bytes(&target), out)?;
             }
             EntryKind::Special => {
+                let device = matches!(st.st_mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK);
+                if device && !self.preserve_special {
+                    self.withheld += 1;
+                    self.pb.suspend(|| {
+                        eprintln!(
+                            "veilfs: export: {}: device node not made (--preserve-special makes it)",
+                            out.display()
+                        )
+                    });
+                    return Ok(());
+                }
                 let c = std::ffi::CString::new(out.as_os_str().as_bytes())?;
                 // SAFETY: valid C string; mode and rdev come from the backing stat.
                 if unsafe { libc::mknod(c.as_ptr(), st.st_mode, st.st_rdev) } < 0 {
                     return Err(std::io::Error::last_os_error()).context("mknod");
                 }
             }
+        }
+        if e.kind != EntryKind::Symlink {
+            self.copy_xattrs(dir, e, out)?;
         }
         self.finish_meta(out, &st, e.kind != EntryKind::Symlink)?;
         if st.st_nlink > 1 {
@@ -146,12 +170,46 @@ impl Exporter<'_> {
         Ok(())
     }
 
-    fn finish_meta(&self, out: &Path, st: &libc::stat, chmod: bool) -> Result<()> {
+    /// Copies the `user.*` attributes of `e` onto `out`; a destination that cannot hold them
+    /// is counted (and said once at the end), not an error.
+    fn copy_xattrs(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
+        let c = std::ffi::CString::new(out.as_os_str().as_bytes())?;
+        for (name, value) in self.vault.xattrs(dir, e)? {
+            let n = std::ffi::CString::new(name)?;
+            // SAFETY: valid C strings and a readable value buffer.
+            let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+            if r < 0 {
+                let err = std::io::Error::last_os_error();
+                if matches!(err.raw_os_error(), Some(libc::ENOTSUP | libc::EPERM)) {
+                    self.xattrs_lost += 1;
+                    continue;
+                }
+                return Err(err).with_context(|| format!("setting an extended attribute on {}", out.display()));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_meta(&mut self, out: &Path, st: &libc::stat, chmod: bool) -> Result<()> {
         if self.is_root {
             std::os::unix::fs::lchown(out, Some(st.st_uid), Some(st.st_gid))?;
         }
         if chmod {
-            std::fs::set_permissions(out, std::fs::Permissions::from_mode(st.st_mode & 0o7777))?;
+            let mut mode = st.st_mode & 0o7777;
+            let set_id = libc::S_ISUID | libc::S_ISGID;
+            // A directory's set-group-id bit only passes its group on; a file's runs code as
+            // its owner or group, so it comes back only when asked for.
+            if st.st_mode & libc::S_IFMT != libc::S_IFDIR && mode & set_id != 0 && !self.preserve_special {
+                mode &= !set_id;
+                self.withheld += 1;
+                self.pb.suspend(|| {
+                    eprintln!(
+                        "veilfs: export: {}: set-user-id/set-group-id bit not restored (--preserve-special restores it)",
+                        out.display()
+                    )
+                });
+            }
+            std::fs::set_permissions(out, std::fs::Permissions::from_mode(mode))?;
         }
         set_times(out, st, false)?;
         Ok(())
@@ -166,8 +224,18 @@ pub fn run(a: Args) -> Result<i32> {
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
     let pb = super::progress(0, "exporting");
-    let mut ex =
-        Exporter { vault: &vault, links: HashMap::new(), damaged: 0, errors: 0, pb, is_root, dir_times: Vec::new() };
+    let mut ex = Exporter {
+        vault: &vault,
+        links: HashMap::new(),
+        damaged: 0,
+        errors: 0,
+        pb,
+        is_root,
+        preserve_special: a.preserve_special,
+        withheld: 0,
+        xattrs_lost: 0,
+        dir_times: Vec::new(),
+    };
     match entry {
         None if t.inner.as_os_str().is_empty() => {
             std::fs::create_dir_all(&a.dest).with_context(|| format!("creating {}", a.dest.display()))?;
@@ -189,6 +257,13 @@ pub fn run(a: Args) -> Result<i32> {
         let _ = set_times(p, st, false);
     }
     ex.pb.finish_and_clear();
+    if ex.xattrs_lost > 0 {
+        eprintln!(
+            "veilfs: export: {} extended attribute(s) not kept: {} cannot hold user.* attributes",
+            ex.xattrs_lost,
+            a.dest.display()
+        );
+    }
     if ex.damaged > 0 {
         eprintln!("veilfs: export finished: {} damaged item(s) left out, {} other error(s)", ex.damaged, ex.errors);
         return Ok(crate::exit::INTEGRITY);

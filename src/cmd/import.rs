@@ -43,27 +43,49 @@ fn total_bytes(p: &Path) -> u64 {
     }
 }
 
-/// Sets mode, owner and times of a freshly created entry from the source's metadata.
-pub fn apply_meta(
-    dir: &CipherDir,
-    on_disk: &str,
-    m: &std::fs::Metadata,
-    kind: EntryKind,
-    chown: bool,
-) -> std::io::Result<()> {
-    use veilfs_core::sys;
-    let name = on_disk.as_bytes();
-    if chown {
-        sys::fchownat(dir.fd(), name, m.uid(), m.gid())?;
-    }
-    if kind != EntryKind::Symlink {
-        sys::fchmodat(dir.fd(), name, m.mode() & 0o7777)?;
-    }
+/// Sets mode, owner (when `chown`) and times of a freshly created `entry` of `dir` from the
+/// source's metadata, through a verified handle on it (never through a planted link).
+fn apply_meta(vault: &Vault, dir: &CipherDir, entry: &Entry, m: &std::fs::Metadata, chown: bool) -> Result<()> {
     let ts = |s: i64, ns: i64| libc::timespec { tv_sec: s, tv_nsec: ns };
-    sys::utimensat(dir.fd(), name, &[ts(m.atime(), m.atime_nsec()), ts(m.mtime(), m.mtime_nsec())])
+    let times = [ts(m.atime(), m.atime_nsec()), ts(m.mtime(), m.mtime_nsec())];
+    vault.set_attrs(dir, entry, Some(m.mode()), chown.then_some((m.uid(), m.gid())), Some(&times))?;
+    Ok(())
+}
+
+/// The `user.*` extended attributes of `src` (not following a symlink).
+fn user_xattrs(src: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let c = std::ffi::CString::new(src.as_os_str().as_bytes())?;
+    let mut names = vec![0u8; 65536];
+    // SAFETY: valid C string; the buffer describes writable memory.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOTSUP) { Ok(Vec::new()) } else { Err(e) };
+    }
+    let mut out = Vec::new();
+    for name in names[..n as usize].split(|&b| b == 0).filter(|s| s.starts_with(b"user.")) {
+        let cn = std::ffi::CString::new(name)?;
+        let mut value = vec![0u8; 65536];
+        // SAFETY: valid C strings; the buffer describes writable memory.
+        let v = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+        if v < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        value.truncate(v as usize);
+        out.push((name.to_vec(), value));
+    }
+    Ok(out)
 }
 
 impl Importer<'_> {
+    /// Copies the `user.*` attributes of `src` onto `entry` (encrypted like the mount does).
+    fn copy_xattrs(&self, src: &Path, dir: &CipherDir, entry: &Entry) -> Result<()> {
+        for (name, value) in user_xattrs(src).with_context(|| format!("reading the attributes of {}", src.display()))? {
+            self.vault.set_xattr(dir, entry, &name, &value)?;
+        }
+        Ok(())
+    }
+
     fn fail(&mut self, what: &Path, e: impl std::fmt::Display) {
         self.errors += 1;
         self.pb.suspend(|| eprintln!("veilfs: import: {}: {e}", what.display()));
@@ -98,7 +120,8 @@ impl Importer<'_> {
                 self.import(&c.path(), &sub, c.file_name().as_bytes());
             }
             let e = self.vault.lookup(dir, name)?.context("directory vanished during import")?;
-            apply_meta(dir, &e.on_disk, &m, EntryKind::Dir, self.is_root)?;
+            self.copy_xattrs(src, dir, &e)?;
+            apply_meta(self.vault, dir, &e, &m, self.is_root)?;
             return Ok(());
         } else if existing.is_some() {
             anyhow::bail!("already exists in the vault; skipped (nothing is overwritten)");
@@ -122,7 +145,10 @@ impl Importer<'_> {
         } else {
             self.vault.mknod(dir, name, m.mode(), m.rdev())?
         };
-        apply_meta(dir, &entry.on_disk, &m, entry.kind, self.is_root)?;
+        if entry.kind != EntryKind::Symlink {
+            self.copy_xattrs(src, dir, &entry)?;
+        }
+        apply_meta(self.vault, dir, &entry, &m, self.is_root)?;
         if !ft.is_dir() && m.nlink() > 1 {
             self.links.insert((m.dev(), m.ino()), (dir.clone(), entry));
         }
