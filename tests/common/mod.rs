@@ -192,3 +192,72 @@ impl Drop for Mounted {
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
+
+/// An ordinary user made for one test (`useradd`), deleted on drop. Tests run commands as
+/// it with `setpriv`; its uid is free on this machine.
+pub struct TestUser {
+    pub name: String,
+    pub uid: u32,
+}
+
+impl TestUser {
+    pub fn new(prefix: &str) -> TestUser {
+        let name = format!("{prefix}{}", std::process::id() % 100_000);
+        let _ = run("userdel", &[&name]);
+        let o = run("useradd", &["--no-create-home", "--user-group", "--shell", "/bin/sh", &name]);
+        assert!(o.status.success(), "useradd {name}: {}", text(&o));
+        let o = run("id", &["-u", &name]);
+        let uid = String::from_utf8_lossy(&o.stdout).trim().parse().expect("uid of the new user");
+        TestUser { name, uid }
+    }
+
+    /// `sh -c script` as this user (its own group, no others), with a time limit.
+    pub fn sh(&self, secs: u32, script: &str) -> Output {
+        let (uid, gid) = (format!("--reuid={}", self.uid), format!("--regid={}", self.uid));
+        run("timeout", &[&secs.to_string(), "setpriv", &uid, &gid, "--clear-groups", "sh", "-c", script])
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = run("pkill", &["-KILL", "-u", &self.uid.to_string()]);
+        let _ = run("userdel", &[&self.name]);
+    }
+}
+
+/// Runs `cmd args` with a time limit; `None` if it had to be killed (it hung).
+pub fn run_timeout(secs: u64, cmd: &str, args: &[&str]) -> Option<Output> {
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let t = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        if t.elapsed() > std::time::Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The pid of the `veilfs mount` daemon serving `mnt`.
+pub fn daemon_pid(mnt: &Path) -> Option<u32> {
+    let want = mnt.display().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        (args.first().is_some_and(|a| a.ends_with(b"veilfs"))
+            && args.iter().any(|a| *a == b"mount")
+            && args.iter().any(|a| *a == want.as_bytes()))
+        .then_some(pid)
+    })
+}

@@ -1,0 +1,334 @@
+//! Attacks on a mounted vault and on the offline tools, each test named by its attack:
+//! an ordinary user of a root `--allow-other` mount who swaps the ciphertext behind their own
+//! files for links and FIFOs; FIFOs, devices and links planted where the format keeps its
+//! small files; and a password left in the daemon's memory. docs/SECURITY.md §8 names them.
+
+mod common;
+use common::*;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Everything about a file or directory an attacker could try to change.
+fn fingerprint(p: &Path) -> String {
+    let m = fs::symlink_metadata(p).unwrap();
+    let content = if m.is_file() { fs::read(p).unwrap() } else { Vec::new() };
+    let o = run("getfattr", &["-d", "-m", "-", "--absolute-names", p.to_str().unwrap()]);
+    format!(
+        "mode {:o} owner {}:{} size {} mtime {}.{} ctime {}.{} content {:?} xattrs {}",
+        m.mode(),
+        m.uid(),
+        m.gid(),
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+        content,
+        String::from_utf8_lossy(&o.stdout)
+    )
+}
+
+/// The one backing directory owned by `uid` directly under `cipher`.
+fn backing_dir_of(cipher: &Path, uid: u32) -> PathBuf {
+    let dirs: Vec<PathBuf> = fs::read_dir(cipher)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == uid))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one ciphertext directory owned by the user: {dirs:?}");
+    dirs[0].clone()
+}
+
+#[test]
+fn user_swapping_ciphertext_for_links_and_fifos_cannot_touch_root_files_through_a_root_mount() {
+    let Some(m) = Mounted::new("128m", &["--allow-other"]) else { return };
+    for p in [&m.tmpfs.path, &m.mnt, &m.cipher] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let user = TestUser::new("vfatk");
+    // Root's files outside the vault: what the attacker aims at.
+    let victim = m.tmpfs.path.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(victim.join("secret"), b"root's secret\n").unwrap();
+    fs::set_permissions(victim.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::create_dir(victim.join("dir")).unwrap();
+    fs::set_permissions(victim.join("dir"), fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(sh(&format!("setfattr -n user.owner -v root {}", victim.join("secret").display())).status.success());
+    let before: Vec<String> = ["secret", "dir"].iter().map(|n| fingerprint(&victim.join(n))).collect();
+
+    // The user's own directory in the vault, and a root directory that must stay usable.
+    let home = m.m("home");
+    fs::create_dir(&home).unwrap();
+    assert!(run("chown", &[&format!("{0}:{0}", user.name), home.to_str().unwrap()]).status.success());
+    fs::create_dir(m.m("rootdir")).unwrap();
+    fs::write(m.m("rootdir/keep"), b"still here").unwrap();
+    let o = user.sh(20, &format!("cd {} && for i in 0 1 2 3; do echo data$i > f$i; mkdir d$i; done", home.display()));
+    assert!(o.status.success(), "{}", text(&o));
+    let backing = backing_dir_of(&m.cipher, user.uid);
+
+    let secs = 20;
+    // The attacker, in the ciphertext of their own directory: every entry in turn becomes a
+    // symlink to root's file or directory, a FIFO, or a hard link to root's file.
+    let swapper = format!(
+        r#"cd {b} || exit 1; end=$(( $(date +%s) + {secs} )); i=0
+        while [ $(date +%s) -lt $end ]; do
+          for e in $(ls | grep -v '^veilfs\.'); do
+            case $((i % 5)) in
+              0) ln -sfn {v}/secret "$e" ;;
+              1) rm -rf "$e"; mkfifo "$e" ;;
+              2) rm -rf "$e"; ln {v}/secret "$e" ;;
+              3) rm -rf "$e"; ln -s {v}/dir "$e" ;;
+              4) rm -rf "$e"; ln -s {v} "$e" ;;
+            esac
+            i=$((i+1))
+          done
+        done 2>/dev/null; echo swapped $i"#,
+        b = backing.display(),
+        v = victim.display()
+    );
+    // The same user, through the mount: every metadata and data operation on their files.
+    let operator = format!(
+        r#"cd {h} || exit 1; end=$(( $(date +%s) + {secs} )); i=0
+        while [ $(date +%s) -lt $end ]; do
+          i=$((i+1)); echo new$i > n$i; mkdir m$i
+          for f in *; do
+            chmod 0666 "$f"; chmod 4777 "$f"; chmod 0777 "$f"; chgrp {u} "$f"; chown {u} "$f"
+            touch -d 2001-01-01 "$f"; touch "$f"; truncate -s 0 "$f"; truncate -s 9 "$f"
+            setfattr -n user.x -v y "$f"; setfattr -x user.owner "$f"; getfattr -d "$f"
+            cat "$f"; echo x >> "$f"; echo y > "$f"; ls -la "$f"; readlink "$f"
+            ln "$f" "$f.h"; mv "$f" "$f.m"; mv "$f.m" "$f"; rm -f "$f.h"; rmdir "$f"; mkdir "$f/sub"
+          done
+        done >/dev/null 2>&1; echo operated $i"#,
+        h = home.display(),
+        u = user.name
+    );
+    let (swapped, operated, responsive) = std::thread::scope(|s| {
+        let a = s.spawn(|| user.sh(secs + 30, &swapper));
+        let b = s.spawn(|| user.sh(secs + 30, &operator));
+        // Meanwhile other users (root here) keep being served: the mount never freezes.
+        let t = Instant::now();
+        let mut checks = 0;
+        while t.elapsed() < Duration::from_secs(secs as u64) {
+            let o = run_timeout(10, "cat", &[m.m("rootdir/keep").to_str().unwrap()]);
+            assert!(o.is_some_and(|o| o.stdout == b"still here"), "the mount stopped answering other users");
+            let o = run_timeout(10, "ls", &["-la", m.mnt.to_str().unwrap()]);
+            assert!(o.is_some_and(|o| o.status.success()), "listing the mount hung or failed");
+            checks += 1;
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        (a.join().unwrap(), b.join().unwrap(), checks)
+    });
+    eprintln!("{} / {} / {responsive} responsiveness checks", text(&swapped).trim(), text(&operated).trim());
+    assert!(text(&swapped).contains("swapped"), "the swapper ran: {}", text(&swapped));
+    assert!(text(&operated).contains("operated"), "the operator finished in time: {}", text(&operated));
+    let after: Vec<String> = ["secret", "dir"].iter().map(|n| fingerprint(&victim.join(n))).collect();
+    assert_eq!(before, after, "root's files outside the vault changed");
+    // And the mount still works for everyone.
+    fs::write(m.m("rootdir/after"), b"ok").unwrap();
+    assert_eq!(fs::read(m.m("rootdir/after")).unwrap(), b"ok");
+}
+
+/// What gets planted where, in a copy of a vault made by [`planted_vault`].
+#[derive(Clone, Copy, Debug)]
+enum Plant {
+    Fifo,
+    LinkToDevZero,
+    LinkToRootFile,
+    Directory,
+}
+
+/// A vault with a directory `d` (holding `x`), a long-named file, a file `f` and a symlink
+/// `s`, unmounted; returns the fixture and the ciphertext paths of each object.
+struct Planted {
+    m: Mounted,
+    diriv: PathBuf,
+    side: PathBuf,
+    content: PathBuf,
+    link: PathBuf,
+}
+
+const LONG: &str = "a-long-name-that-needs-a-side-file-because-it-is-longer-than-one-hundred-and-forty-two-bytes-once-encrypted-and-bound-to-its-directory-entry-xxxxxxxxxxx";
+
+fn planted_vault() -> Option<Planted> {
+    let mut m = Mounted::new("64m", &[])?;
+    fs::create_dir(m.m("d")).unwrap();
+    fs::write(m.m("d/x"), b"x").unwrap();
+    fs::write(m.m(LONG), b"long").unwrap();
+    fs::write(m.m("f"), b"file").unwrap();
+    std::os::unix::fs::symlink("target", m.m("s")).unwrap();
+    m.umount();
+    let find = |pred: &dyn Fn(&fs::Metadata, &str) -> bool| -> PathBuf {
+        fs::read_dir(&m.cipher)
+            .unwrap()
+            .flatten()
+            .find(|e| pred(&e.metadata().unwrap(), &e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .expect("ciphertext object")
+    };
+    let dir = find(&|md, _| md.is_dir());
+    let side = find(&|_, n| n.starts_with("veilfs.N."));
+    let content = find(&|md, n| md.is_file() && !n.starts_with("veilfs.") && md.len() == 36 + 4 + 28);
+    let link = fs::read_dir(&m.cipher).unwrap().flatten().find(|e| e.file_type().unwrap().is_symlink()).unwrap().path();
+    Some(Planted { diriv: dir.join("veilfs.diriv"), side, content, link, m })
+}
+
+fn plant(at: &Path, what: Plant, victim: &Path) {
+    fs::remove_file(at).unwrap();
+    let ok = match what {
+        Plant::Fifo => run("mkfifo", &[at.to_str().unwrap()]).status.success(),
+        Plant::LinkToDevZero => std::os::unix::fs::symlink("/dev/zero", at).is_ok(),
+        Plant::LinkToRootFile => std::os::unix::fs::symlink(victim, at).is_ok(),
+        Plant::Directory => fs::create_dir(at).is_ok(),
+    };
+    assert!(ok, "planting {what:?} at {}", at.display());
+}
+
+fn restore(at: &Path, saved: &Path) {
+    let _ = fs::remove_dir(at);
+    let _ = fs::remove_file(at);
+    assert!(run("cp", &["-a", saved.to_str().unwrap(), at.to_str().unwrap()]).status.success());
+}
+
+#[test]
+fn fifos_links_and_directories_planted_in_the_ciphertext_are_integrity_errors_never_hangs() {
+    let Some(mut p) = planted_vault() else { return };
+    let m = &p.m;
+    let victim = m.tmpfs.path.join("root-file");
+    fs::write(&victim, b"root").unwrap();
+    let save = m.tmpfs.path.join("saved");
+    fs::create_dir(&save).unwrap();
+    let cipher = m.cipher.to_str().unwrap().to_string();
+    let pass = m.passfile.to_str().unwrap().to_string();
+    let out = m.tmpfs.path.join("out");
+    let mnt = m.mnt.clone();
+    let mut cases = 0;
+    let objects = [(p.diriv.clone(), "d/x"), (p.side.clone(), LONG), (p.content.clone(), "f"), (p.link.clone(), "s")];
+    for (at, plaintext) in &objects {
+        let (at, plaintext) = (at, *plaintext);
+        let saved = save.join(at.file_name().unwrap());
+        let _ = fs::remove_file(&saved);
+        assert!(run("cp", &["-a", at.to_str().unwrap(), saved.to_str().unwrap()]).status.success());
+        for what in [Plant::Fifo, Plant::LinkToDevZero, Plant::LinkToRootFile, Plant::Directory] {
+            plant(at, what, &victim);
+            let label = format!("{what:?} as {}", at.display());
+            // Offline: every tool finishes, says which ciphertext file, exits 6.
+            let _ = fs::remove_dir_all(&out);
+            let target = format!("{cipher}/{plaintext}");
+            for args in [
+                vec!["export", &cipher, out.to_str().unwrap(), "--passfile", &pass],
+                vec!["cat", &target, "--passfile", &pass],
+                vec!["ls", "-l", &cipher, "--passfile", &pass],
+            ] {
+                let o = run_timeout(30, BIN, &args).unwrap_or_else(|| panic!("{label}: veilfs {args:?} hung"));
+                let err = String::from_utf8_lossy(&o.stderr);
+                let expect_name = at.file_name().unwrap().to_string_lossy();
+                // `ls` of the top directory does not open d's IV file or f's content, and
+                // `cat` of a symlink is refused before anything is read.
+                // A long name's side file only serves listings: a lookup by name computes
+                // what it holds, so `cat` of that file still works.
+                let touched = match args[0] {
+                    "ls" => *at == p.side || *at == p.link,
+                    "cat" => *at != p.link && *at != p.side,
+                    _ => true,
+                };
+                if touched {
+                    assert_eq!(o.status.code(), Some(6), "{label}: veilfs {args:?}: {err}");
+                    assert!(
+                        err.contains(&*expect_name) || err.contains(at.parent().unwrap().to_str().unwrap()),
+                        "{label}: veilfs {args:?} names the ciphertext: {err}"
+                    );
+                } else {
+                    assert!(o.status.code().is_some(), "{label}: veilfs {args:?} crashed");
+                }
+            }
+            // Through the mount: the same object fails with EIO; the mount keeps answering.
+            p.m.mount();
+            let o = run_timeout(20, "cat", &[mnt.join(plaintext).to_str().unwrap()]);
+            let o = o.unwrap_or_else(|| panic!("{label}: reading through the mount hung"));
+            assert!(o.status.success() == (*at == p.side), "{label}: reading through the mount: {}", text(&o));
+            let o = run_timeout(20, "ls", &["-laR", mnt.to_str().unwrap()]);
+            assert!(o.is_some(), "{label}: listing the mount hung");
+            let o = run_timeout(20, "cat", &[mnt.join("d/../f").to_str().unwrap()]);
+            assert!(o.is_some(), "{label}: the mount stopped answering");
+            p.m.umount();
+            restore(at, &saved);
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 16);
+    assert_eq!(fs::read(&victim).unwrap(), b"root", "the root file outside the vault is untouched");
+}
+
+#[test]
+fn a_config_that_is_a_fifo_or_endless_is_refused_at_once() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    let conf = m.cipher.join("veilfs.conf");
+    let saved = m.tmpfs.path.join("conf");
+    fs::copy(&conf, &saved).unwrap();
+    for what in [Plant::Fifo, Plant::LinkToDevZero, Plant::Directory] {
+        plant(&conf, what, Path::new("/"));
+        for args in [
+            vec!["info", m.cipher.to_str().unwrap()],
+            vec!["ls", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()],
+        ] {
+            let t = Instant::now();
+            let o = run_timeout(20, BIN, &args).unwrap_or_else(|| panic!("{what:?}: veilfs {args:?} hung"));
+            assert!(t.elapsed() < Duration::from_secs(5), "{what:?}: took {:?}", t.elapsed());
+            assert!(!o.status.success(), "{what:?}: veilfs {args:?} succeeded");
+            assert!(text(&o).contains("veilfs.conf"), "{what:?}: names the config: {}", text(&o));
+        }
+        let _ = fs::remove_dir(&conf);
+        let _ = fs::remove_file(&conf);
+        fs::copy(&saved, &conf).unwrap();
+    }
+    // A huge config is refused before it is parsed.
+    fs::write(&conf, vec![b' '; 2 << 20]).unwrap();
+    let o = run(BIN, &["info", m.cipher.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+}
+
+#[test]
+fn password_given_on_stdin_leaves_no_copy_in_the_daemon_memory() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    // The vault's password is fixed by the fixture; change it to a unique one first.
+    let pw = format!("pw-{:016x}-unique", std::process::id() as u64 * 0x9e37_79b9_7f4a_7c15);
+    let o =
+        sh(&format!("printf '%s\\n%s\\n' '{PASSWORD}' '{pw}' | {BIN} passwd {} --password-stdin", m.cipher.display()));
+    assert!(o.status.success(), "passwd: {}", text(&o));
+    let o =
+        sh(&format!("printf '%s\\n' '{pw}' | {BIN} mount {} {} --password-stdin", m.cipher.display(), m.mnt.display()));
+    assert!(o.status.success(), "mount: {}", text(&o));
+    let pid = daemon_pid(&m.mnt).expect("the mount daemon");
+    fs::write(m.m("f"), b"use the mount a little").unwrap();
+    let hits = scan_memory(pid, pw.as_bytes());
+    let _ = run(BIN, &["umount", m.mnt.to_str().unwrap()]);
+    assert_eq!(hits, 0, "the password is still in the daemon's memory ({hits} copies)");
+}
+
+/// How often `needle` occurs in the readable memory of process `pid`.
+fn scan_memory(pid: u32, needle: &[u8]) -> usize {
+    use std::os::unix::fs::FileExt;
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut hits = 0;
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let (range, perms) = (parts.next().unwrap(), parts.next().unwrap());
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (u64::from_str_radix(a, 16).unwrap(), u64::from_str_radix(b, 16).unwrap());
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.read_exact_at(&mut buf, a).is_ok() {
+            hits += buf.windows(needle.len()).filter(|w| *w == needle).count();
+        }
+    }
+    hits
+}
