@@ -298,8 +298,11 @@ impl VaultConfig {
         Err(Error::WrongPassword)
     }
 
+    /// The lowest id no slot has. Ids never change once given, so `--slot N` keeps naming
+    /// the same slot; a password changed by removing its slot and then adding one keeps
+    /// its number.
     fn next_slot_id(&self) -> u32 {
-        self.slots.iter().map(|s| s.id + 1).max().unwrap_or(0)
+        (0..).find(|id| !self.slots.iter().any(|s| s.id == *id)).expect("fewer than 2^32 slots")
     }
 
     /// Adds a password slot; returns its id. Call [`seal`](Self::seal) afterwards.
