@@ -71,11 +71,6 @@ impl Exit {
     }
 }
 
-/// An `anyhow` error with an explicit code and a message.
-pub fn err(code: i32, msg: impl std::fmt::Display) -> anyhow::Error {
-    Exit::new(code, anyhow::anyhow!("{msg}")).into()
-}
-
 /// The code for an I/O error: a path that is missing or of the wrong type is the user's
 /// path being wrong (4); anything else (no space, I/O error, …) is "other".
 fn io_code(e: &io::Error) -> i32 {

@@ -3,6 +3,7 @@
 mod cmd;
 mod exit;
 mod logging;
+mod mountinfo;
 mod password;
 mod target;
 

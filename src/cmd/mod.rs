@@ -191,14 +191,31 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     pb
 }
 
-/// The line that ends an import or export: "veilfs: exported 12 files (3.4M), 0 errors".
-/// Not shown under `-q`.
-pub fn summary(verb: &str, files: u64, bytes: u64, errors: usize) {
+/// The line that ends an import or export, e.g. "veilfs: exported 12 files (3538 bytes,
+/// 3.5K), 0 errors". Not shown under `-q`.
+pub fn summary(verb: &str, files: u64, bytes: u64, errors: &str) {
     if !crate::logging::quiet() {
         let s = if files == 1 { "" } else { "s" };
-        let e = if errors == 1 { "" } else { "s" };
-        eprintln!("veilfs: {verb} {files} file{s} ({} bytes, {}), {errors} error{e}", bytes, human_size(bytes));
+        eprintln!("veilfs: {verb} {files} file{s} ({bytes} bytes, {}), {errors}", human_size(bytes));
     }
+}
+
+/// "1 error", "3 errors".
+pub fn count(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+/// Plaintext bytes of the regular files under the ciphertext directory `dir` (a cheap
+/// total for the export progress bar: no names are decrypted, no file is opened).
+pub fn plain_bytes_under(dir: &Path, layout: &veilfs_core::content::Layout) -> u64 {
+    let Ok(it) = std::fs::read_dir(dir) else { return 0 };
+    it.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => plain_bytes_under(&e.path(), layout),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| layout.plain_size_lenient(m.len())),
+            _ => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]
