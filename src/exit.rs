@@ -32,7 +32,7 @@ pub const TABLE: [(i32, &str); 9] = [
     (OTHER, "other error"),
     (USAGE, "bad command line, or an option value that names nothing (--slot N, --remove-slot N)"),
     (WRONG_PASSWORD, "wrong password or recovery key (also a mistyped recovery key)"),
-    (BAD_PATH, "CIPHERDIR or path is wrong (not a vault, not a directory, not empty, not found, not a veilfs mount)"),
+    (BAD_PATH, "CIPHERDIR or path is wrong (not a vault or directory, not empty, not found, not a veilfs mount)"),
     (BAD_CONFIG, "config damaged, edited or of an unsupported version"),
     (INTEGRITY, "integrity error: some ciphertext failed authentication (tampered or damaged)"),
     (PASSWORD_SOURCE, "no usable password (no terminal, --extpass failed, empty or mismatched)"),
@@ -45,7 +45,7 @@ pub const HELP: &str = "EXIT CODES:
   1  other error
   2  bad command line, or an option value that names nothing (--slot N, --remove-slot N)
   3  wrong password or recovery key (also a mistyped recovery key)
-  4  CIPHERDIR or path is wrong (not a vault, not a directory, not empty, not found, not a veilfs mount)
+  4  CIPHERDIR or path is wrong (not a vault or directory, not empty, not found, not a veilfs mount)
   5  config damaged, edited or of an unsupported version
   6  integrity error: some ciphertext failed authentication (tampered or damaged)
   7  no usable password (no terminal, --extpass failed, empty or mismatched)

@@ -16,7 +16,7 @@ names included; copy, sync or back it up like any folder. Create one with `veilf
 then mount it or use the offline tools (import, export, cat, ls) that need no FUSE.";
 
 #[derive(Parser, Debug)]
-#[command(name = "veilfs", version, about = ABOUT, after_help = exit::HELP, propagate_version = true)]
+#[command(name = "veilfs", version, about = "An encrypted overlay filesystem (FUSE) with offline tools", long_about = ABOUT, after_help = exit::HELP, propagate_version = true)]
 struct Cli {
     /// More log output: -v info, -vv debug, -vvv trace (default: warnings and errors). Keys
     /// are never logged; plaintext names only from -vv on.

@@ -62,7 +62,9 @@ fn roff_text(s: &str) -> String {
 /// then the command's own notes (its after-help), the exit codes and, on veilfs(1), the
 /// environment. The top-level after-help *is* the exit-code table, so it is not repeated.
 fn write_page(cmd: &clap::Command, dir: &Path, top: bool) -> Result<()> {
-    let man = clap_mangen::Man::new(cmd.clone()).manual("veilfs manual");
+    let man = clap_mangen::Man::new(cmd.clone())
+        .manual("veilfs manual")
+        .source(format!("veilfs {}", env!("CARGO_PKG_VERSION")));
     let path = dir.join(man.get_filename());
     let mut w =
         std::io::BufWriter::new(std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?);
@@ -78,10 +80,15 @@ fn write_page(cmd: &clap::Command, dir: &Path, top: bool) -> Result<()> {
         writeln!(w, ".SH NOTES")?;
         for para in notes.to_string().split("\n\n") {
             writeln!(w, ".PP")?;
-            for line in para.lines() {
-                // Example lines keep their layout.
+            let mut lines = para.lines().peekable();
+            while let Some(line) = lines.next() {
                 if line.starts_with("  ") {
-                    writeln!(w, ".br\n\\ \\ {}", roff_text(line.trim_start()))?;
+                    // Indented example lines keep their layout (no filling).
+                    writeln!(w, ".nf\n{}", roff_text(line))?;
+                    while let Some(l) = lines.next_if(|l| l.starts_with("  ")) {
+                        writeln!(w, "{}", roff_text(l))?;
+                    }
+                    writeln!(w, ".fi")?;
                 } else {
                     writeln!(w, "{}", roff_text(line))?;
                 }

@@ -15,9 +15,12 @@ pub mod speed;
 use crate::exit::{Exit, USAGE, WRONG_PASSWORD};
 use crate::password::PasswordArgs;
 use anyhow::{Context, Result};
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
 use veilfs_core::kdf::Argon2Params;
+use veilfs_core::names;
 use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig};
 
 /// How to unlock an existing vault.
@@ -207,15 +210,33 @@ pub fn count(n: usize, what: &str) -> String {
 
 /// Plaintext bytes of the regular files under the ciphertext directory `dir` (a cheap
 /// total for the export progress bar: no names are decrypted, no file is opened).
+/// A hard-linked file counts once; the vault's metadata files are left out.
 pub fn plain_bytes_under(dir: &Path, layout: &veilfs_core::content::Layout) -> u64 {
-    let Ok(it) = std::fs::read_dir(dir) else { return 0 };
-    it.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => plain_bytes_under(&e.path(), layout),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| layout.plain_size_lenient(m.len())),
-            _ => 0,
-        })
-        .sum()
+    fn walk(dir: &Path, layout: &veilfs_core::content::Layout, seen: &mut HashSet<(u64, u64)>) -> u64 {
+        let Ok(it) = std::fs::read_dir(dir) else { return 0 };
+        let mut sum = 0;
+        for e in it.flatten() {
+            // The vault's own files (directory IVs, long-name side files) hold no user data.
+            let name = e.file_name();
+            let name = name.as_encoded_bytes();
+            if name.starts_with(names::RESERVED_PREFIX.as_bytes()) && !name.starts_with(names::LONG_PREFIX.as_bytes()) {
+                continue;
+            }
+            match e.file_type() {
+                Ok(t) if t.is_dir() => sum += walk(&e.path(), layout, seen),
+                Ok(t) if t.is_file() => {
+                    if let Ok(m) = e.metadata() {
+                        if m.nlink() < 2 || seen.insert((m.dev(), m.ino())) {
+                            sum += layout.plain_size_lenient(m.len());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        sum
+    }
+    walk(dir, layout, &mut HashSet::new())
 }
 
 #[cfg(test)]

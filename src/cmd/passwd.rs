@@ -116,6 +116,7 @@ pub fn run(a: Args) -> Result<i32> {
         let rk = RecoveryKey::generate();
         cfg.slots.retain(|s| s.kind != SlotKind::Recovery);
         let id = cfg.add_recovery_slot(vault.master_key(), &rk);
+        cfg.slots.sort_by_key(|s| s.id);
         vault.save_config(cfg)?;
         eprintln!("veilfs: new recovery key in slot {id} (shown only now; the old one no longer works):");
         println!("{}", rk.display());
@@ -154,6 +155,7 @@ pub fn run(a: Args) -> Result<i32> {
     // replaced slot's own (the config is only written once both steps succeeded).
     cfg.slots.retain(|s| !drop.contains(&s.id));
     let id = cfg.add_password_slot(vault.master_key(), &new_pw, params)?;
+    cfg.slots.sort_by_key(|s| s.id);
     vault.save_config(cfg)?;
     if !quiet {
         if a.add {
