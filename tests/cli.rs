@@ -6,6 +6,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_veilfs");
 const WEAK: [&str; 4] = ["--kdf-memory", "8", "--kdf-iterations", "1"];
 
@@ -755,4 +757,148 @@ fn man_pages_and_completions_are_generated() {
 
 fn common_which(cmd: &str) -> bool {
     bash(&format!("command -v {cmd}")).status.success()
+}
+
+// ---------------------------------------------------------------------------------------
+// Mount-table checks, stale mounts and /dev/fuse access: these mount for real (root and
+// /dev/fuse), each on its own tmpfs, and unmount whatever they mounted, also on panic.
+// ---------------------------------------------------------------------------------------
+
+/// Lazily unmounts `0` on drop if it is still mounted.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// True when `p` is a mount point (read from the mount table, escapes decoded by findmnt).
+fn mounted(p: &Path) -> bool {
+    Command::new("findmnt").arg("--mountpoint").arg(p).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// A weak vault `v` (password "pw") on a fresh tmpfs.
+fn vault_on_tmpfs() -> (common::Tmpfs, PathBuf) {
+    let t = common::Tmpfs::new("64m");
+    let v = t.path.join("v");
+    assert_eq!(code(&veilfs(&[&["init", v.to_str().unwrap(), "--extpass", "echo pw"][..], &WEAK].concat())), 0);
+    (t, v)
+}
+
+#[test]
+fn umount_finds_a_mount_point_with_a_space_and_leaves_other_filesystems_alone() {
+    if !common::fuse_available() {
+        return;
+    }
+    let (t, v) = vault_on_tmpfs();
+    let mnt = t.path.join("my plain");
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(mnt.clone());
+    let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(mounted(&mnt));
+    // The command from the issue, run where the mount point is.
+    let o = Command::new(BIN).args(["umount", "my plain"]).current_dir(&t.path).output().unwrap();
+    assert_eq!(code(&o), 0, "veilfs umount \"my plain\": {}", err(&o));
+    assert!(!mounted(&mnt), "still mounted");
+    // Not a veilfs mount (the tmpfs itself): refused with 4, left mounted.
+    let o = veilfs(&["umount", t.path.to_str().unwrap()]);
+    assert_eq!(code(&o), 4, "{}", err(&o));
+    assert!(err(&o).contains("not a veilfs mount") && err(&o).contains("tmpfs"), "{}", err(&o));
+    assert!(mounted(&t.path), "the tmpfs must stay mounted");
+}
+
+#[test]
+fn mount_names_a_stale_mount_and_how_to_clear_it() {
+    if !common::fuse_available() {
+        return;
+    }
+    let (t, v) = vault_on_tmpfs();
+    let mnt = t.path.join("plain");
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(mnt.clone());
+    let mut daemon = Command::new(BIN)
+        .args(["mount", "-f", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !mounted(&mnt) {
+        assert!(std::time::Instant::now() < deadline, "the mount did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The daemon crashes: the mount point is left answering ENOTCONN.
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let e = std::fs::metadata(&mnt).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"]);
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(err(&o).contains("stale mount"), "{}", err(&o));
+    assert!(err(&o).contains(&format!("fusermount3 -u {}", mnt.display())), "{}", err(&o));
+    assert!(!err(&o).contains("not a directory"), "{}", err(&o));
+    // And veilfs umount clears it.
+    let o = veilfs(&["umount", mnt.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(!mounted(&mnt));
+}
+
+#[test]
+fn a_user_without_access_to_dev_fuse_is_told_so() {
+    if !common::fuse_available() || !common::which("unshare") || !common::which("setpriv") {
+        return;
+    }
+    let (t, v) = vault_on_tmpfs();
+    let mnt = t.path.join("plain");
+    std::fs::create_dir(&mnt).unwrap();
+    // A copy of the binary where nobody may run it (the build directory may be private).
+    let bin_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = bin_dir.path().join("veilfs");
+    std::fs::copy(BIN, &bin).unwrap();
+    let nofuse = t.path.join("nofuse");
+    std::fs::write(&nofuse, "").unwrap();
+    std::fs::set_permissions(&nofuse, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = Command::new("chmod").args(["-R", "a+rwX"]).arg(&v).arg(&mnt).status().unwrap();
+    assert!(o.success());
+    // In a private mount namespace, /dev/fuse is replaced by a root-only file; then the
+    // mount runs as nobody.
+    let script = format!(
+        "mount --bind {} /dev/fuse && exec setpriv --reuid=65534 --regid=65534 --clear-groups {} mount {} {} --extpass 'echo pw'",
+        sq(&nofuse),
+        sq(&bin),
+        sq(&v),
+        sq(&mnt)
+    );
+    let o = Command::new("unshare").args(["-m", "sh", "-c", &script]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(err(&o).contains("/dev/fuse") && err(&o).contains("may not use FUSE"), "{}", err(&o));
+    assert!(!mounted(&mnt));
+}
+
+#[test]
+fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
+    let t = tempfile::tempdir().unwrap();
+    let prefix = t.path().join("usr");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh");
+    let o = Command::new("sh").arg(&script).env("PREFIX", &prefix).env("VEILFS_BIN", BIN).output().unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    for f in [
+        "bin/veilfs",
+        "share/man/man1/veilfs.1",
+        "share/man/man1/veilfs-mount.1",
+        "share/bash-completion/completions/veilfs",
+        "share/zsh/site-functions/_veilfs",
+        "share/fish/vendor_completions.d/veilfs.fish",
+    ] {
+        assert!(prefix.join(f).is_file(), "{f} installed");
+    }
+    let o = Command::new("sh").arg(&script).arg("--uninstall").env("PREFIX", &prefix).output().unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(!prefix.join("bin/veilfs").exists() && !prefix.join("share/man/man1/veilfs.1").exists());
 }
