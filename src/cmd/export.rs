@@ -167,7 +167,7 @@ impl Exporter<'_> {
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.src)?;
     let vault = a.unlock.open(&t.cipherdir)?;
-    let (parent, entry) = vault.resolve(&t.inner)?;
+    let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.src))?;
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
     let total = match &entry {

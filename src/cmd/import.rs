@@ -141,7 +141,7 @@ pub fn run(a: Args) -> Result<i32> {
     std::fs::symlink_metadata(&a.src).with_context(|| format!("{}", a.src.display()))?;
     let vault = a.unlock.open(&t.cipherdir)?;
     let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
-    let (parent, entry) = vault.resolve(&t.inner)?;
+    let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.dest))?;
     let src_name = a.src.canonicalize()?.file_name().map(|n| n.as_bytes().to_vec());
     // Where the copy goes: (directory, name) or "into this directory" for `/.` sources.
     let (dest_dir, dest_name): (Rc<CipherDir>, Option<Vec<u8>>) = match entry {

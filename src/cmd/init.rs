@@ -33,11 +33,11 @@ pub struct Args {
 }
 
 fn parse_cipher(s: &str) -> Result<ContentCipher, String> {
-    ContentCipher::parse(s).ok_or_else(|| format!("unknown cipher {s:?}: use aes-256-gcm or xchacha20-poly1305"))
+    ContentCipher::parse(s).ok_or_else(|| format!("unknown cipher '{s}': use aes-256-gcm or xchacha20-poly1305"))
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {
-    let n: u32 = s.parse().map_err(|_| format!("{s:?} is not a number of bytes"))?;
+    let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number of bytes"))?;
     if !n.is_power_of_two() || !(512..=1 << 20).contains(&n) {
         return Err(format!("{n} is not a power of two in 512..=1048576 (e.g. 4096)"));
     }

@@ -81,11 +81,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let d = match s.parse::<u64>() {
         Ok(n) => Duration::from_secs(n),
         Err(_) => {
-            humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 90s, 30m or 1h30m: {e}"))?
+            humantime::parse_duration(s).map_err(|e| format!("'{s}' is not a duration like 90s, 30m or 1h30m: {e}"))?
         }
     };
     if d.is_zero() {
-        return Err(format!("{s:?} must be longer than zero"));
+        return Err(format!("'{s}' must be longer than zero"));
     }
     Ok(d)
 }
@@ -93,7 +93,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 fn parse_threads(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=1024).contains(&n) => Ok(n),
-        _ => Err(format!("{s:?} is not a thread count in 1..=1024")),
+        _ => Err(format!("'{s}' is not a thread count in 1..=1024")),
     }
 }
 
