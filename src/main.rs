@@ -19,7 +19,7 @@ then mount it or use the offline tools (import, export, cat, ls) that need no FU
 #[command(name = "veilfs", version, about = "An encrypted overlay filesystem (FUSE) with offline tools", long_about = ABOUT, after_help = exit::HELP, propagate_version = true)]
 struct Cli {
     /// More log output: -v info, -vv debug, -vvv trace (default: warnings and errors). Keys
-    /// are never logged; plaintext names only from -vv on.
+    /// and plaintext names are never logged.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
     /// Only errors: no progress bars, hints or summaries.

@@ -62,6 +62,12 @@ fn roff_text(s: &str) -> String {
 /// then the command's own notes (its after-help), the exit codes and, on veilfs(1), the
 /// environment. The top-level after-help *is* the exit-code table, so it is not repeated.
 fn write_page(cmd: &clap::Command, dir: &Path, top: bool) -> Result<()> {
+    // clap_mangen's DESCRIPTION shows the long about; a subcommand has only its one line.
+    let cmd = match (cmd.get_long_about(), cmd.get_about()) {
+        (None, Some(about)) => cmd.clone().long_about(about.clone()),
+        _ => cmd.clone(),
+    };
+    let cmd = &cmd;
     let man = clap_mangen::Man::new(cmd.clone())
         .manual("veilfs manual")
         .source(format!("veilfs {}", env!("CARGO_PKG_VERSION")));
