@@ -90,11 +90,12 @@ impl UnlockArgs {
             // A malformed key (a typo) is a wrong secret, not an error of the vault.
             Secret::Recovery(RecoveryKey::parse(text.expose_secret()).map_err(|e| Exit::new(WRONG_PASSWORD, e))?)
         } else {
+            let password = self.password.read("Password")?;
             let slot = cfg.slots.iter().find(|s| s.kind == want && self.slot.is_none_or(|id| id == s.id));
             if let Some(SlotKdf::Argon2id { memory_kib, .. }) = slot.map(|s| &s.kdf) {
                 kdf_notice(*memory_kib);
             }
-            Secret::Password(self.password.read("Password")?)
+            Secret::Password(password)
         };
         let t = std::time::Instant::now();
         let vault = Vault::open(cipherdir, &secret, self.slot)
