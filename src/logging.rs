@@ -56,22 +56,51 @@ impl Drop for Sink {
     }
 }
 
-/// Sets up tracing at the level chosen by `-v`/`-q` (or `VEILFS_LOG`).
-pub fn init(verbose: u8, quiet: bool) {
-    let level = match (quiet, verbose) {
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// True under `-q`: no progress bars, hints or summaries; errors only.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// True when messages meant for a person at a terminal (progress, "deriving the key…")
+/// should be shown: stderr is a terminal and `-q` was not given.
+pub fn interactive() -> bool {
+    use std::io::IsTerminal;
+    !quiet() && std::io::stderr().is_terminal()
+}
+
+/// The log level for `-q` and a `-v` count, as `veilfs --help` documents it: warnings by
+/// default, `-q` errors only, `-v` info, `-vv` debug, `-vvv` trace.
+pub fn level(verbose: u8, quiet: bool) -> &'static str {
+    match (quiet, verbose) {
         (true, _) => "error",
         (false, 0) => "warn",
         (false, 1) => "info",
         (false, 2) => "debug",
         _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VEILFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},fuser=warn")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    }
+}
+
+/// Sets up tracing at the level chosen by `-v`/`-q`; `VEILFS_LOG`, when set to a valid
+/// filter, replaces it. For the offline commands (`offline`), the core library's ERROR
+/// events are left out at the default verbosity: each comes with an error the command
+/// reports itself, naming the path the user gave, and would otherwise be printed twice.
+pub fn init(verbose: u8, quiet: bool, offline: bool) {
+    use tracing_subscriber::prelude::*;
+    QUIET.store(quiet, Ordering::Relaxed);
+    let level = level(verbose, quiet);
+    let from_env = tracing_subscriber::EnvFilter::try_from_env("VEILFS_LOG").ok();
+    let hide_core_errors = offline && verbose == 0 && from_env.is_none();
+    let filter = from_env.unwrap_or_else(|| tracing_subscriber::EnvFilter::new(format!("{level},fuser=warn")));
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(|| Sink(Vec::new()))
         .with_ansi(false)
         .with_target(false)
         .without_time()
-        .init();
+        .with_filter(filter)
+        .with_filter(tracing_subscriber::filter::filter_fn(move |m| {
+            !(hide_core_errors && *m.level() == tracing::Level::ERROR && m.target().starts_with("veilfs_core"))
+        }));
+    tracing_subscriber::registry().with(layer).init();
 }

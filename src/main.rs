@@ -3,6 +3,7 @@
 mod cmd;
 mod exit;
 mod logging;
+mod mountinfo;
 mod password;
 mod target;
 
@@ -15,13 +16,14 @@ names included; copy, sync or back it up like any folder. Create one with `veilf
 then mount it or use the offline tools (import, export, cat, ls) that need no FUSE.";
 
 #[derive(Parser, Debug)]
-#[command(name = "veilfs", version, about = ABOUT, after_help = exit::HELP, propagate_version = true)]
+#[command(name = "veilfs", version, about = "An encrypted overlay filesystem (FUSE) with offline tools", long_about = ABOUT, after_help = exit::HELP, propagate_version = true)]
 struct Cli {
-    /// More log output (-v: debug, -vv: trace). Keys and plaintext names are never logged.
+    /// More log output: -v info, -vv debug, -vvv trace (default: warnings and errors). Keys
+    /// and plaintext names are never logged.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
-    /// Only errors.
-    #[arg(short, long, global = true)]
+    /// Only errors: no progress bars, hints or summaries.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
     quiet: bool,
     #[command(subcommand)]
     command: Command,
@@ -53,11 +55,28 @@ enum Command {
     DecryptPath(cmd::paths::DecryptArgs),
     /// Measure this machine's speed for veilfs's ciphers and key derivation.
     Speed(cmd::speed::Args),
+    /// Write man pages or shell completions (for packagers and scripts/install.sh).
+    #[command(hide = true)]
+    Generate(cmd::generate::Args),
+}
+
+/// Lets a closed pipe end the process silently, as it ends `ls` or `cat` (Rust ignores
+/// SIGPIPE, so every write would instead fail with EPIPE and print "Broken pipe").
+fn default_sigpipe() {
+    // SAFETY: signal() with a constant signal number and SIG_DFL; no handler runs our code.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
 fn main() {
+    default_sigpipe();
     let cli = Cli::parse();
-    logging::init(cli.verbose, cli.quiet);
+    if matches!(cli.command, Command::Mount(_)) {
+        // The mount daemon must not die of a write to a closed pipe (its readiness report
+        // to a parent that was killed): errors are handled where they happen.
+        // SAFETY: as in default_sigpipe, with SIG_IGN.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    }
+    logging::init(cli.verbose, cli.quiet, !matches!(cli.command, Command::Mount(_)));
     if !matches!(cli.command, Command::Mount(_)) {
         // No core dumps of a process that may hold keys (the mount decides for itself).
         // SAFETY: prctl with constant arguments.
@@ -76,12 +95,13 @@ fn main() {
         Command::EncryptPath(a) => cmd::paths::encrypt(a),
         Command::DecryptPath(a) => cmd::paths::decrypt(a),
         Command::Speed(a) => cmd::speed::run(a),
+        Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
     };
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             let code = exit::classify(&e);
-            eprintln!("veilfs: error: {e:#}");
+            eprintln!("veilfs: error: {}", exit::message(&e));
             std::process::exit(code);
         }
     }

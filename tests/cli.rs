@@ -6,6 +6,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_veilfs");
 const WEAK: [&str; 4] = ["--kdf-memory", "8", "--kdf-iterations", "1"];
 
@@ -338,4 +340,565 @@ fn xchacha_vault_round_trip() {
     assert_same_tree(&src, &dest);
     let j: serde_json::Value = serde_json::from_str(&out(&veilfs(&["info", v.to_str().unwrap(), "--json"]))).unwrap();
     assert_eq!(j["cipher"], "XChaCha20-Poly1305");
+}
+
+// ---------------------------------------------------------------------------------------
+// The rough edges of issue 13, each with the command from the issue where it names one.
+// ---------------------------------------------------------------------------------------
+
+/// Runs a bash command line (for pipes, exactly as a user types them).
+fn bash(script: &str) -> Output {
+    Command::new("bash").arg("-c").arg(script).stdin(Stdio::null()).output().unwrap()
+}
+
+/// Runs `cmd` under a pseudo-terminal (script(1)), so stderr is a terminal; the output of
+/// both streams, or None when script(1) is missing.
+fn on_terminal(cmd: &str) -> Option<String> {
+    if !Path::new("/usr/bin/script").exists() {
+        eprintln!("SKIPPED part: script(1) is missing (apt-get install bsdutils)");
+        return None;
+    }
+    let o = Command::new("script").args(["-qec", cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
+    Some(out(&o))
+}
+
+fn sq(p: &Path) -> String {
+    format!("'{}'", p.display())
+}
+
+#[test]
+fn sigpipe_ls_into_head_and_cat_into_head_end_quietly() {
+    let f = Fixture::new();
+    let src = f.dir.join("many");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..400 {
+        std::fs::write(src.join(format!("f{i:04}")), "x").unwrap();
+    }
+    std::fs::write(src.join("big"), vec![b'a'; 3 << 20]).unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let pf = sq(&f.pf);
+    // The commands from the issue; 141 = killed by SIGPIPE, as coreutils' ls and cat are.
+    for cmd in [
+        format!("veilfs ls {} --passfile {pf} | head -1", f.v()),
+        format!("veilfs cat {}/big --passfile {pf} | head -c 10", f.v()),
+    ] {
+        let o = bash(&format!("{} ; echo \"status ${{PIPESTATUS[0]}}\" >&2", cmd.replacen("veilfs", BIN, 1)));
+        let e = err(&o);
+        assert!(e.ends_with("status 141\n") || e.ends_with("status 0\n"), "{cmd}: {e}");
+        assert!(!e.contains("panicked") && !e.contains("Broken pipe") && !e.contains("error"), "{cmd}: {e}");
+    }
+    // The same, deterministic: a pipe whose reader is already gone.
+    for args in [vec!["ls", f.v()], vec!["cat", &format!("{}/big", f.v())]] {
+        let (r, w) = std::io::pipe().unwrap();
+        drop(r);
+        let o = Command::new(BIN).args(&args).args(f.p()).stdin(Stdio::null()).stdout(w).output().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(o.status.signal(), Some(libc::SIGPIPE), "{args:?}: {:?} {}", o.status, err(&o));
+        assert!(err(&o).is_empty(), "{args:?}: {}", err(&o));
+    }
+}
+
+#[test]
+fn ls_long_is_human_readable() {
+    let f = Fixture::new();
+    let src = f.dir.join("src");
+    make_tree(&src);
+    std::fs::create_dir(src.join("private")).unwrap();
+    std::fs::set_permissions(src.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(src.join("big.bin"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    // big.bin's mtime is 2009-02-13 23:31:30 UTC: an old date shows the year, as in ls.
+    let ls = |extra: &[&str]| {
+        let o = Command::new(BIN).args(["ls", f.v()]).args(extra).args(f.p()).env("TZ", "UTC").output().unwrap();
+        assert_eq!(code(&o), 0, "{}", err(&o));
+        out(&o)
+    };
+    let text = ls(&["-l"]);
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.ends_with(&format!(" {name}")) || l.contains(&format!(" {name} -> ")))
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+            .to_string()
+    };
+    let big = line("big.bin");
+    assert!(big.starts_with("-rw-r--r-- "), "{big}");
+    assert!(big.contains(" 200000 Feb 13  2009 big.bin"), "size and local date: {big}");
+    assert!(line("private").starts_with("drwx------ "), "{text}");
+    assert!(line("fifo").starts_with("prw-r----- "), "{text}");
+    let link = line("link");
+    assert!(link.starts_with("lrwxrwxrwx "), "{link}");
+    assert!(link.contains(&format!(" {} ", "a/b/c/deep.txt".len())), "plaintext target length: {link}");
+    assert!(link.ends_with("link -> a/b/c/deep.txt"), "{link}");
+    assert!(!text.contains("1234567890"), "no epoch seconds: {text}");
+    let human = ls(&["-l", "-h"]);
+    assert!(human.lines().any(|l| l.starts_with("-rw-r--r--") && l.contains(" 196K Feb 13  2009 big.bin")), "{human}");
+    // A recent file shows the time of day instead of the year, in the local time zone.
+    let o = Command::new(BIN).args(["ls", "-l", f.v()]).args(f.p()).env("TZ", "UTC-14").output().unwrap();
+    let now_plus14 = out(&bash("TZ=UTC-14 date +'%b %e'")).trim().to_string();
+    assert!(out(&o).lines().any(|l| l.contains(&now_plus14) && l.ends_with(" private")), "{}", out(&o));
+}
+
+#[test]
+fn one_message_per_error_naming_the_plaintext_path() {
+    let f = Fixture::new();
+    let src = f.dir.join("src");
+    make_tree(&src);
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let missing = format!("{}/a/nope.txt", f.v());
+    let o = f.run(&["cat", &missing]);
+    assert_eq!(code(&o), 4, "{}", err(&o));
+    assert_eq!(err(&o), format!("veilfs: error: {missing}: No such file or directory (os error 2)\n"));
+    let o = f.run(&["ls", &format!("{}/nodir", f.v())]);
+    assert_eq!(err(&o).matches("No such file or directory").count(), 1, "{}", err(&o));
+    assert!(err(&o).contains(&format!("{}/nodir", f.v())), "{}", err(&o));
+    // A tampered file: one line, naming the path the user gave, not the ciphertext path.
+    let cpath = out(&f.run(&["encrypt-path", f.v(), "big.bin"])).trim().to_string();
+    let p = f.vault.join(&cpath);
+    let mut c = std::fs::read(&p).unwrap();
+    c[10_000] ^= 4;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(&p, c).unwrap();
+    let o = f.run(&["cat", &format!("{}/big.bin", f.v())]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    assert_eq!(err(&o).lines().count(), 1, "printed once: {}", err(&o));
+    assert!(err(&o).contains(&format!("{}/big.bin", f.v())) && err(&o).contains("block 2"), "{}", err(&o));
+    assert!(!err(&o).contains(&cpath), "no ciphertext path: {}", err(&o));
+    // A renamed ciphertext entry in a listing: reported once.
+    let cdir = out(&f.run(&["encrypt-path", f.v(), "a"])).trim().to_string();
+    let hard = out(&f.run(&["encrypt-path", f.v(), "a/hardlink.bin"])).trim().to_string();
+    std::fs::rename(f.vault.join(&hard), f.vault.join(&cdir).join("garbage")).unwrap();
+    let o = f.run(&["ls", &format!("{}/a", f.v())]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    assert_eq!(err(&o).lines().count(), 1, "printed once: {}", err(&o));
+}
+
+/// Every case of the issue, and the table in `--help` and the README.
+#[test]
+fn exit_codes_follow_the_documented_table() {
+    let f = Fixture::new();
+    let file = f.dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let fs = file.to_str().unwrap();
+    let missing = f.dir.join("missing");
+    let ms = missing.to_str().unwrap();
+    let pf = f.pf.to_str().unwrap();
+    let typo = {
+        let mut t = f.recovery.clone();
+        t.replace_range(0..1, if t.starts_with('A') { "B" } else { "A" });
+        t
+    };
+    let short_key = "ABCD-EFGH".to_string();
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["init", f.v(), "--passfile", pf], 4, "init into a non-empty dir"),
+        (vec!["init", fs, "--passfile", pf], 4, "init over a file"),
+        (vec!["info", ms], 4, "missing CIPHERDIR"),
+        (vec!["ls", ms, "--passfile", pf], 4, "missing CIPHERDIR (ls)"),
+        (vec!["passwd", ms, "--passfile", pf], 4, "missing CIPHERDIR (passwd)"),
+        (vec!["mount", ms, f.dir.to_str().unwrap(), "--passfile", pf], 4, "missing CIPHERDIR (mount)"),
+        (vec!["info", fs], 4, "CIPHERDIR is a file"),
+        (vec!["encrypt-path", fs, "x", "--passfile", pf], 4, "CIPHERDIR is a file (encrypt-path)"),
+        (vec!["ls", f.v(), "--passfile", pf, "--slot", "99"], 2, "--slot 99"),
+        (vec!["ls", f.v(), "--passfile", pf, "--slot", "1"], 2, "--slot of the recovery slot with a password"),
+        (vec!["passwd", f.v(), "--passfile", pf, "--remove-slot", "99"], 2, "--remove-slot 99"),
+        (vec!["ls", f.v(), "--recovery-key", "--extpass"], 3, "recovery-key typo"),
+        (vec!["ls", f.v(), "--recovery-key", "--extpass"], 3, "recovery key too short"),
+        (vec!["ls", f.v(), "--extpass", "echo wrong"], 3, "wrong password"),
+        (vec!["ls", f.v(), "--no-such-option"], 2, "unknown option"),
+        (vec!["umount", ms], 4, "umount of something not mounted"),
+    ];
+    let mut typos = vec![format!("echo {typo}"), format!("echo {short_key}")].into_iter();
+    for (mut args, want, what) in cases {
+        let extra;
+        if args.last() == Some(&"--extpass") {
+            extra = typos.next().unwrap();
+            args.push(&extra);
+        }
+        let o = veilfs(&args);
+        assert_eq!(code(&o), want, "{what}: {args:?}: {}", err(&o));
+        assert!(!err(&o).contains("panicked"), "{what}: {}", err(&o));
+    }
+    // The documented table: --help and the README list the same codes and meanings.
+    let help = out(&veilfs(&["--help"]));
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    for (code, _) in (0..=8).map(|c| (c, ())) {
+        assert!(help.lines().any(|l| l.starts_with(&format!("  {code}  "))), "code {code} in --help:\n{help}");
+        assert!(readme.lines().any(|l| l.starts_with(&format!("| {code} | "))), "code {code} in README");
+    }
+    for (code, meaning) in help.lines().filter_map(|l| l.strip_prefix("  ")?.split_once("  ")) {
+        if let Ok(c) = code.parse::<u8>() {
+            assert!(readme.contains(&format!("| {c} | {meaning} |")), "README row for {c}: {meaning}");
+        }
+    }
+}
+
+#[test]
+fn invalid_options_fail_before_any_prompt_and_create_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("DIR");
+    let d = dir.to_str().unwrap();
+    // stdin is /dev/null and no password source is given: a prompt would fail with 7.
+    for args in [
+        vec!["init", "--block-size", "1000", d],
+        vec!["init", "--block-size", "0", d],
+        vec!["init", "--kdf-memory", "0", d],
+        vec!["init", "--kdf-parallelism", "0", d],
+        vec!["init", "--kdf-iterations", "1000", d],
+        vec!["init", "--cipher", "rot13", d],
+    ] {
+        let o = veilfs(&args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", err(&o));
+        assert!(!err(&o).to_lowercase().contains("password"), "{args:?}: {}", err(&o));
+        assert!(!dir.exists(), "{args:?} left {d} behind");
+    }
+    // Mount options too, before the vault or password is looked at.
+    let f = Fixture::new();
+    for args in [
+        vec!["mount", f.v(), d, "--threads", "0"],
+        vec!["mount", f.v(), d, "--idle", "soon"],
+        vec!["mount", f.v(), d, "--idle", "0s"],
+    ] {
+        let o = veilfs(&args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", err(&o));
+    }
+    // `--idle 1h30m` is accepted: the mount then fails on the missing mount point (8), not on the option.
+    let o = veilfs(&["mount", f.v(), d, "--idle", "1h30m"]);
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(err(&o).contains("mount point"), "{}", err(&o));
+}
+
+#[test]
+fn quiet_and_verbose_levels_as_documented() {
+    let f = Fixture::new();
+    let help = out(&veilfs(&["--help"]));
+    assert!(help.contains("-v info, -vv debug, -vvv trace"), "{help}");
+    assert!(help.contains("VEILFS_LOG"), "documented in --help: {help}");
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    assert!(readme.contains("VEILFS_LOG"), "documented in the README");
+    let e0 = err(&f.run(&["ls", f.v()]));
+    let e1 = err(&f.run(&["-v", "ls", f.v()]));
+    let e2 = err(&f.run(&["-vv", "ls", f.v()]));
+    assert!(!e0.contains("INFO") && !e0.contains("DEBUG"), "default: {e0}");
+    assert!(e1.contains("INFO") && !e1.contains("DEBUG"), "-v: {e1}");
+    assert!(e2.contains("INFO") && e2.contains("DEBUG"), "-vv: {e2}");
+    let o = Command::new(BIN).args(["ls", f.v()]).args(f.p()).env("VEILFS_LOG", "debug").output().unwrap();
+    assert!(err(&o).contains("DEBUG"), "VEILFS_LOG=debug: {}", err(&o));
+    // -q: no summary, no hint; on a terminal no progress bar and no KDF notice.
+    let src = f.dir.join("src");
+    make_tree(&src);
+    let o = f.run(&["-q", "import", src.to_str().unwrap(), f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).is_empty(), "-q import: {}", err(&o));
+    let dest = f.dir.join("out-q");
+    let cmd = |q: &str, dest: &Path| format!("{BIN} {q} export {} {} --passfile {}", f.v(), sq(dest), sq(&f.pf));
+    if let Some(text) = on_terminal(&cmd("-q", &dest)) {
+        assert!(!text.contains("exporting") && !text.contains("deriving"), "-q on a terminal: {text}");
+        let text = on_terminal(&cmd("", &f.dir.join("out-bar"))).unwrap();
+        assert!(text.contains("exporting"), "progress bar on a terminal: {text}");
+    }
+}
+
+#[test]
+fn passwd_keeps_slot_numbers_and_guards_the_last_recovery_key() {
+    let f = Fixture::new();
+    let slots = || -> Vec<(u64, String)> {
+        let j: serde_json::Value = serde_json::from_str(&out(&veilfs(&["info", f.v(), "--json"]))).unwrap();
+        j["slots"].as_array().unwrap().iter().map(|s| (s["id"].as_u64().unwrap(), s["kind"].to_string())).collect()
+    };
+    let before = slots();
+    let np = f.dir.join("np");
+    std::fs::write(&np, "new one\n").unwrap();
+    let o = veilfs(
+        &[&["passwd", f.v(), "--passfile", f.pf.to_str().unwrap(), "--new-passfile", np.to_str().unwrap()][..], &WEAK]
+            .concat(),
+    );
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(slots(), before, "a changed password keeps its slot number");
+    assert!(err(&o).contains("slot 0"), "{}", err(&o));
+    let o = veilfs(
+        &[&["passwd", f.v(), "--add", "--extpass", "echo new one", "--new-extpass", "echo two"][..], &WEAK].concat(),
+    );
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(slots().iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2], "a new slot takes the next number");
+    // Change slot 2: still slot 2; slot 0 and the recovery slot untouched.
+    let o = veilfs(
+        &[&["passwd", f.v(), "--slot", "2", "--extpass", "echo two", "--new-extpass", "echo three"][..], &WEAK]
+            .concat(),
+    );
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(slots().iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(code(&veilfs(&["ls", f.v(), "--slot", "2", "--extpass", "echo three"])), 0);
+    // The recovery key is the last recovery path: no terminal, no --yes: refused, kept.
+    let o = veilfs(&["passwd", f.v(), "--extpass", "echo new one", "--remove-slot", "1"]);
+    assert_eq!(code(&o), 2, "{}", err(&o));
+    assert!(err(&o).contains("--yes"), "{}", err(&o));
+    assert_eq!(slots().len(), 3, "nothing removed");
+    let o = veilfs(&["passwd", f.v(), "--extpass", "echo new one", "--remove-slot", "1", "--yes"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(slots().iter().map(|s| s.0).collect::<Vec<_>>(), [0, 2]);
+    assert_eq!(err(&o).trim(), "veilfs: removed key slot 1 (recovery key)");
+    // No Rust Debug forms in any message.
+    let o = veilfs(&["passwd", f.v(), "--extpass", "echo new one", "--new-extpass", "echo x"]);
+    assert_eq!(code(&o), 2, "{}", err(&o));
+    assert!(err(&o).contains("(0, 2)") && !err(&o).contains('['), "{}", err(&o));
+}
+
+#[test]
+fn progress_totals_summaries_and_hints() {
+    let t = tempfile::tempdir().unwrap();
+    let v = t.path().join("v");
+    let o = veilfs(&[&["init", v.to_str().unwrap(), "--extpass", "echo pw"][..], &WEAK].concat());
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains(&format!("now mount it with: veilfs mount {} MOUNTPOINT", v.display())), "{}", err(&o));
+    let src = t.path().join("src");
+    make_tree(&src);
+    let vs = v.to_str().unwrap();
+    let o = veilfs(&["import", &format!("{}/.", src.display()), vs, "--extpass", "echo pw"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    // Regular files: big.bin, a/hardlink.bin (a link: not copied twice), deep.txt, empty, latin1, LLL…
+    let files = 5;
+    let bytes = 200_000 + 4 + 5 + 12;
+    assert!(
+        err(&o).contains(&format!("veilfs: imported {files} files ({bytes} bytes, 196K), 0 errors")),
+        "{}",
+        err(&o)
+    );
+    let o = veilfs(&["export", vs, t.path().join("out").to_str().unwrap(), "--extpass", "echo pw"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(
+        err(&o).contains(&format!("veilfs: exported {files} files ({bytes} bytes, 196K), 0 errors")),
+        "{}",
+        err(&o)
+    );
+    // On a terminal: the KDF notice, and an export bar with its total (indicatif's KiB).
+    let cmd = format!("{BIN} export {vs} {} --extpass 'echo pw'", sq(&t.path().join("out2")));
+    if let Some(text) = on_terminal(&cmd) {
+        assert!(text.contains("deriving the key (Argon2id, 8 MiB)"), "{text}");
+        assert!(text.contains("/195.33 KiB"), "export bar total: {text}");
+    }
+}
+
+#[test]
+fn mount_refuses_to_hide_its_own_cipherdir() {
+    let t = tempfile::tempdir().unwrap();
+    let v = t.path().join("v");
+    assert_eq!(code(&veilfs(&[&["init", v.to_str().unwrap(), "--extpass", "echo pw"][..], &WEAK].concat())), 0);
+    for mnt in [t.path(), v.as_path()] {
+        let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--nonempty", "--extpass", "echo pw"]);
+        assert_eq!(code(&o), 8, "{}", err(&o));
+        let e = err(&o);
+        assert!(e.contains("hide CIPHERDIR") || e.contains("inside CIPHERDIR"), "{e}");
+    }
+}
+
+#[test]
+fn man_pages_and_completions_are_generated() {
+    let t = tempfile::tempdir().unwrap();
+    let man = t.path().join("man");
+    let o = veilfs(&["generate", "man", man.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    for page in
+        ["veilfs", "veilfs-init", "veilfs-mount", "veilfs-umount", "veilfs-passwd", "veilfs-ls", "veilfs-export"]
+    {
+        assert!(man.join(format!("{page}.1")).is_file(), "{page}.1");
+    }
+    assert!(!man.join("veilfs-generate.1").exists(), "the hidden subcommand has no page");
+    let top = std::fs::read_to_string(man.join("veilfs.1")).unwrap();
+    let mount = std::fs::read_to_string(man.join("veilfs-mount.1")).unwrap();
+    for s in [
+        ".SH NAME",
+        ".SH SYNOPSIS",
+        ".SH OPTIONS",
+        ".SH SUBCOMMANDS",
+        ".SH \"EXIT STATUS\"",
+        ".SH ENVIRONMENT",
+        "VEILFS_LOG",
+    ] {
+        assert!(top.contains(s), "veilfs.1 has {s}");
+    }
+    for s in [
+        "\\-\\-idle",
+        "\\-\\-allow\\-other",
+        "\\-\\-read\\-only",
+        "\\-\\-shared\\-storage",
+        "\\-\\-nonempty",
+        ".SH \"EXIT STATUS\"",
+    ] {
+        assert!(mount.contains(s), "veilfs-mount.1 has {s}");
+    }
+    if common_which("man") {
+        for page in ["veilfs.1", "veilfs-mount.1"] {
+            let o = Command::new("man")
+                .args(["-l", "--warnings"])
+                .arg(man.join(page))
+                .env("MANWIDTH", "100")
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "man -l {page}: {}", err(&o));
+            assert!(err(&o).is_empty(), "man warnings for {page}: {}", err(&o));
+            let text = out(&o);
+            assert!(text.contains("EXIT STATUS") && text.contains("wrong password or recovery key"), "{text}");
+        }
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let o = veilfs(&["generate", "completions", shell]);
+        assert_eq!(code(&o), 0, "{shell}: {}", err(&o));
+        assert!(out(&o).contains("passwd") && out(&o).contains("recovery-key"), "{shell}");
+        if shell == "bash" {
+            let script = t.path().join("veilfs.bash");
+            std::fs::write(&script, out(&o)).unwrap();
+            let o = Command::new("bash").arg("-n").arg(&script).output().unwrap();
+            assert!(o.status.success(), "bash -n: {}", err(&o));
+            // It also loads and registers the completion.
+            let o = bash(&format!("source {} && complete -p veilfs", sq(&script)));
+            assert!(out(&o).contains("veilfs"), "{}{}", out(&o), err(&o));
+        }
+    }
+}
+
+fn common_which(cmd: &str) -> bool {
+    bash(&format!("command -v {cmd}")).status.success()
+}
+
+// ---------------------------------------------------------------------------------------
+// Mount-table checks, stale mounts and /dev/fuse access: these mount for real (root and
+// /dev/fuse), each on its own tmpfs, and unmount whatever they mounted, also on panic.
+// ---------------------------------------------------------------------------------------
+
+/// Lazily unmounts `0` on drop if it is still mounted.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// True when `p` is a mount point (read from the mount table, escapes decoded by findmnt).
+fn mounted(p: &Path) -> bool {
+    Command::new("findmnt").arg("--mountpoint").arg(p).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// A weak vault `v` (password "pw") on a fresh tmpfs.
+fn vault_on_tmpfs() -> (common::Tmpfs, PathBuf) {
+    let t = common::Tmpfs::new("64m");
+    let v = t.path.join("v");
+    assert_eq!(code(&veilfs(&[&["init", v.to_str().unwrap(), "--extpass", "echo pw"][..], &WEAK].concat())), 0);
+    (t, v)
+}
+
+#[test]
+fn umount_finds_a_mount_point_with_a_space_and_leaves_other_filesystems_alone() {
+    if !common::fuse_available() {
+        return;
+    }
+    let (t, v) = vault_on_tmpfs();
+    let mnt = t.path.join("my plain");
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(mnt.clone());
+    let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(mounted(&mnt));
+    // The command from the issue, run where the mount point is.
+    let o = Command::new(BIN).args(["umount", "my plain"]).current_dir(&t.path).output().unwrap();
+    assert_eq!(code(&o), 0, "veilfs umount \"my plain\": {}", err(&o));
+    assert!(!mounted(&mnt), "still mounted");
+    // Not a veilfs mount (the tmpfs itself): refused with 4, left mounted.
+    let o = veilfs(&["umount", t.path.to_str().unwrap()]);
+    assert_eq!(code(&o), 4, "{}", err(&o));
+    assert!(err(&o).contains("not a veilfs mount") && err(&o).contains("tmpfs"), "{}", err(&o));
+    assert!(mounted(&t.path), "the tmpfs must stay mounted");
+}
+
+#[test]
+fn mount_names_a_stale_mount_and_how_to_clear_it() {
+    if !common::fuse_available() {
+        return;
+    }
+    let (t, v) = vault_on_tmpfs();
+    let mnt = t.path.join("plain");
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(mnt.clone());
+    let mut daemon = Command::new(BIN)
+        .args(["mount", "-f", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !mounted(&mnt) {
+        assert!(std::time::Instant::now() < deadline, "the mount did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The daemon crashes: the mount point is left answering ENOTCONN.
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let e = std::fs::metadata(&mnt).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"]);
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(err(&o).contains("stale mount"), "{}", err(&o));
+    assert!(err(&o).contains(&format!("fusermount3 -u {}", mnt.display())), "{}", err(&o));
+    assert!(!err(&o).contains("not a directory"), "{}", err(&o));
+    // And veilfs umount clears it.
+    let o = veilfs(&["umount", mnt.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(!mounted(&mnt));
+}
+
+#[test]
+fn a_user_without_access_to_dev_fuse_is_told_so() {
+    if !common::fuse_available() || !common::which("unshare") || !common::which("setpriv") {
+        return;
+    }
+    let (t, v) = vault_on_tmpfs();
+    let mnt = t.path.join("plain");
+    std::fs::create_dir(&mnt).unwrap();
+    // A copy of the binary where nobody may run it (the build directory may be private).
+    let bin_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = bin_dir.path().join("veilfs");
+    std::fs::copy(BIN, &bin).unwrap();
+    let nofuse = t.path.join("nofuse");
+    std::fs::write(&nofuse, "").unwrap();
+    std::fs::set_permissions(&nofuse, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = Command::new("chmod").args(["-R", "a+rwX"]).arg(&v).arg(&mnt).status().unwrap();
+    assert!(o.success());
+    // In a private mount namespace, /dev/fuse is replaced by a root-only file; then the
+    // mount runs as nobody.
+    let script = format!(
+        "mount --bind {} /dev/fuse && exec setpriv --reuid=65534 --regid=65534 --clear-groups {} mount {} {} --extpass 'echo pw'",
+        sq(&nofuse),
+        sq(&bin),
+        sq(&v),
+        sq(&mnt)
+    );
+    let o = Command::new("unshare").args(["-m", "sh", "-c", &script]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert!(err(&o).contains("/dev/fuse") && err(&o).contains("may not use FUSE"), "{}", err(&o));
+    assert!(!mounted(&mnt));
+}
+
+#[test]
+fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
+    let t = tempfile::tempdir().unwrap();
+    let prefix = t.path().join("usr");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh");
+    let o = Command::new("sh").arg(&script).env("PREFIX", &prefix).env("VEILFS_BIN", BIN).output().unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    for f in [
+        "bin/veilfs",
+        "share/man/man1/veilfs.1",
+        "share/man/man1/veilfs-mount.1",
+        "share/bash-completion/completions/veilfs",
+        "share/zsh/site-functions/_veilfs",
+        "share/fish/vendor_completions.d/veilfs.fish",
+    ] {
+        assert!(prefix.join(f).is_file(), "{f} installed");
+    }
+    let o = Command::new("sh").arg(&script).arg("--uninstall").env("PREFIX", &prefix).output().unwrap();
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(!prefix.join("bin/veilfs").exists() && !prefix.join("share/man/man1/veilfs.1").exists());
 }

@@ -18,13 +18,31 @@ pub struct Args {
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.file)?;
     let vault = a.unlock.open(&t.cipherdir)?;
-    let (dir, entry) = vault.resolve(&t.inner)?;
-    let entry = entry.ok_or_else(|| {
-        veilfs_core::Error::io(t.inner.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
+    let mut out = std::io::stdout().lock();
+    copy_out(&vault, &t.inner, &mut out).map_err(|e| match e {
+        CatError::Vault(e) => super::plain_path_error(e, &a.file).into(),
+        CatError::Out(e) => anyhow::Error::new(e).context("writing to standard output"),
     })?;
+    Ok(crate::exit::OK)
+}
+
+enum CatError {
+    Vault(veilfs_core::Error),
+    Out(std::io::Error),
+}
+
+impl From<veilfs_core::Error> for CatError {
+    fn from(e: veilfs_core::Error) -> Self {
+        CatError::Vault(e)
+    }
+}
+
+/// Decrypts the file at `inner` into `out`.
+fn copy_out(vault: &veilfs_core::Vault, inner: &std::path::Path, out: &mut impl Write) -> Result<(), CatError> {
+    let (dir, entry) = vault.resolve(inner)?;
+    let entry = entry.ok_or_else(|| super::not_found(inner))?;
     let f = vault.open_file(&dir, &entry, libc::O_RDONLY)?;
     let size = f.plain_size()?;
-    let mut out = std::io::stdout().lock();
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0;
     while off < size {
@@ -32,9 +50,8 @@ pub fn run(a: Args) -> Result<i32> {
         if n == 0 {
             break;
         }
-        out.write_all(&buf[..n])?;
+        out.write_all(&buf[..n]).map_err(CatError::Out)?;
         off += n as u64;
     }
-    out.flush()?;
-    Ok(crate::exit::OK)
+    out.flush().map_err(CatError::Out)
 }

@@ -35,6 +35,9 @@ struct Exporter<'a> {
     links: HashMap<(u64, u64), PathBuf>,
     damaged: usize,
     errors: usize,
+    /// Regular files and their bytes written (for the summary line).
+    files: u64,
+    bytes: u64,
     pb: indicatif::ProgressBar,
     is_root: bool,
     preserve_special: bool,
@@ -167,6 +170,8 @@ impl Exporter<'_> {
             off += n as u64;
             self.pb.inc(n as u64);
         }
+        self.files += 1;
+        self.bytes += off;
         Ok(())
     }
 
@@ -220,15 +225,24 @@ impl Exporter<'_> {
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.src)?;
     let vault = a.unlock.open(&t.cipherdir)?;
-    let (parent, entry) = vault.resolve(&t.inner)?;
+    let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.src))?;
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
-    let pb = super::progress(0, "exporting");
+    let total = match &entry {
+        Some(e) if e.kind == EntryKind::Dir => {
+            super::plain_bytes_under(&parent.path.join(&e.on_disk), &vault.content().layout)
+        }
+        Some(e) => vault.content().layout.plain_size_lenient(e.stat.st_size as u64),
+        None => super::plain_bytes_under(&parent.path, &vault.content().layout),
+    };
+    let pb = super::progress(total, "exporting");
     let mut ex = Exporter {
         vault: &vault,
         links: HashMap::new(),
         damaged: 0,
         errors: 0,
+        files: 0,
+        bytes: 0,
         pb,
         is_root,
         preserve_special: a.preserve_special,
@@ -241,10 +255,7 @@ pub fn run(a: Args) -> Result<i32> {
             std::fs::create_dir_all(&a.dest).with_context(|| format!("creating {}", a.dest.display()))?;
             ex.export_dir(&parent, &a.dest);
         }
-        None => anyhow::bail!(veilfs_core::Error::io(
-            t.inner.display().to_string(),
-            std::io::Error::from_raw_os_error(libc::ENOENT)
-        )),
+        None => return Err(super::not_found(&a.src).into()),
         Some(e) => {
             let out = if a.dest.is_dir() { a.dest.join(OsStr::from_bytes(&e.name)) } else { a.dest.clone() };
             if let Err(err) = ex.export_entry(&parent, &e, &out) {
@@ -264,13 +275,16 @@ pub fn run(a: Args) -> Result<i32> {
             a.dest.display()
         );
     }
-    if ex.damaged > 0 {
-        eprintln!("veilfs: export finished: {} damaged item(s) left out, {} other error(s)", ex.damaged, ex.errors);
-        return Ok(crate::exit::INTEGRITY);
-    }
-    if ex.errors > 0 {
-        eprintln!("veilfs: export finished with {} error(s)", ex.errors);
-        return Ok(crate::exit::OTHER);
-    }
-    Ok(crate::exit::OK)
+    let errors = match ex.damaged {
+        0 => super::count(ex.errors, "error"),
+        n => format!("{} left out, {}", super::count(n, "damaged item"), super::count(ex.errors, "other error")),
+    };
+    super::summary("exported", ex.files, ex.bytes, &errors);
+    Ok(if ex.damaged > 0 {
+        crate::exit::INTEGRITY
+    } else if ex.errors > 0 {
+        crate::exit::OTHER
+    } else {
+        crate::exit::OK
+    })
 }

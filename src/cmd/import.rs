@@ -28,6 +28,9 @@ struct Importer<'a> {
     vault: &'a Vault,
     links: HashMap<(u64, u64), (Rc<CipherDir>, Entry)>,
     errors: usize,
+    /// Regular files and their bytes encrypted (for the summary line).
+    files: u64,
+    bytes: u64,
     pb: indicatif::ProgressBar,
     is_root: bool,
 }
@@ -138,6 +141,8 @@ impl Importer<'_> {
                 size = file.write_at(&buf[..n], size, size)?;
                 self.pb.inc(n as u64);
             }
+            self.files += 1;
+            self.bytes += size;
             entry
         } else if ft.is_symlink() {
             let target = std::fs::read_link(src)?;
@@ -162,7 +167,7 @@ pub fn run(a: Args) -> Result<i32> {
     std::fs::symlink_metadata(&a.src).with_context(|| format!("{}", a.src.display()))?;
     let vault = a.unlock.open(&t.cipherdir)?;
     let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
-    let (parent, entry) = vault.resolve(&t.inner)?;
+    let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.dest))?;
     let src_name = a.src.canonicalize()?.file_name().map(|n| n.as_bytes().to_vec());
     // Where the copy goes: (directory, name) or "into this directory" for `/.` sources.
     let (dest_dir, dest_name): (Rc<CipherDir>, Option<Vec<u8>>) = match entry {
@@ -179,7 +184,7 @@ pub fn run(a: Args) -> Result<i32> {
     let pb = super::progress(total_bytes(&a.src), "importing");
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
-    let mut imp = Importer { vault: &vault, links: HashMap::new(), errors: 0, pb, is_root };
+    let mut imp = Importer { vault: &vault, links: HashMap::new(), errors: 0, files: 0, bytes: 0, pb, is_root };
     match dest_name {
         Some(name) => imp.import(&a.src, &dest_dir, &name),
         None => {
@@ -191,9 +196,6 @@ pub fn run(a: Args) -> Result<i32> {
         }
     }
     imp.pb.finish_and_clear();
-    if imp.errors > 0 {
-        eprintln!("veilfs: import finished with {} error(s)", imp.errors);
-        return Ok(crate::exit::OTHER);
-    }
-    Ok(crate::exit::OK)
+    super::summary("imported", imp.files, imp.bytes, &super::count(imp.errors, "error"));
+    Ok(if imp.errors > 0 { crate::exit::OTHER } else { crate::exit::OK })
 }

@@ -63,7 +63,7 @@ pub fn run(a: Args) -> Result<i32> {
                 parallelism
             ),
             (SlotKind::Recovery, _) => println!("  {}: recovery key", s.id),
-            (k, _) => println!("  {}: {k:?}", s.id),
+            (k, _) => println!("  {}: {}", s.id, super::slot_kind_name(*k)),
         }
     }
     Ok(crate::exit::OK)

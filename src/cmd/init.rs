@@ -2,10 +2,10 @@
 
 use crate::password::PasswordArgs;
 use anyhow::Result;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use veilfs_core::content::ContentCipher;
-use veilfs_core::{InitOptions, Vault};
+use veilfs_core::{Error, InitOptions, Vault};
 
 /// Arguments of `veilfs init`.
 #[derive(clap::Args, Debug)]
@@ -22,8 +22,8 @@ pub struct Args {
     /// Content cipher: aes-256-gcm, or xchacha20-poly1305 for CPUs without AES instructions.
     #[arg(long, default_value = "aes-256-gcm", value_parser = parse_cipher)]
     pub cipher: ContentCipher,
-    /// Plaintext bytes per encrypted block (power of two, 512..1048576).
-    #[arg(long, default_value_t = 4096)]
+    /// Plaintext bytes per encrypted block (power of two, 512..=1048576).
+    #[arg(long, default_value_t = 4096, value_parser = parse_block_size)]
     pub block_size: u32,
     #[command(flatten)]
     pub kdf: super::KdfArgs,
@@ -33,18 +33,41 @@ pub struct Args {
 }
 
 fn parse_cipher(s: &str) -> Result<ContentCipher, String> {
-    ContentCipher::parse(s).ok_or_else(|| format!("unknown cipher {s:?}: use aes-256-gcm or xchacha20-poly1305"))
+    ContentCipher::parse(s).ok_or_else(|| format!("unknown cipher '{s}': use aes-256-gcm or xchacha20-poly1305"))
+}
+
+fn parse_block_size(s: &str) -> Result<u32, String> {
+    let n: u32 = s.parse().map_err(|_| format!("'{s}' is not a number of bytes"))?;
+    if !n.is_power_of_two() || !(512..=1 << 20).contains(&n) {
+        return Err(format!("{n} is not a power of two in 512..=1048576 (e.g. 4096)"));
+    }
+    Ok(n)
+}
+
+/// Refuses a CIPHERDIR that cannot become a vault, before any password is asked for: a
+/// non-directory, or a directory that is not empty. (A missing one is created later.)
+fn check_cipherdir(dir: &Path) -> Result<()> {
+    match std::fs::read_dir(dir).map(|mut it| it.next().is_some()) {
+        Ok(true) => Err(Error::NotEmpty(dir.to_path_buf()).into()),
+        Ok(false) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(dir.display().to_string(), e).into()),
+    }
 }
 
 /// Runs `veilfs init`.
 pub fn run(a: Args) -> Result<i32> {
     let kdf = a.kdf.params()?;
+    check_cipherdir(&a.cipherdir)?;
     let password = a.password.read_new("Choose a password")?;
+    super::kdf_notice(kdf.memory_kib);
     let opts = InitOptions { cipher: a.cipher, block_size: a.block_size, kdf, recovery_key: !a.no_recovery_key };
     let t = Instant::now();
     let (_vault, rk) = Vault::create(&a.cipherdir, &password, &opts)?;
     let secs = t.elapsed().as_secs_f64();
-    eprintln!(
+    let quiet = crate::logging::quiet();
+    if !quiet {
+        eprintln!(
         "veilfs: created a vault in {} ({}, {} B blocks, Argon2id {} MiB × {} passes: {secs:.2} s to derive the key)",
         a.cipherdir.display(),
         a.cipher.name(),
@@ -52,9 +75,13 @@ pub fn run(a: Args) -> Result<i32> {
         kdf.memory_kib / 1024,
         kdf.iterations
     );
+    }
     if let Some(rk) = rk {
         eprintln!("veilfs: your recovery key (shown only now; write it down and keep it apart from the vault):");
         println!("{}", rk.display());
+    }
+    if !quiet {
+        eprintln!("veilfs: now mount it with: veilfs mount {} MOUNTPOINT", a.cipherdir.display());
     }
     Ok(crate::exit::OK)
 }

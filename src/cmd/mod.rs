@@ -2,6 +2,7 @@
 
 pub mod cat;
 pub mod export;
+pub mod generate;
 pub mod import;
 pub mod info;
 pub mod init;
@@ -11,11 +12,16 @@ pub mod passwd;
 pub mod paths;
 pub mod speed;
 
+use crate::exit::{Exit, USAGE, WRONG_PASSWORD};
 use crate::password::PasswordArgs;
 use anyhow::{Context, Result};
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use veilfs_core::config::{SlotKdf, SlotKind};
 use veilfs_core::kdf::Argon2Params;
-use veilfs_core::{RecoveryKey, Secret, Vault};
+use veilfs_core::names;
+use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig};
 
 /// How to unlock an existing vault.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -25,52 +31,112 @@ pub struct UnlockArgs {
     /// Unlock with the recovery key (shown at `veilfs init`) instead of a password.
     #[arg(long)]
     pub recovery_key: bool,
-    /// Try only key slot N (see `veilfs info`).
+    /// Try only key slot N (see `veilfs info`); slot numbers never change.
     #[arg(long, value_name = "N")]
     pub slot: Option<u32>,
 }
 
+/// "Slot N" in user terms.
+pub fn slot_kind_name(kind: SlotKind) -> &'static str {
+    match kind {
+        SlotKind::Password => "password",
+        SlotKind::Recovery => "recovery key",
+    }
+}
+
+/// Checks that slot `id` exists (and, with `kind`, is of that kind): a usage error (2)
+/// otherwise, found before any password is asked for.
+pub fn check_slot(cfg: &VaultConfig, id: u32, kind: Option<SlotKind>) -> Result<()> {
+    let ids: Vec<String> = cfg.slots.iter().map(|s| s.id.to_string()).collect();
+    match cfg.slots.iter().find(|s| s.id == id) {
+        None => Err(Exit::new(
+            USAGE,
+            anyhow::anyhow!("there is no key slot {id} (the vault has slots {}; see `veilfs info`)", ids.join(", ")),
+        )
+        .into()),
+        Some(s) if kind.is_some_and(|k| k != s.kind) => Err(Exit::new(
+            USAGE,
+            anyhow::anyhow!(
+                "key slot {id} is a {} slot, not a {} slot{}",
+                slot_kind_name(s.kind),
+                slot_kind_name(kind.unwrap_or(s.kind)),
+                if s.kind == SlotKind::Recovery { " (use --recovery-key)" } else { "" }
+            ),
+        )
+        .into()),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Says "deriving the key (Argon2id, N MiB)…" on a terminal before a slow derivation.
+pub fn kdf_notice(memory_kib: u32) {
+    if crate::logging::interactive() {
+        eprintln!("veilfs: deriving the key (Argon2id, {} MiB)…", memory_kib / 1024);
+    }
+}
+
 impl UnlockArgs {
-    /// Reads the secret and opens the vault.
+    /// Reads the secret and opens the vault. Everything that can be checked without the
+    /// secret (the config, `--slot`) is checked before asking for it.
     pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
-        // Fail on a missing or damaged config before asking for a password.
-        veilfs_core::VaultConfig::load(cipherdir)?;
+        let cfg = VaultConfig::load(cipherdir)?;
+        let want = if self.recovery_key { SlotKind::Recovery } else { SlotKind::Password };
+        if let Some(id) = self.slot {
+            check_slot(&cfg, id, Some(want))?;
+        }
         let secret = if self.recovery_key {
             let text = self.password.read("Recovery key")?;
             use secrecy::ExposeSecret;
-            Secret::Recovery(RecoveryKey::parse(text.expose_secret())?)
+            // A malformed key (a typo) is a wrong secret, not an error of the vault.
+            Secret::Recovery(RecoveryKey::parse(text.expose_secret()).map_err(|e| Exit::new(WRONG_PASSWORD, e))?)
         } else {
-            Secret::Password(self.password.read("Password")?)
+            let password = self.password.read("Password")?;
+            let slot = cfg.slots.iter().find(|s| s.kind == want && self.slot.is_none_or(|id| id == s.id));
+            if let Some(SlotKdf::Argon2id { memory_kib, .. }) = slot.map(|s| &s.kdf) {
+                kdf_notice(*memory_kib);
+            }
+            Secret::Password(password)
         };
+        let t = std::time::Instant::now();
         let vault = Vault::open(cipherdir, &secret, self.slot)
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
+        tracing::info!("unlocked {} in {:.2} s", cipherdir.display(), t.elapsed().as_secs_f64());
+        tracing::debug!(
+            "{}: {}, {} B blocks, {} key slot(s)",
+            cipherdir.display(),
+            vault.config().cipher.name(),
+            vault.config().block_size,
+            vault.config().slots.len()
+        );
         Ok(vault)
     }
 }
 
-/// Argon2id cost options of a new password slot (`init`, `passwd`).
+/// Argon2id cost options of a new password slot (`init`, `passwd`), range-checked when
+/// the command line is parsed.
 #[derive(clap::Args, Debug, Clone)]
 pub struct KdfArgs {
-    /// Argon2id memory in MiB.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.memory_kib / 1024, value_name = "MiB")]
+    /// Argon2id memory in MiB (1..=4096).
+    #[arg(long, default_value_t = Argon2Params::DEFAULT.memory_kib / 1024, value_name = "MiB",
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub kdf_memory: u32,
-    /// Argon2id passes.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.iterations)]
+    /// Argon2id passes (1..=100).
+    #[arg(long, default_value_t = Argon2Params::DEFAULT.iterations, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub kdf_iterations: u32,
-    /// Argon2id lanes.
-    #[arg(long, default_value_t = Argon2Params::DEFAULT.parallelism)]
+    /// Argon2id lanes (1..=64).
+    #[arg(long, default_value_t = Argon2Params::DEFAULT.parallelism, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub kdf_parallelism: u32,
 }
 
 impl KdfArgs {
-    /// The parameters, validated.
+    /// The parameters, validated (a usage error otherwise). Call before any prompt.
     pub fn params(&self) -> Result<Argon2Params> {
         let p = Argon2Params {
             memory_kib: self.kdf_memory.saturating_mul(1024),
             iterations: self.kdf_iterations,
             parallelism: self.kdf_parallelism,
         };
-        p.validate()?;
+        p.validate().map_err(|e| Exit::new(USAGE, e))?;
         if p.memory_kib < 64 * 1024 || p.iterations < 2 {
             eprintln!("veilfs: warning: weak key derivation settings; only use them for tests");
         }
@@ -78,13 +144,48 @@ impl KdfArgs {
     }
 }
 
-/// A progress bar on stderr when it is a terminal and not `--quiet`; hidden otherwise.
+/// The same error, naming the plaintext path the user gave (`VAULT/some/path`) instead of
+/// ciphertext paths. The variant, and so the exit code, is kept.
+pub fn plain_path_error(e: Error, user_path: &Path) -> Error {
+    match e {
+        Error::Io { source, .. } => Error::io(user_path.display().to_string(), source),
+        Error::Auth { detail, .. } => Error::auth(user_path.display().to_string(), detail),
+        other => other,
+    }
+}
+
+/// "No such file or directory" for a plaintext path the user gave.
+pub fn not_found(user_path: &Path) -> Error {
+    Error::io(user_path.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
+}
+
+/// `n` bytes in binary units, as `ls -h` and `du -h` print them: 999, 1.0K, 15M, 2.3G.
+pub fn human_size(n: u64) -> String {
+    const UNITS: [&str; 6] = ["K", "M", "G", "T", "P", "E"];
+    if n < 1024 {
+        return n.to_string();
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    // Like coreutils: one decimal below 10, rounded up so a size is never understated.
+    if v < 10.0 {
+        format!("{:.1}{}", (v * 10.0).ceil() / 10.0, UNITS[unit])
+    } else {
+        format!("{}{}", v.ceil() as u64, UNITS[unit])
+    }
+}
+
+/// A progress bar of `len` bytes on stderr when it is a terminal and `-q` was not given;
+/// hidden otherwise.
 pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
+    if !crate::logging::interactive() {
         return indicatif::ProgressBar::hidden();
     }
-    let pb = indicatif::ProgressBar::new(len);
+    let pb = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
     pb.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .expect("valid template")
@@ -92,4 +193,67 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     );
     pb.set_message(what.to_string());
     pb
+}
+
+/// The line that ends an import or export, e.g. "veilfs: exported 12 files (3538 bytes,
+/// 3.5K), 0 errors". Not shown under `-q`.
+pub fn summary(verb: &str, files: u64, bytes: u64, errors: &str) {
+    if !crate::logging::quiet() {
+        let s = if files == 1 { "" } else { "s" };
+        eprintln!("veilfs: {verb} {files} file{s} ({bytes} bytes, {}), {errors}", human_size(bytes));
+    }
+}
+
+/// "1 error", "3 errors".
+pub fn count(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+/// Plaintext bytes of the regular files under the ciphertext directory `dir` (a cheap
+/// total for the export progress bar: no names are decrypted, no file is opened).
+/// A hard-linked file counts once; the vault's metadata files are left out.
+pub fn plain_bytes_under(dir: &Path, layout: &veilfs_core::content::Layout) -> u64 {
+    fn walk(dir: &Path, layout: &veilfs_core::content::Layout, seen: &mut HashSet<(u64, u64)>) -> u64 {
+        let Ok(it) = std::fs::read_dir(dir) else { return 0 };
+        let mut sum = 0;
+        for e in it.flatten() {
+            // The vault's own files (directory IVs, long-name side files) hold no user data.
+            let name = e.file_name();
+            let name = name.as_encoded_bytes();
+            if name.starts_with(names::RESERVED_PREFIX.as_bytes()) && !name.starts_with(names::LONG_PREFIX.as_bytes()) {
+                continue;
+            }
+            match e.file_type() {
+                Ok(t) if t.is_dir() => sum += walk(&e.path(), layout, seen),
+                Ok(t) if t.is_file() => {
+                    if let Ok(m) = e.metadata() {
+                        if m.nlink() < 2 || seen.insert((m.dev(), m.ino())) {
+                            sum += layout.plain_size_lenient(m.len());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        sum
+    }
+    walk(dir, layout, &mut HashSet::new())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn human_sizes_like_coreutils() {
+        for (n, want) in [
+            (0, "0"),
+            (1023, "1023"),
+            (1024, "1.0K"),
+            (1536, "1.5K"),
+            (10 * 1024, "10K"),
+            (1 << 20, "1.0M"),
+            (5 << 30, "5.0G"),
+        ] {
+            assert_eq!(super::human_size(n), want, "{n}");
+        }
+    }
 }

@@ -7,7 +7,7 @@
 
 use super::UnlockArgs;
 use crate::exit::{Exit, MOUNT};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -41,7 +41,8 @@ pub struct Args {
     /// Let other users access the mount (the kernel enforces file permissions).
     #[arg(long)]
     pub allow_other: bool,
-    /// Unmount after this long without any access and no open files (e.g. 90s, 30m, 2h).
+    /// Unmount after this long without any access and no open files (e.g. 90s, 30m, 2h,
+    /// 1h30m; a bare number is seconds).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle: Option<Duration>,
     /// CIPHERDIR may change underneath (another mount, a sync tool): no caching.
@@ -53,12 +54,13 @@ pub struct Args {
     /// Worker threads serving requests (default: one per CPU, at least 2). More threads
     /// than CPUs only contend for the kernel's FUSE queue: on 2 CPUs, 4 threads read a
     /// stream ~20 % slower than 2.
-    #[arg(long, default_value_t = default_threads())]
+    #[arg(long, default_value_t = default_threads(), value_parser = parse_threads)]
     pub threads: usize,
     /// Disable the kernel's writeback cache (small writes then reach veilfs one by one).
     #[arg(long)]
     pub no_writeback: bool,
-    /// Mount over a directory that is not empty.
+    /// Mount over a directory that is not empty (never over CIPHERDIR itself or a directory
+    /// that contains it).
     #[arg(long)]
     pub nonempty: bool,
 }
@@ -72,44 +74,102 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
 }
 
-/// Parses `90`, `90s`, `30m`, `2h`, `1d`.
+/// Parses a duration with humantime (`90s`, `30m`, `1h30m`, `2 days`); a bare number is
+/// seconds. Zero is refused.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
-    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a duration like 90s, 30m or 2h"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86400.0,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use s, m, h or d")),
+    let d = match s.parse::<u64>() {
+        Ok(n) => Duration::from_secs(n),
+        Err(_) => {
+            humantime::parse_duration(s).map_err(|e| format!("'{s}' is not a duration like 90s, 30m or 1h30m: {e}"))?
+        }
     };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(format!("{s:?} must be positive"));
+    if d.is_zero() {
+        return Err(format!("'{s}' must be longer than zero"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
+}
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a thread count in 1..=1024")),
+    }
 }
 
 fn mount_err(msg: impl std::fmt::Display) -> anyhow::Error {
     Exit::new(MOUNT, anyhow::anyhow!("{msg}")).into()
 }
 
-/// True when `path` is a mount point (its device differs from its parent's).
+/// True when `path` (absolute) is a mount point.
 fn is_mounted(path: &Path) -> bool {
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let p = path.as_os_str().to_string_lossy();
-    mounts.lines().any(|l| l.split(' ').nth(4) == Some(&p))
+    crate::mountinfo::find(path).is_some()
 }
 
-/// Runs `veilfs mount`.
-pub fn run(a: Args) -> Result<i32> {
-    let mountpoint =
-        a.mountpoint.canonicalize().map_err(|e| mount_err(format!("mount point {}: {e}", a.mountpoint.display())))?;
-    if !mountpoint.is_dir() {
-        return Err(mount_err(format!("mount point {} is not a directory", mountpoint.display())));
+/// `path` made absolute: resolved when it can be; otherwise (a stale mount answers stat with
+/// ENOTCONN) its parent resolved and the last component kept.
+fn absolute(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (abs.parent().and_then(|d| d.canonicalize().ok()), abs.file_name()) {
+        (Some(dir), Some(name)) => dir.join(name),
+        _ => abs,
+    }
+}
+
+/// The message for a mount point left behind by a daemon that died.
+fn stale_mount(mp: &Path) -> anyhow::Error {
+    mount_err(format!(
+        "{} is a stale mount: the veilfs process serving it is gone (Transport endpoint is not connected); \
+         clear it with `fusermount3 -u {}` (as root: `umount -l {}`), then mount again",
+        mp.display(),
+        mp.display(),
+        mp.display()
+    ))
+}
+
+/// Checks that this user can open /dev/fuse, with a message that says what to do.
+fn check_dev_fuse() -> Result<()> {
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(mount_err("/dev/fuse is missing: load the fuse module (modprobe fuse) or install fuse3"))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(mount_err(
+            "this user may not use FUSE: /dev/fuse cannot be opened (Permission denied); an administrator can allow \
+             it (on most distributions /dev/fuse is mode 0666), or in a container start it with --device /dev/fuse",
+        )),
+        Err(e) => Err(mount_err(format!("/dev/fuse cannot be opened: {e}"))),
+    }
+}
+
+/// Checks the mount point before any password is asked for: it exists, is a directory, is
+/// not already a mount (or a stale one), is empty unless `--nonempty`, and the mount would
+/// not hide CIPHERDIR.
+fn check_mount_point(a: &Args, cipherdir: &Path) -> Result<PathBuf> {
+    let mountpoint = absolute(&a.mountpoint);
+    match std::fs::metadata(&mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(stale_mount(&mountpoint)),
+        Err(e) => return Err(mount_err(format!("mount point {}: {e}", a.mountpoint.display()))),
+        Ok(m) if !m.is_dir() => {
+            return Err(mount_err(format!("mount point {} is not a directory", mountpoint.display())))
+        }
+        Ok(_) => {}
     }
     if is_mounted(&mountpoint) {
         return Err(mount_err(format!("{} is already a mount point", mountpoint.display())));
+    }
+    if mountpoint.starts_with(cipherdir) {
+        return Err(mount_err("the mount point must not be inside CIPHERDIR"));
+    }
+    if cipherdir.starts_with(&mountpoint) {
+        return Err(mount_err(format!(
+            "mounting on {} would hide CIPHERDIR {} under the mount; choose another mount point",
+            mountpoint.display(),
+            cipherdir.display()
+        )));
     }
     if !a.nonempty && std::fs::read_dir(&mountpoint).map(|mut d| d.next().is_some()).unwrap_or(false) {
         return Err(mount_err(format!(
@@ -117,13 +177,17 @@ pub fn run(a: Args) -> Result<i32> {
             mountpoint.display()
         )));
     }
-    let cipherdir = a.cipherdir.canonicalize().with_context(|| format!("{}", a.cipherdir.display()))?;
-    if mountpoint.starts_with(&cipherdir) {
-        return Err(mount_err("the mount point must not be inside CIPHERDIR"));
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Err(mount_err("/dev/fuse is missing: load the fuse module (modprobe fuse) or install fuse3"));
-    }
+    Ok(mountpoint)
+}
+
+/// Runs `veilfs mount`.
+pub fn run(a: Args) -> Result<i32> {
+    let cipherdir = match a.cipherdir.canonicalize() {
+        Ok(c) => c,
+        Err(_) => return Err(veilfs_core::Error::not_a_vault(&a.cipherdir).into()),
+    };
+    let mountpoint = check_mount_point(&a, &cipherdir)?;
+    check_dev_fuse()?;
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
     match serve(&a, vault, &cipherdir, &mountpoint, ready) {
@@ -345,11 +409,23 @@ pub struct UmountArgs {
     pub lazy: bool,
 }
 
-/// Runs `veilfs umount`.
+/// Runs `veilfs umount`: only a veilfs mount, found in the mount table by its decoded path.
 pub fn umount(a: UmountArgs) -> Result<i32> {
-    let mp = a.mountpoint.canonicalize().unwrap_or(a.mountpoint.clone());
-    if !is_mounted(&mp) {
+    let mp = absolute(&a.mountpoint);
+    let Some(m) = crate::mountinfo::find(&mp) else {
         return Err(Exit::new(crate::exit::BAD_PATH, anyhow::anyhow!("{} is not mounted", mp.display())).into());
+    };
+    if !m.is_veilfs() {
+        return Err(Exit::new(
+            crate::exit::BAD_PATH,
+            anyhow::anyhow!(
+                "{} is not a veilfs mount (it is {} from {}); veilfs umount leaves it alone: use umount(8)",
+                mp.display(),
+                m.fstype,
+                m.source.display()
+            ),
+        )
+        .into());
     }
     let c = std::ffi::CString::new(mp.as_os_str().as_bytes())?;
     let flags = if a.lazy { libc::MNT_DETACH } else { 0 };
@@ -362,10 +438,29 @@ pub fn umount(a: UmountArgs) -> Result<i32> {
         anyhow::bail!("{} is busy (a process uses files in it); close them, or use --lazy", mp.display());
     }
     // Not root: the setuid helper does it.
-    let st = std::process::Command::new("fusermount3").arg(if a.lazy { "-uz" } else { "-u" }).arg(&mp).status()?;
+    let st = std::process::Command::new("fusermount3")
+        .arg(if a.lazy { "-uz" } else { "-u" })
+        .arg(&mp)
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot unmount {}: {err}; fusermount3: {e}", mp.display()))?;
     if st.success() {
         Ok(crate::exit::OK)
     } else {
         anyhow::bail!("cannot unmount {}: {err}", mp.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
     }
 }

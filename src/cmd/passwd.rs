@@ -1,11 +1,15 @@
-//! `veilfs passwd`.
+//! `veilfs passwd`: change a password, add or remove key slots, reset a password with the
+//! recovery key. Slot numbers are stable: a changed password keeps its slot's number, and
+//! a new slot takes the lowest free one.
 
-use super::UnlockArgs;
+use super::{check_slot, slot_kind_name, UnlockArgs};
+use crate::exit::{Exit, OTHER, USAGE};
 use crate::password::PasswordArgs;
 use anyhow::Result;
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use veilfs_core::config::SlotKind;
-use veilfs_core::RecoveryKey;
+use veilfs_core::{RecoveryKey, VaultConfig};
 
 /// Arguments of `veilfs passwd`.
 #[derive(clap::Args, Debug)]
@@ -15,6 +19,8 @@ veilfs passwd VAULT --add                add a second password slot\n  \
 veilfs passwd VAULT --remove-slot 2      remove slot 2 (see `veilfs info`)\n  \
 veilfs passwd VAULT --recovery-key       forgot the password: unlock with the recovery key, set a new one\n  \
 veilfs passwd VAULT --new-recovery-key   replace the recovery key (the old one stops working)\n\n\
+Slot numbers never change: a changed password keeps its slot number, a new slot gets the lowest free one. \
+Removing the last recovery key asks for confirmation (or needs --yes without a terminal).\n\n\
 With --password-stdin, the first line is the current secret and the second the new password.")]
 pub struct Args {
     /// The vault.
@@ -30,6 +36,9 @@ pub struct Args {
     /// Replace the recovery key with a new one (printed once).
     #[arg(long)]
     pub new_recovery_key: bool,
+    /// Do not ask before removing the last recovery key.
+    #[arg(short, long)]
+    pub yes: bool,
     /// Read the new password from the first line of FILE.
     #[arg(long, value_name = "FILE")]
     pub new_passfile: Option<PathBuf>,
@@ -40,21 +49,74 @@ pub struct Args {
     pub kdf: super::KdfArgs,
 }
 
+/// Asks on the terminal whether to remove the last recovery key; without a terminal the
+/// answer must be given as `--yes`.
+fn confirm_last_recovery(id: u32) -> Result<()> {
+    let question = format!(
+        "Slot {id} is the vault's only recovery key: without it, a forgotten password cannot be reset. \
+         Remove it? [y/N] "
+    );
+    let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty");
+    let (Ok(tty), true) = (tty, std::io::stdin().is_terminal() || std::io::stderr().is_terminal()) else {
+        return Err(Exit::new(
+            USAGE,
+            anyhow::anyhow!("slot {id} is the only recovery key; to remove it without a terminal, add --yes"),
+        )
+        .into());
+    };
+    let mut w = &tty;
+    w.write_all(question.as_bytes())?;
+    let mut answer = String::new();
+    std::io::BufReader::new(&tty).read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(Exit::new(OTHER, anyhow::anyhow!("nothing was removed")).into())
+    }
+}
+
+/// Checks of `--remove-slot N` that need no password: the slot exists, is not the last
+/// password slot, and removing the last recovery key is confirmed.
+fn check_removal(cfg: &VaultConfig, id: u32, yes: bool) -> Result<()> {
+    check_slot(cfg, id, None)?;
+    let kind = cfg.slots.iter().find(|s| s.id == id).map(|s| s.kind);
+    let count = |k: SlotKind| cfg.slots.iter().filter(|s| s.kind == k).count();
+    match kind {
+        Some(SlotKind::Password) if count(SlotKind::Password) == 1 => Err(Exit::new(
+            OTHER,
+            anyhow::anyhow!("slot {id} is the last password slot; add another password first (--add)"),
+        )
+        .into()),
+        Some(SlotKind::Recovery) if count(SlotKind::Recovery) == 1 && !yes => confirm_last_recovery(id),
+        _ => Ok(()),
+    }
+}
+
 /// Runs `veilfs passwd`.
 pub fn run(a: Args) -> Result<i32> {
+    // Everything that needs no password is checked first.
+    let on_disk = VaultConfig::load(&a.cipherdir)?;
+    let changes_password = a.remove_slot.is_none() && !a.new_recovery_key;
+    let params = if changes_password { Some(a.kdf.params()?) } else { None };
+    if let Some(id) = a.remove_slot {
+        check_removal(&on_disk, id, a.yes)?;
+    }
     let mut vault = a.unlock.open(&a.cipherdir)?;
     let mut cfg = vault.config().clone();
+    let quiet = crate::logging::quiet();
     if let Some(id) = a.remove_slot {
         let removed = cfg.remove_slot(id)?;
         vault.save_config(cfg)?;
-        eprintln!("veilfs: removed key slot {id} ({:?})", removed.kind);
+        if !quiet {
+            eprintln!("veilfs: removed key slot {id} ({})", slot_kind_name(removed.kind));
+        }
         return Ok(crate::exit::OK);
     }
     if a.new_recovery_key {
-        let old: Vec<u32> = cfg.slots.iter().filter(|s| s.kind == SlotKind::Recovery).map(|s| s.id).collect();
         let rk = RecoveryKey::generate();
+        cfg.slots.retain(|s| s.kind != SlotKind::Recovery);
         let id = cfg.add_recovery_slot(vault.master_key(), &rk);
-        cfg.slots.retain(|s| !old.contains(&s.id));
+        cfg.slots.sort_by_key(|s| s.id);
         vault.save_config(cfg)?;
         eprintln!("veilfs: new recovery key in slot {id} (shown only now; the old one no longer works):");
         println!("{}", rk.display());
@@ -68,10 +130,18 @@ pub fn run(a: Args) -> Result<i32> {
         (false, true, _) => password_slots,
         (false, false, Some(s)) => vec![s],
         (false, false, None) if password_slots.len() == 1 => password_slots,
-        (false, false, None) => anyhow::bail!(
-            "the vault has several password slots ({password_slots:?}); say which one to replace with --slot N, \
-             or use --add / --remove-slot"
-        ),
+        (false, false, None) => {
+            let ids: Vec<String> = password_slots.iter().map(|s| s.to_string()).collect();
+            return Err(Exit::new(
+                USAGE,
+                anyhow::anyhow!(
+                    "the vault has several password slots ({}); say which one to replace with --slot N, \
+                     or use --add / --remove-slot",
+                    ids.join(", ")
+                ),
+            )
+            .into());
+        }
     };
     let new_src = if a.new_passfile.is_some() || a.new_extpass.is_some() {
         PasswordArgs { passfile: a.new_passfile.clone(), password_stdin: false, extpass: a.new_extpass.clone() }
@@ -79,14 +149,20 @@ pub fn run(a: Args) -> Result<i32> {
         PasswordArgs { passfile: None, password_stdin: a.unlock.password.password_stdin, extpass: None }
     };
     let new_pw = new_src.read_new("New password")?;
-    let params = a.kdf.params()?;
-    let id = cfg.add_password_slot(vault.master_key(), &new_pw, params)?;
+    let params = params.expect("checked above for a password change");
+    super::kdf_notice(params.memory_kib);
+    // Drop first, then add: the new slot takes the lowest free number, which is the
+    // replaced slot's own (the config is only written once both steps succeeded).
     cfg.slots.retain(|s| !drop.contains(&s.id));
+    let id = cfg.add_password_slot(vault.master_key(), &new_pw, params)?;
+    cfg.slots.sort_by_key(|s| s.id);
     vault.save_config(cfg)?;
-    if a.add {
-        eprintln!("veilfs: added password slot {id}");
-    } else {
-        eprintln!("veilfs: password changed (now slot {id})");
+    if !quiet {
+        if a.add {
+            eprintln!("veilfs: added password slot {id}");
+        } else {
+            eprintln!("veilfs: password changed (slot {id})");
+        }
     }
     Ok(crate::exit::OK)
 }

@@ -159,11 +159,9 @@ impl VaultConfig {
         let cfg_err = |detail: String| Error::Config { path: path.clone(), detail };
         let bytes = match crate::sys::read_meta_path(&path, MAX_CONFIG_LEN) {
             Ok(b) => b,
-            Err(e) if e.is_not_found() => {
-                return Err(cfg_err(format!(
-                    "not found: {} is not a veilfs vault (create one with `veilfs init`)",
-                    cipherdir.display()
-                )))
+            // CIPHERDIR missing, not a directory, or without a config: not a vault at all.
+            Err(MetaError::Io(e)) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                return Err(Error::not_a_vault(cipherdir))
             }
             Err(e @ (MetaError::NotRegular(_) | MetaError::TooLarge(_))) => {
                 return Err(cfg_err(format!("{e}; it is not a veilfs config")))
@@ -300,8 +298,11 @@ impl VaultConfig {
         Err(Error::WrongPassword)
     }
 
+    /// The lowest id no slot has. Ids never change once given, so `--slot N` keeps naming
+    /// the same slot; a password changed by removing its slot and then adding one keeps
+    /// its number.
     fn next_slot_id(&self) -> u32 {
-        self.slots.iter().map(|s| s.id + 1).max().unwrap_or(0)
+        (0..).find(|id| !self.slots.iter().any(|s| s.id == *id)).expect("fewer than 2^32 slots")
     }
 
     /// Adds a password slot; returns its id. Call [`seal`](Self::seal) afterwards.

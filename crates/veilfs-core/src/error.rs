@@ -46,6 +46,20 @@ pub enum Error {
         detail: String,
     },
 
+    /// CIPHERDIR is not a vault: it does not exist, is not a directory, or holds no config.
+    /// Build it with [`Error::not_a_vault`], which says which of these it is.
+    #[error("{} is not a veilfs vault: {detail}", path.display())]
+    NotAVault {
+        /// The directory given as CIPHERDIR.
+        path: PathBuf,
+        /// What is there instead, and what to do.
+        detail: String,
+    },
+
+    /// A new vault was asked for in a directory that is not empty.
+    #[error("{} is not empty; a vault must be created in an empty directory", .0.display())]
+    NotEmpty(PathBuf),
+
     /// The caller asked for something invalid (bad name, bad argument).
     #[error("{0}")]
     Invalid(String),
@@ -66,12 +80,26 @@ impl Error {
         Error::Auth { what: what.into(), detail: detail.into() }
     }
 
+    /// A [`Error::NotAVault`] for `cipherdir`, saying whether it is missing, not a directory,
+    /// or a directory without a config (looked up now, without following a final symlink).
+    pub fn not_a_vault(cipherdir: &std::path::Path) -> Self {
+        let detail = match std::fs::metadata(cipherdir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => "it does not exist".to_string(),
+            Err(e) => format!("it cannot be examined ({e})"),
+            Ok(m) if !m.is_dir() => "it is not a directory".to_string(),
+            Ok(_) => "it holds no veilfs.conf (create a vault with `veilfs init DIR`)".to_string(),
+        };
+        Error::NotAVault { path: cipherdir.to_path_buf(), detail }
+    }
+
     /// The errno a filesystem should return for this error.
     pub fn errno(&self) -> i32 {
         match self {
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Auth { .. } => libc::EIO,
             Error::WrongPassword | Error::Config { .. } => libc::EACCES,
+            Error::NotAVault { .. } => libc::ENOENT,
+            Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Invalid(_) => libc::EINVAL,
             Error::BadName(_) => libc::ENAMETOOLONG,
         }

@@ -128,10 +128,7 @@ impl Vault {
         match std::fs::read_dir(cipherdir) {
             Ok(mut it) => {
                 if it.next().is_some() {
-                    return Err(Error::Invalid(format!(
-                        "{} is not empty; a vault must be created in an empty directory",
-                        cipherdir.display()
-                    )));
+                    return Err(Error::NotEmpty(cipherdir.to_path_buf()));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

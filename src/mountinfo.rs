@@ -1,0 +1,89 @@
+//! The mount table as `/proc/self/mountinfo` gives it (proc(5)): mount point, file system
+//! type and source of every mount, with the kernel's octal escapes (`\040` for a space)
+//! decoded, so a mount point with a space in its name is found.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+/// One mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Where it is mounted.
+    pub mount_point: PathBuf,
+    /// File system type: `fuse.veilfs`, `fuse`, `ext4`, …
+    pub fstype: String,
+    /// The source: for a veilfs mount, CIPHERDIR.
+    pub source: PathBuf,
+}
+
+impl Mount {
+    /// True for a veilfs mount: type `fuse.veilfs`, or plain `fuse` (a mount made without
+    /// the subtype) whose source is a vault.
+    pub fn is_veilfs(&self) -> bool {
+        self.fstype == "fuse.veilfs"
+            || (self.fstype == "fuse" && veilfs_core::VaultConfig::path_in(&self.source).is_file())
+    }
+}
+
+/// Decodes the kernel's `\ooo` octal escapes (space, tab, newline, backslash).
+pub fn decode(field: &str) -> OsString {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    OsString::from_vec(out)
+}
+
+/// Parses mountinfo text; malformed lines are skipped.
+pub fn parse(text: &str) -> Vec<Mount> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let sep = fields.iter().position(|f| *f == "-")?;
+            Some(Mount {
+                mount_point: PathBuf::from(decode(fields.get(4)?)),
+                fstype: fields.get(sep + 1)?.to_string(),
+                source: PathBuf::from(decode(fields.get(sep + 2)?)),
+            })
+        })
+        .collect()
+}
+
+/// The topmost mount at `mount_point` (an absolute path), if any.
+pub fn find(mount_point: &Path) -> Option<Mount> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse(&text).into_iter().rev().find(|m| m.mount_point == mount_point)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaped_paths_are_decoded() {
+        let text = "36 35 0:52 / /tmp/my\\040plain rw,nosuid,nodev,relatime shared:1 - fuse /tmp/my\\040vault rw\n\
+                    37 35 0:53 / /mnt/a\\134b rw - fuse.veilfs /v rw,user_id=0\n\
+                    garbage\n";
+        let m = parse(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].mount_point, Path::new("/tmp/my plain"));
+        assert_eq!(m[0].source, Path::new("/tmp/my vault"));
+        assert_eq!(m[0].fstype, "fuse");
+        assert_eq!(m[1].mount_point, Path::new("/mnt/a\\b"));
+        assert!(m[1].is_veilfs());
+        assert_eq!(decode("a\\01"), OsString::from("a\\01"), "a short escape is kept as is");
+    }
+}
