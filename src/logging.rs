@@ -101,6 +101,11 @@ pub fn init(verbose: u8, quiet: bool, offline: bool) {
         .with_filter(filter)
         .with_filter(tracing_subscriber::filter::filter_fn(move |m| {
             !(hide_core_errors && *m.level() == tracing::Level::ERROR && m.target().starts_with("veilfs_core"))
+        }))
+        // The FUSE crate's request log (info and below) prints plaintext names: never shown,
+        // whatever -v or VEILFS_LOG asks for. Its warnings and errors name no files.
+        .with_filter(tracing_subscriber::filter::filter_fn(|m| {
+            !(m.target().starts_with("fuser") && *m.level() > tracing::Level::WARN)
         }));
     tracing_subscriber::registry().with(layer).init();
 }

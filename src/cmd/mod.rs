@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
-use veilfs_core::kdf::Argon2Params;
+use veilfs_core::kdf::{Argon2Params, KdfCeiling};
 use veilfs_core::names;
 use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig};
 
@@ -34,6 +34,11 @@ pub struct UnlockArgs {
     /// Try only key slot N (see `veilfs info`); slot numbers never change.
     #[arg(long, value_name = "N")]
     pub slot: Option<u32>,
+    /// Try key slots whose key derivation costs more than the ceiling (1 GiB of memory,
+    /// 4 GiB·passes): only for a vault made with such settings. Without it such slots are
+    /// skipped, so a forged slot cannot make unlocking take minutes.
+    #[arg(long)]
+    pub allow_slow_kdf: bool,
 }
 
 /// "Slot N" in user terms.
@@ -98,7 +103,8 @@ impl UnlockArgs {
             Secret::Password(password)
         };
         let t = std::time::Instant::now();
-        let vault = Vault::open(cipherdir, &secret, self.slot)
+        let ceiling = if self.allow_slow_kdf { KdfCeiling::UNLIMITED } else { KdfCeiling::DEFAULT };
+        let vault = Vault::open_with(cipherdir, &secret, self.slot, &ceiling)
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
         tracing::info!("unlocked {} in {:.2} s", cipherdir.display(), t.elapsed().as_secs_f64());
         tracing::debug!(

@@ -156,8 +156,18 @@ impl Vault {
 
     /// Opens the vault in `cipherdir` with `secret` (optionally only slot `slot`).
     pub fn open(cipherdir: &Path, secret: &Secret, slot: Option<u32>) -> Result<Vault> {
+        Self::open_with(cipherdir, secret, slot, &crate::kdf::KdfCeiling::DEFAULT)
+    }
+
+    /// [`open`](Self::open) with an explicit KDF cost ceiling for the slots tried.
+    pub fn open_with(
+        cipherdir: &Path,
+        secret: &Secret,
+        slot: Option<u32>,
+        ceiling: &crate::kdf::KdfCeiling,
+    ) -> Result<Vault> {
         let cfg = VaultConfig::load(cipherdir)?;
-        let master = cfg.unlock(secret, slot, &VaultConfig::path_in(cipherdir))?;
+        let master = cfg.unlock_with(secret, slot, &VaultConfig::path_in(cipherdir), ceiling)?;
         Ok(Vault::from_parts(cipherdir, cfg, master))
     }
 

@@ -1029,6 +1029,15 @@ impl VeilFs {
         self.set_on_fd(&node, handle.as_fd(), a)
     }
 
+    /// The ciphertext path of `node`, for log lines.
+    fn cipher_path(&self, node: &Node) -> String {
+        match (&node.dir, node.link()) {
+            (Some(d), _) => d.cd.path.display().to_string(),
+            (None, Ok(l)) => l.parent.dir.as_ref().map_or(l.on_disk.clone(), |d| d.cd.child_path(&l.on_disk)),
+            (None, Err(_)) => format!("a deleted file (node {})", node.id),
+        }
+    }
+
     /// A verified `O_PATH` handle on the object `node` names at `l` (see
     /// [`Vault::entry_handle`]): a swapped or planted object is an integrity error.
     fn handle(&self, node: &Node, l: &crate::inodes::Link) -> io::Result<OwnedFd> {
@@ -1132,7 +1141,7 @@ impl VeilFs {
                     out.extend_from_slice(&plain);
                     out.push(0);
                 }
-                Some(Err(e)) => tracing::error!("xattr of node {}: {e}", node.id),
+                Some(Err(e)) => tracing::error!("integrity error in an xattr of {}: {e}", self.cipher_path(&node)),
                 None => {}
             }
         }
