@@ -49,6 +49,8 @@ enum Command {
     Cat(cmd::cat::Args),
     /// List a vault directory with decrypted names.
     Ls(cmd::ls::Args),
+    /// Check a whole vault (every name, binding, IV and block); --repair fixes crash leftovers.
+    Fsck(cmd::fsck::Args),
     /// Print the ciphertext path of a plaintext path.
     EncryptPath(cmd::paths::EncryptArgs),
     /// Print the plaintext path of a ciphertext path.
@@ -92,6 +94,7 @@ fn main() {
         Command::Export(a) => cmd::export::run(a),
         Command::Cat(a) => cmd::cat::run(a),
         Command::Ls(a) => cmd::ls::run(a),
+        Command::Fsck(a) => cmd::fsck::run(a),
         Command::EncryptPath(a) => cmd::paths::encrypt(a),
         Command::DecryptPath(a) => cmd::paths::decrypt(a),
         Command::Speed(a) => cmd::speed::run(a),

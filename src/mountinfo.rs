@@ -63,6 +63,12 @@ pub fn parse(text: &str) -> Vec<Mount> {
 }
 
 /// The topmost mount at `mount_point` (an absolute path), if any.
+/// Every mount of this process's mount namespace.
+pub fn all() -> Vec<Mount> {
+    std::fs::read_to_string("/proc/self/mountinfo").map(|t| parse(&t)).unwrap_or_default()
+}
+
+/// The mount at `mount_point` (the topmost, if several).
 pub fn find(mount_point: &Path) -> Option<Mount> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     parse(&text).into_iter().rev().find(|m| m.mount_point == mount_point)

@@ -2,6 +2,7 @@
 
 pub mod cat;
 pub mod export;
+pub mod fsck;
 pub mod generate;
 pub mod import;
 pub mod info;

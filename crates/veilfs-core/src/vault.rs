@@ -214,30 +214,85 @@ impl Vault {
 
     /// Opens the top directory and checks its `veilfs.diriv` against the config.
     pub fn root(&self) -> Result<CipherDir> {
-        let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
-        let iv = self.config.root_iv().expect("checked at load");
-        let dir = CipherDir { fd, iv, path: self.root_path.clone() };
+        let dir = self.root_dir()?;
         self.check_diriv(&dir)?;
         Ok(dir)
     }
 
-    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promises. A copied IV file,
-    /// one of the wrong length and anything but a regular file there (a planted FIFO, device
-    /// or symlink) is an integrity error; a missing or empty one (a crash right after
-    /// `mkdir`) is restored from the authenticated entry.
+    /// Opens the top directory without checking (or restoring) its IV file (fsck checks it
+    /// itself and must not write).
+    pub fn root_dir(&self) -> Result<CipherDir> {
+        let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
+        let iv = self.config.root_iv().expect("checked at load");
+        Ok(CipherDir { fd, iv, path: self.root_path.clone() })
+    }
+
+    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promises; a missing or empty
+    /// one (a crash right after `mkdir`) is restored from the authenticated entry.
     pub fn check_diriv(&self, dir: &CipherDir) -> Result<()> {
+        if self.verify_diriv(dir)? {
+            Ok(())
+        } else {
+            self.restore_diriv(dir).or_else(|e| {
+                // The IV itself comes from the authenticated entry, so a vault on read-only
+                // storage still opens when the copy cannot be written.
+                tracing::warn!("could not restore {}/{DIRIV_NAME}: {e}", dir.path.display());
+                Ok(())
+            })
+        }
+    }
+
+    /// Whether `dir`'s `veilfs.diriv` holds the IV its entry promises (`Ok(false)`: missing or
+    /// empty). A copied IV file, one of the wrong length and anything but a regular file there
+    /// (a planted FIFO, device or symlink) is an integrity error. Never writes.
+    pub fn verify_diriv(&self, dir: &CipherDir) -> Result<bool> {
         let what = || format!("{}/{DIRIV_NAME}", dir.path.display());
         match sys::read_meta_at(dir.fd(), DIRIV_NAME.as_bytes(), DIRIV_LEN) {
-            Ok(b) if b.as_slice() == dir.iv => Ok(()),
-            Ok(b) if b.is_empty() => self.restore_diriv(dir),
+            Ok(b) if b.as_slice() == dir.iv => Ok(true),
+            Ok(b) if b.is_empty() => Ok(false),
             Ok(b) if b.len() != DIRIV_LEN => Err(Error::auth(what(), format!("is {} bytes long, not 16", b.len()))),
             Ok(_) => Err(Error::auth(
                 what(),
                 "does not match the IV its directory entry promises (copied from another directory?)",
             )),
-            Err(e) if e.is_not_found() => self.restore_diriv(dir),
+            Err(e) if e.is_not_found() => Ok(false),
             Err(MetaError::Io(e)) => Err(Error::io(format!("reading {}", what()), e)),
             Err(e) => Err(Error::auth(what(), e.to_string())),
+        }
+    }
+
+    /// Writes `dir`'s missing `veilfs.diriv` from the IV its authenticated entry promises.
+    pub fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
+        tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
+        let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
+        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400)
+            .ctx(|| format!("writing {}/{DIRIV_NAME}", dir.path.display()))
+    }
+
+    /// Replaces a damaged `veilfs.diriv` of `dir` (of a subdirectory: the top one's IV is in
+    /// the config) with the IV its authenticated entry promises; a directory planted there is
+    /// moved aside under a temporary name, never deleted.
+    pub fn rewrite_diriv(&self, dir: &CipherDir) -> Result<()> {
+        let what = || format!("{}/{DIRIV_NAME}", dir.path.display());
+        if let Ok(st) = sys::fstatat(dir.fd(), DIRIV_NAME.as_bytes()) {
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                let tmp =
+                    format!("{}{}", crate::fsck::TEMP_PREFIX, crate::names::b64_encode(&crate::random::bytes::<12>()));
+                sys::renameat2(dir.fd(), DIRIV_NAME.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)
+                    .ctx(what)?;
+            } else {
+                sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false).ctx(what)?;
+            }
+        }
+        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400).ctx(what)
+    }
+
+    /// The vault's `lost+found` directory (made on first use).
+    pub fn lost_found(&self) -> Result<CipherDir> {
+        let root = self.root()?;
+        match self.lookup(&root, crate::fsck::LOST_FOUND)? {
+            Some(e) => self.open_dir(&root, &e),
+            None => Ok(self.mkdir_unchecked(&root, crate::fsck::LOST_FOUND, 0o700)?.1),
         }
     }
 
@@ -252,17 +307,6 @@ impl Vault {
             Err(MetaError::Io(e)) => Err(Error::io(dir.child_path(side), e)),
             Err(e) => Err(Error::auth(dir.child_path(side), e.to_string())),
         }
-    }
-
-    /// Best effort: the IV itself comes from the authenticated entry, so a vault on read-only
-    /// storage still opens when the copy cannot be written.
-    fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
-        tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
-        let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
-        if let Err(e) = sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400) {
-            tracing::warn!("could not restore {}/{DIRIV_NAME}: {e}", dir.path.display());
-        }
-        Ok(())
     }
 
     /// Decodes one raw on-disk entry of `dir` (`st` = its backing stat).
