@@ -236,9 +236,35 @@ impl VeilFs {
     /// The lookup key of `name` in `dir` and its on-disk entry, if it exists.
     fn find(&self, dir: &DirState, name: &[u8]) -> io::Result<(NameKey, Option<String>)> {
         let key = self.names.name_key(&dir.cd.iv, name).map_err(cerr)?;
-        let found =
-            dir.index(self.opts.shared_storage)?.as_ref().and_then(|i| i.get(&key.key).map(|e| e.on_disk.clone()));
+        let found = dir
+            .index(self.opts.shared_storage)?
+            .as_ref()
+            .and_then(|i| i.get(&key.key).map(|e| (e.on_disk.clone(), e.others.clone())));
+        let found = match found {
+            Some((on_disk, others)) if others.is_empty() => Some(on_disk),
+            Some((on_disk, others)) => Some(self.resolve(dir, &key.d, on_disk, others)?),
+            None => None,
+        };
         Ok((key, found))
+    }
+
+    /// Of several on-disk entries for one name, the one that is the entry: among those whose
+    /// binding verifies, the newest (a crash during a rename over an existing name leaves the
+    /// old one behind). A forged entry never hides the real one. With none verifying, the
+    /// first (its use then fails with an integrity error naming it).
+    pub(crate) fn resolve(&self, dir: &DirState, d: &[u8], first: String, others: Vec<String>) -> io::Result<String> {
+        let mut best: Option<((i64, i64), String)> = None;
+        for on_disk in std::iter::once(first.clone()).chain(others) {
+            let Ok(st) = sys::fstatat(dir.cd.fd(), on_disk.as_bytes()) else { continue };
+            if self.identity(dir, d, &on_disk, &st).is_err() {
+                continue;
+            }
+            let ctime = (st.st_ctime, st.st_ctime_nsec);
+            if best.as_ref().is_none_or(|(c, _)| ctime > *c) {
+                best = Some((ctime, on_disk));
+            }
+        }
+        Ok(best.map_or(first, |(_, on_disk)| on_disk))
     }
 
     /// The identity `on_disk` (in `dir`, with `D` = `d`, backing type from `st`) promises.
@@ -591,12 +617,12 @@ impl VeilFs {
                 }
             });
             if let Some(p) = plain {
-                out.push(SnapEntry {
-                    name: p.name.clone(),
-                    on_disk: e.on_disk.clone(),
-                    d: p.d.clone(),
-                    d_type: e.d_type,
-                });
+                let on_disk = if e.others.is_empty() {
+                    e.on_disk.clone()
+                } else {
+                    self.resolve(dir, &p.d, e.on_disk.clone(), e.others.clone())?
+                };
+                out.push(SnapEntry { name: p.name.clone(), on_disk, d: p.d.clone(), d_type: e.d_type });
             }
         }
         let s = Arc::new(out);
