@@ -25,9 +25,7 @@ use std::path::{Path, PathBuf};
 
 /// Name of the directory that receives damaged and stray objects.
 pub const LOST_FOUND: &[u8] = b"lost+found";
-/// Prefix of the temporary names the engine uses while creating or removing a directory and
-/// while exchanging two entries.
-pub const TEMP_PREFIX: &str = "veilfs.tmp.";
+pub use crate::names::TEMP_PREFIX;
 
 /// What kind of problem was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -329,6 +329,43 @@ impl Vault {
         Ok(Some(Entry { name, on_disk: String::from_utf8_lossy(on_disk).into_owned(), key, kind, identity, stat: st }))
     }
 
+    /// The user entries of `dir` by lookup key, without decrypting anything: (key, on-disk
+    /// name, `d_type`) for each, in listing order. Names that are not veilfs entries (a sync
+    /// tool's conflict copy) are left out with a warning naming them. For callers that keep
+    /// their own index (the mount).
+    pub fn keyed_entries(dir: &CipherDir) -> Result<Vec<(String, String, u8)>> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let mut out = Vec::with_capacity(raw.len());
+        for r in raw {
+            let parsed = ParsedEntry::parse(&r.name);
+            let Some(key) = parsed.key() else {
+                if matches!(parsed, ParsedEntry::Foreign) {
+                    tracing::warn!(
+                        "{}: ignoring {:?}, which is not a veilfs entry (a sync conflict copy?)",
+                        dir.path.display(),
+                        String::from_utf8_lossy(&r.name)
+                    );
+                }
+                continue;
+            };
+            let key = key.to_string();
+            // Entry names parse only as UTF-8, so this moves the bytes without a copy.
+            let on_disk =
+                String::from_utf8(r.name).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            out.push((key, on_disk, r.d_type));
+        }
+        Ok(out)
+    }
+
+    /// Opens the subdirectory `on_disk` of `parent` whose entry promises IV `iv`, checking its
+    /// IV file (see [`check_diriv`](Self::check_diriv)).
+    pub fn open_subdir(&self, parent: &CipherDir, on_disk: &str, iv: DirIv) -> Result<CipherDir> {
+        let fd = sys::open_dir_at(parent.fd(), on_disk.as_bytes()).ctx(|| parent.child_path(on_disk))?;
+        let dir = CipherDir { fd, iv, path: parent.path.join(on_disk) };
+        self.check_diriv(&dir)?;
+        Ok(dir)
+    }
+
     /// Lists `dir`: its decrypted entries, and the on-disk entries that failed to decrypt
     /// (logged; never shown as garbage names).
     pub fn list(&self, dir: &CipherDir) -> Result<(Vec<Entry>, Vec<BadEntry>)> {
@@ -415,10 +452,7 @@ impl Vault {
         if entry.kind != EntryKind::Dir {
             return Err(Error::io(parent.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
         }
-        let fd = sys::open_dir_at(parent.fd(), entry.on_disk.as_bytes()).ctx(|| parent.child_path(&entry.on_disk))?;
-        let dir = CipherDir { fd, iv: entry.identity, path: parent.path.join(&entry.on_disk) };
-        self.check_diriv(&dir)?;
-        Ok(dir)
+        self.open_subdir(parent, &entry.on_disk, entry.identity)
     }
 
     /// Opens the regular file named by `entry` with `flags` (`O_RDONLY`, `O_RDWR`, ...).
@@ -570,12 +604,8 @@ impl Vault {
         if kind != EntryKind::Dir {
             return sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(what);
         }
-        let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
-        let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
-        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
-            return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
-        }
-        let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+        let sub = Self::empty_dir(dir, on_disk)?;
+        let tmp = crate::names::temp_name();
         sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
         // The IV file goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
@@ -589,15 +619,24 @@ impl Vault {
         Ok(())
     }
 
-    /// Removes the long-name side file of `key` if no entry uses it any more.
+    /// Removes the long-name side file of `key` if no entry uses it any more (lists `dir`).
     pub fn drop_side_file(&self, dir: &CipherDir, key: &NameKey) {
-        if let Some(side) = &key.side_file {
+        if key.side_file.is_some() {
             let still_used = sys::read_dir_fd(dir.fd())
                 .map(|raw| raw.iter().any(|r| ParsedEntry::parse(&r.name).key() == Some(key.key.as_str())))
                 .unwrap_or(true);
             if !still_used {
-                let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
+                Self::unlink_side_file(dir, key);
             }
+        }
+    }
+
+    /// Removes the long-name side file of `key`, if it has one, for a caller that knows no
+    /// other entry uses it (the mount, from its index). Best effort: an orphaned side file is
+    /// harmless and `fsck --repair` removes it.
+    pub fn unlink_side_file(dir: &CipherDir, key: &NameKey) {
+        if let Some(side) = &key.side_file {
+            let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
         }
     }
 
@@ -616,39 +655,87 @@ impl Vault {
 
     /// Creates an empty regular file `name` (fails if the name exists) and opens it.
     pub fn create_file(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CryptFile)> {
-        self.ensure_absent(dir, name)?;
-        let id: Identity = crate::random::bytes();
-        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::File, &id)?;
-        let what = dir.child_path(&on_disk);
-        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode & 0o7777)
-            .ctx(|| what.clone())?;
-        let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, id, file) = self.create_file_at(dir, &key, mode)?;
         Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::File, id)?, file))
     }
 
-    fn ensure_absent(&self, dir: &CipherDir, name: &[u8]) -> Result<()> {
+    /// Creates an empty regular file under `key` in `dir` (the caller knows the name is free:
+    /// the mount holds the directory's lock and index) and opens it. Returns its on-disk name,
+    /// identity and open file.
+    pub fn create_file_at(&self, dir: &CipherDir, key: &NameKey, mode: u32) -> Result<(String, Identity, CryptFile)> {
+        let id: Identity = crate::random::bytes();
+        let on_disk = self.entry_name_for(dir, key, EntryKind::File, &id)?;
+        let what = dir.child_path(&on_disk);
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), flags, mode & 0o7777).ctx(|| what.clone())?;
+        let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        Ok((on_disk, id, file))
+    }
+
+    /// The key of `name` in `dir`, or EEXIST if an entry has that name (lists the directory).
+    fn absent_key(&self, dir: &CipherDir, name: &[u8]) -> Result<NameKey> {
         if self.lookup(dir, name)?.is_some() {
             return Err(Error::io(
                 format!("{}/{}", dir.path.display(), String::from_utf8_lossy(name)),
                 std::io::Error::from_raw_os_error(libc::EEXIST),
             ));
         }
-        Ok(())
+        self.names.name_key(&dir.iv, name)
+    }
+
+    /// Opens the directory `on_disk` of `dir` and checks it holds nothing but its IV file
+    /// (ENOTEMPTY otherwise): before it is removed or replaced.
+    pub fn empty_dir(dir: &CipherDir, on_disk: &str) -> Result<OwnedFd> {
+        let what = || dir.child_path(on_disk);
+        let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
+        let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
+        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
+            return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
+        }
+        Ok(sub)
+    }
+
+    /// The identity the entry `on_disk` of `dir` (with `D` = `d`, of `kind`) promises: its
+    /// binding, verified. An integrity error names the entry.
+    pub fn unbind_entry(&self, dir: &CipherDir, d: &[u8], on_disk: &str, kind: EntryKind) -> Result<Identity> {
+        let what = || dir.child_path(on_disk);
+        let binding = ParsedEntry::parse(on_disk.as_bytes())
+            .binding()
+            .ok_or_else(|| Error::auth(what(), "is not a veilfs entry name"))?;
+        self.names.unbind(&dir.iv, d, kind, binding).map_err(|e| relabel(e, &what()))
+    }
+
+    /// `D` of the entry `on_disk` of `dir`, read from its name or, for a long name, its side
+    /// file (checked against the name's hash and for canonical form). For listings.
+    pub fn entry_d(&self, dir: &CipherDir, on_disk: &str) -> Result<Vec<u8>> {
+        let parsed = ParsedEntry::parse(on_disk.as_bytes());
+        self.names
+            .entry_d(&parsed, |side| Self::read_side_file(dir, side))
+            .map_err(|e| relabel(e, &dir.child_path(on_disk)))
     }
 
     /// Creates directory `name` with its IV file, atomically: it appears under its final
     /// name only once its `veilfs.diriv` exists.
     pub fn mkdir(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
-        self.ensure_absent(dir, name)?;
-        let (entry, sub) = self.mkdir_unchecked(dir, name, mode)?;
-        Ok((entry, sub))
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, sub) = self.mkdir_at(dir, &key, mode)?;
+        Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, sub.iv)?, sub))
     }
 
     /// [`mkdir`](Self::mkdir) without the existence check (the caller knows the name is free).
     pub fn mkdir_unchecked(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
+        let key = self.names.name_key(&dir.iv, name)?;
+        let (on_disk, sub) = self.mkdir_at(dir, &key, mode)?;
+        Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, sub.iv)?, sub))
+    }
+
+    /// Creates a directory under `key` in `dir` (the caller knows the name is free), made
+    /// under a temporary name and renamed into place once its IV file is written.
+    pub fn mkdir_at(&self, dir: &CipherDir, key: &NameKey, mode: u32) -> Result<(String, CipherDir)> {
         let iv: DirIv = crate::random::bytes();
-        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Dir, &iv)?;
-        let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+        let on_disk = self.entry_name_for(dir, key, EntryKind::Dir, &iv)?;
+        let tmp = crate::names::temp_name();
         // Made with its final mode when that lets its owner write the IV file into it (the
         // usual case; a set-group-id parent's group and bit are inherited as usual); else
         // made private and given its mode through its own fd once the IV file is in.
@@ -667,8 +754,8 @@ impl Vault {
         })();
         match result {
             Ok(fd) => {
-                let sub = CipherDir { fd, iv, path: dir.path.join(&on_disk) };
-                Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, iv)?, sub))
+                let path = dir.path.join(&on_disk);
+                Ok((on_disk, CipherDir { fd, iv, path }))
             }
             Err(e) => {
                 let _ = sys::unlinkat(dir.fd(), format!("{tmp}/{DIRIV_NAME}").as_bytes(), false);
@@ -709,12 +796,18 @@ impl Vault {
 
     /// Creates symlink `name` → `target`.
     pub fn symlink(&self, dir: &CipherDir, name: &[u8], target: &[u8]) -> Result<Entry> {
-        self.ensure_absent(dir, name)?;
-        let id: Identity = crate::random::bytes();
-        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Symlink, &id)?;
-        let stored = self.encrypt_target(&id, target)?;
-        sys::symlinkat(&stored, dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, id) = self.symlink_at(dir, &key, target)?;
         self.entry_after_create(dir, name, key, on_disk, EntryKind::Symlink, id)
+    }
+
+    /// Creates a symlink → `target` under `key` in `dir` (the caller knows the name is free).
+    pub fn symlink_at(&self, dir: &CipherDir, key: &NameKey, target: &[u8]) -> Result<(String, Identity)> {
+        let id: Identity = crate::random::bytes();
+        let stored = self.encrypt_target(&id, target)?;
+        let on_disk = self.entry_name_for(dir, key, EntryKind::Symlink, &id)?;
+        sys::symlinkat(&stored, dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        Ok((on_disk, id))
     }
 
     /// Reads the target of the symlink `entry`.
@@ -726,12 +819,18 @@ impl Vault {
 
     /// Creates a FIFO, socket or device node.
     pub fn mknod(&self, dir: &CipherDir, name: &[u8], mode: u32, rdev: u64) -> Result<Entry> {
-        self.ensure_absent(dir, name)?;
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, id) = self.mknod_at(dir, &key, mode, rdev)?;
+        self.entry_after_create(dir, name, key, on_disk, EntryKind::from_mode(mode), id)
+    }
+
+    /// Creates a FIFO, socket or device node under `key` in `dir` (the caller knows the name
+    /// is free).
+    pub fn mknod_at(&self, dir: &CipherDir, key: &NameKey, mode: u32, rdev: u64) -> Result<(String, Identity)> {
         let id: Identity = crate::random::bytes();
-        let kind = EntryKind::from_mode(mode);
-        let (key, on_disk) = self.new_entry_name(dir, name, kind, &id)?;
+        let on_disk = self.entry_name_for(dir, key, EntryKind::from_mode(mode), &id)?;
         sys::mknodat(dir.fd(), on_disk.as_bytes(), mode, rdev).ctx(|| dir.child_path(&on_disk))?;
-        self.entry_after_create(dir, name, key, on_disk, kind, id)
+        Ok((on_disk, id))
     }
 
     /// Removes `entry` (a directory must be empty but for its IV file).
@@ -746,10 +845,8 @@ impl Vault {
         self.new_entry_name(to, new_name, entry.kind, &entry.identity)
     }
 
-    /// Renames `entry` of `from` to `new_name` in `to`, replacing an existing `replaced`
-    /// entry (found by the caller) unless `noreplace`. The backing rename moves the object
-    /// atomically; the old entry of the target name is removed right after (a crash between
-    /// leaves two entries for one name, resolved in favour of the newer).
+    /// Renames `entry` of `from` to `new_name` in `to`, replacing `replaced` (the entry of
+    /// `new_name`, found by the caller) if given. See [`rename_at`](Self::rename_at).
     pub fn rename(
         &self,
         from: &CipherDir,
@@ -758,37 +855,83 @@ impl Vault {
         new_name: &[u8],
         replaced: Option<&Entry>,
     ) -> Result<Entry> {
+        let key = self.names.name_key(&to.iv, new_name)?;
+        let on_disk = self.rename_at(from, entry, to, &key, replaced)?;
+        let stat = sys::fstatat(to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity: entry.identity, stat })
+    }
+
+    /// Renames `entry` of `from` to the name of `key` in `to`, replacing `replaced` (the entry
+    /// of that name, found by the caller) if given; returns the new on-disk name. A directory
+    /// replaces only an empty directory, a non-directory only a non-directory. The backing
+    /// rename moves the object atomically under its new binding; the replaced entry is removed
+    /// right after (a crash between leaves two entries for one name; the newer, verified one
+    /// wins, F§10), and a long name's side file goes once no entry uses it.
+    pub fn rename_at(
+        &self,
+        from: &CipherDir,
+        entry: &Entry,
+        to: &CipherDir,
+        key: &NameKey,
+        replaced: Option<&Entry>,
+    ) -> Result<String> {
         if let Some(r) = replaced {
-            if r.kind == EntryKind::Dir && entry.kind != EntryKind::Dir {
-                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::EISDIR)));
-            }
-            if r.kind != EntryKind::Dir && entry.kind == EntryKind::Dir {
-                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
-            }
-            if r.kind == EntryKind::Dir {
-                let sub = sys::open_dir_at(to.fd(), r.on_disk.as_bytes()).ctx(|| to.child_path(&r.on_disk))?;
-                let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| to.child_path(&r.on_disk))?;
-                if raw.iter().any(|x| x.name != b"." && x.name != b".." && x.name != DIRIV_NAME.as_bytes()) {
-                    return Err(Error::io(
-                        to.child_path(&r.on_disk),
-                        std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
-                    ));
-                }
+            let errno = |n| Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(n)));
+            match (entry.kind == EntryKind::Dir, r.kind == EntryKind::Dir) {
+                (false, true) => return errno(libc::EISDIR),
+                (true, false) => return errno(libc::ENOTDIR),
+                (true, true) => drop(Self::empty_dir(to, &r.on_disk)?),
+                (false, false) => {}
             }
         }
-        let (key, on_disk) = self.rebind(to, new_name, entry)?;
+        let on_disk = self.entry_name_for(to, key, entry.kind, &entry.identity)?;
         sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
             .ctx(|| to.child_path(&on_disk))?;
         if let Some(r) = replaced {
-            if r.on_disk != entry.on_disk || from.path != to.path {
-                self.remove(to, r)?;
+            if let Err(e) = self.remove_entry(to, &r.on_disk, r.kind, &r.identity) {
+                tracing::error!("rename: could not remove the replaced entry {}: {e}", to.child_path(&r.on_disk));
             }
         }
         if !(from.path == to.path && entry.key.key == key.key) {
             self.drop_side_file(from, &entry.key);
         }
-        let stat = sys::fstatat(to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
-        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity: entry.identity, stat })
+        Ok(on_disk)
+    }
+
+    /// Exchanges entries `a` of `a_dir` and `b` of `b_dir` (RENAME_EXCHANGE): each object
+    /// takes the other's name, under a new binding. Returns the new on-disk names of `a`'s
+    /// object (now in `b_dir`) and `b`'s (now in `a_dir`). Not atomic on disk: the displaced
+    /// object waits under a temporary name, so a crash leaves it recoverable (`fsck --repair`
+    /// moves it to lost+found), never lost.
+    pub fn exchange_at(&self, a_dir: &CipherDir, a: &Entry, b_dir: &CipherDir, b: &Entry) -> Result<(String, String)> {
+        let a_new = self.entry_name_for(b_dir, &b.key, a.kind, &a.identity)?;
+        let b_new = self.entry_name_for(a_dir, &a.key, b.kind, &b.identity)?;
+        let tmp = crate::names::temp_name();
+        let mv = |fd: &CipherDir, old: &str, td: &CipherDir, new: &str| {
+            sys::renameat2(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes(), libc::RENAME_NOREPLACE)
+                .ctx(|| fd.child_path(old))
+        };
+        mv(b_dir, &b.on_disk, b_dir, &tmp)?;
+        mv(a_dir, &a.on_disk, b_dir, &a_new)?;
+        mv(b_dir, &tmp, a_dir, &b_new)?;
+        Ok((a_new, b_new))
+    }
+
+    /// Creates a hard link named by `key` in `to` to the object `src_on_disk` of `from` (of
+    /// `kind`, with `identity`); the caller knows the name is free. Returns the new on-disk
+    /// name.
+    pub fn link_at(
+        &self,
+        from: &CipherDir,
+        src_on_disk: &str,
+        kind: EntryKind,
+        identity: &Identity,
+        to: &CipherDir,
+        key: &NameKey,
+    ) -> Result<String> {
+        let on_disk = self.entry_name_for(to, key, kind, identity)?;
+        sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        Ok(on_disk)
     }
 
     /// Creates a hard link `new_name` in `to` to the file `entry` of `from`.
@@ -796,10 +939,8 @@ impl Vault {
         if entry.kind == EntryKind::Dir {
             return Err(Error::io(from.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::EPERM)));
         }
-        self.ensure_absent(to, new_name)?;
-        let (key, on_disk) = self.rebind(to, new_name, entry)?;
-        sys::linkat(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes())
-            .ctx(|| to.child_path(&on_disk))?;
+        let key = self.absent_key(to, new_name)?;
+        let on_disk = self.link_at(from, &entry.on_disk, entry.kind, &entry.identity, to, &key)?;
         self.entry_after_create(to, new_name, key, on_disk, entry.kind, entry.identity)
     }
 

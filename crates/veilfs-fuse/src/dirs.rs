@@ -10,8 +10,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::io;
 use std::sync::OnceLock;
-use veilfs_core::names::ParsedEntry;
-use veilfs_core::{sys, CipherDir};
+use veilfs_core::{sys, CipherDir, Vault};
 
 /// One entry of a directory index.
 #[derive(Debug)]
@@ -80,30 +79,18 @@ impl DirState {
     /// Lists the backing directory into a fresh index. Two entries for one key only exist
     /// after a crash during a rename over an existing name (or if forged): both are kept.
     fn build(&self) -> io::Result<Index> {
-        let raw = sys::read_dir_fd(self.cd.fd())?;
-        let mut idx: Index = HashMap::with_capacity(raw.len());
-        for r in raw {
-            let parsed = ParsedEntry::parse(&r.name);
-            let Some(key) = parsed.key() else {
-                if matches!(parsed, ParsedEntry::Foreign) {
-                    tracing::warn!(
-                        "{}: ignoring {:?}, which is not a veilfs entry (a sync conflict copy?)",
-                        self.cd.path.display(),
-                        String::from_utf8_lossy(&r.name)
-                    );
-                }
-                continue;
-            };
-            let key = key.to_string();
-            // Entry names parse only as UTF-8, so this moves the bytes without a copy.
-            let on_disk =
-                String::from_utf8(r.name).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        let entries = Vault::keyed_entries(&self.cd).map_err(|e| match e {
+            veilfs_core::Error::Io { source, .. } => source,
+            e => io::Error::from_raw_os_error(e.errno()),
+        })?;
+        let mut idx: Index = HashMap::with_capacity(entries.len());
+        for (key, on_disk, d_type) in entries {
             if let Some(prev) = idx.get_mut(&key) {
                 tracing::warn!("{}: two entries for one name", self.cd.path.display());
                 prev.others.push(on_disk);
                 continue;
             }
-            idx.insert(key, IndexEntry::new(on_disk, r.d_type, None));
+            idx.insert(key, IndexEntry::new(on_disk, d_type, None));
         }
         Ok(idx)
     }

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use veilfs_core::content::Layout;
-use veilfs_core::names::{NameKey, ParsedEntry};
+use veilfs_core::names::NameKey;
 use veilfs_core::xattr::XattrCipher;
-use veilfs_core::{sys, CipherDir, ContentCtx, CryptFile, EntryKind, Identity, NameCipher, Vault};
+use veilfs_core::{sys, ContentCtx, CryptFile, Entry, EntryKind, Identity, NameCipher, Vault};
 
 /// Mount-time choices that change behaviour.
 #[derive(Debug, Clone)]
@@ -270,14 +270,7 @@ impl VeilFs {
     /// The identity `on_disk` (in `dir`, with `D` = `d`, backing type from `st`) promises.
     fn identity(&self, dir: &DirState, d: &[u8], on_disk: &str, st: &libc::stat) -> io::Result<(EntryKind, Identity)> {
         let kind = EntryKind::from_mode(st.st_mode);
-        // `on_disk` comes from the index, which holds only names that parsed as entries, so
-        // the binding is what follows the last dot.
-        let s = on_disk.rsplit_once('.').map(|(_, s)| s).ok_or_else(|| errno(libc::EIO))?;
-        let id = self
-            .names
-            .unbind(&dir.cd.iv, d, kind, s)
-            .map_err(|e| cerr(veilfs_core::Error::auth(dir.cd.child_path(on_disk), format!("{e}"))))?;
-        Ok((kind, id))
+        Ok((kind, self.vault.unbind_entry(&dir.cd, d, on_disk, kind).map_err(cerr)?))
     }
 
     /// The node of entry `on_disk` of `parent` (counts one kernel lookup).
@@ -285,11 +278,9 @@ impl VeilFs {
         let dir = parent.dir()?;
         let (kind, identity) = self.identity(dir, d, on_disk, st)?;
         self.nodes.lookup(parent, on_disk, st, kind, identity, || {
-            let fd = sys::open_dir_at(dir.cd.fd(), on_disk.as_bytes())?;
-            let cd = CipherDir::from_parts(fd, identity, dir.cd.path.join(on_disk));
             // Every directory this mount uses was checked here first: its `veilfs.diriv` is
             // the IV its entry promises (not one copied from another directory, not a FIFO).
-            self.vault.check_diriv(&cd).map_err(cerr)?;
+            let cd = self.vault.open_subdir(&dir.cd, on_disk, identity).map_err(cerr)?;
             Ok(Some(DirState::new(cd, self.opts.shared_storage)))
         })
     }
@@ -632,8 +623,7 @@ impl VeilFs {
 
     /// `D` of an on-disk entry (reading the side file of a long name).
     pub(crate) fn decode_d(&self, dir: &DirState, on_disk: &str) -> veilfs_core::Result<Vec<u8>> {
-        let parsed = ParsedEntry::parse(on_disk.as_bytes());
-        self.names.entry_d(&parsed, |side| Vault::read_side_file(&dir.cd, side))
+        self.vault.entry_d(&dir.cd, on_disk)
     }
 
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
@@ -683,15 +673,9 @@ impl VeilFs {
             let fh = self.do_open(node.id, flags)?;
             return Ok((node, st, fh));
         }
-        let id: Identity = veilfs_core::random::bytes();
-        let on_disk = self.vault.entry_name_for(&dir.cd, &key, EntryKind::File, &id).map_err(cerr)?;
-        let fd = sys::openat(
-            dir.cd.fd(),
-            on_disk.as_bytes(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-            mode & 0o7777,
-        )?;
-        let crypt = Arc::new(self.content(fd, id, dir, &on_disk)?);
+        let (on_disk, _, crypt) = self.vault.create_file_at(&dir.cd, &key, mode).map_err(cerr)?;
+        crypt.set_defer_sparse(!self.opts.shared_storage);
+        let crypt = Arc::new(crypt);
         let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
         drop(guard);
         let f = node.file()?;
@@ -746,14 +730,12 @@ impl VeilFs {
             return Err(errno(libc::EINVAL));
         }
         self.make_entry(parent, name, |dir, key| {
-            let id: Identity = veilfs_core::random::bytes();
-            let on_disk = self.vault.entry_name_for(&dir.cd, key, kind, &id).map_err(cerr)?;
             if kind == EntryKind::File {
-                let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-                drop(sys::openat(dir.cd.fd(), on_disk.as_bytes(), flags, mode & 0o7777)?);
+                let (on_disk, _, _) = self.vault.create_file_at(&dir.cd, key, mode).map_err(cerr)?;
                 Ok((on_disk, libc::DT_REG))
             } else {
-                sys::mknodat(dir.cd.fd(), on_disk.as_bytes(), mode, attr::rdev_from_fuse(rdev))?;
+                let rdev = attr::rdev_from_fuse(rdev);
+                let (on_disk, _) = self.vault.mknod_at(&dir.cd, key, mode, rdev).map_err(cerr)?;
                 Ok((on_disk, libc::DT_UNKNOWN))
             }
         })
@@ -761,21 +743,18 @@ impl VeilFs {
 
     /// MKDIR.
     pub(crate) fn do_mkdir(&self, parent: u64, name: &[u8], mode: u32) -> io::Result<(Arc<Node>, libc::stat)> {
-        self.make_entry(parent, name, |dir, _key| {
+        self.make_entry(parent, name, |dir, key| {
             // A set-group-id directory passes the bit on, as local filesystems do.
             let mode = (mode & 0o7777) | (sys::fstat(dir.cd.fd())?.st_mode & libc::S_ISGID);
-            let (entry, _sub) = self.vault.mkdir_unchecked(&dir.cd, name, mode).map_err(cerr)?;
-            Ok((entry.on_disk, libc::DT_DIR))
+            let (on_disk, _sub) = self.vault.mkdir_at(&dir.cd, key, mode).map_err(cerr)?;
+            Ok((on_disk, libc::DT_DIR))
         })
     }
 
     /// SYMLINK.
     pub(crate) fn do_symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
         self.make_entry(parent, name, |dir, key| {
-            let id: Identity = veilfs_core::random::bytes();
-            let stored = self.vault.encrypt_target(&id, target).map_err(cerr)?;
-            let on_disk = self.vault.entry_name_for(&dir.cd, key, EntryKind::Symlink, &id).map_err(cerr)?;
-            sys::symlinkat(&stored, dir.cd.fd(), on_disk.as_bytes())?;
+            let (on_disk, _) = self.vault.symlink_at(&dir.cd, key, target).map_err(cerr)?;
             Ok((on_disk, libc::DT_LNK))
         })
     }
@@ -788,12 +767,6 @@ impl VeilFs {
         let what = dir.cd.child_path(&l.on_disk);
         let stored = sys::readlinkat(dir.cd.fd(), l.on_disk.as_bytes())?;
         self.vault.decrypt_target(&node.identity, &stored, &what).map_err(cerr)
-    }
-
-    fn unlink_side_file(&self, dir: &DirState, key: &NameKey) {
-        if let Some(side) = &key.side_file {
-            let _ = sys::unlinkat(dir.cd.fd(), side.as_bytes(), false);
-        }
     }
 
     /// UNLINK and RMDIR.
@@ -815,7 +788,10 @@ impl VeilFs {
         // a file's is not, so spare the SIV.
         let identity = if kind == EntryKind::Dir { self.identity(dir, &key.d, &on_disk, &st)?.1 } else { [0u8; 16] };
         self.vault.remove_entry(&dir.cd, &on_disk, kind, &identity).map_err(cerr)?;
-        self.unlink_side_file(dir, &key);
+        // The index knows whether another entry (a crash leftover) still uses the name.
+        if dir.index(false)?.as_ref().and_then(|i| i.get(&key.key)).is_none_or(|e| e.others.is_empty()) {
+            Vault::unlink_side_file(&dir.cd, &key);
+        }
         dir.update(|idx| {
             idx.remove(&key.key);
         });
@@ -848,8 +824,9 @@ impl VeilFs {
         }
         self.make_entry(newparent, newname, |dir, key| {
             let src = node.link()?;
-            let on_disk = self.vault.entry_name_for(&dir.cd, key, node.kind, &node.identity).map_err(cerr)?;
-            sys::linkat(src.parent.dir()?.cd.fd(), src.on_disk.as_bytes(), dir.cd.fd(), on_disk.as_bytes())?;
+            let from = &src.parent.dir()?.cd;
+            let on_disk =
+                self.vault.link_at(from, &src.on_disk, node.kind, &node.identity, &dir.cd, key).map_err(cerr)?;
             Ok((on_disk, if node.kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN }))
         })
     }
@@ -902,62 +879,48 @@ impl VeilFs {
         if skind == EntryKind::Dir && self.is_ancestor_or_self(&to, &sst) {
             return Err(errno(libc::EINVAL));
         }
+        let src = Entry {
+            name: name.to_vec(),
+            on_disk: s_on.clone(),
+            key: skey.clone(),
+            kind: skind,
+            identity: sid,
+            stat: sst,
+        };
+        let dst = dst.map(|(on_disk, stat, kind, identity)| Entry {
+            name: newname.to_vec(),
+            on_disk,
+            key: dkey.clone(),
+            kind,
+            identity,
+            stat,
+        });
         if flags & libc::RENAME_EXCHANGE != 0 {
-            let (d_on, dst_st, dkind, did) = dst.ok_or_else(|| errno(libc::ENOENT))?;
-            if dkind == EntryKind::Dir && self.is_ancestor_or_self(&from, &dst_st) {
+            let dst = dst.ok_or_else(|| errno(libc::ENOENT))?;
+            if dst.kind == EntryKind::Dir && self.is_ancestor_or_self(&from, &dst.stat) {
                 return Err(errno(libc::EINVAL));
             }
-            let new_s = self.vault.entry_name_for(&td.cd, &dkey, skind, &sid).map_err(cerr)?;
-            let new_d = self.vault.entry_name_for(&fd_.cd, &skey, dkind, &did).map_err(cerr)?;
-            // Not atomic on disk: the displaced object waits under a temporary name, so a
-            // crash leaves it recoverable rather than lost.
-            let tmp = format!("veilfs.tmp.{}", veilfs_core::names::b64_encode(&veilfs_core::random::bytes::<12>()));
-            sys::renameat2(td.cd.fd(), d_on.as_bytes(), td.cd.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)?;
-            sys::renameat2(fd_.cd.fd(), s_on.as_bytes(), td.cd.fd(), new_s.as_bytes(), libc::RENAME_NOREPLACE)?;
-            sys::renameat2(td.cd.fd(), tmp.as_bytes(), fd_.cd.fd(), new_d.as_bytes(), libc::RENAME_NOREPLACE)?;
+            let (new_s, new_d) = self.vault.exchange_at(&fd_.cd, &src, &td.cd, &dst).map_err(cerr)?;
             fd_.update(|i| {
                 let plain = Decoded { name: name.to_vec(), d: skey.d.clone() };
-                i.insert(skey.key.clone(), IndexEntry::new(new_d.clone(), dtype(dkind), Some(plain)));
+                i.insert(skey.key.clone(), IndexEntry::new(new_d.clone(), dtype(dst.kind), Some(plain)));
             });
             td.update(|i| {
                 let plain = Decoded { name: newname.to_vec(), d: dkey.d.clone() };
                 i.insert(dkey.key.clone(), IndexEntry::new(new_s.clone(), dtype(skind), Some(plain)));
             });
             self.relink(sst.st_ino, from.id, &s_on, &to, &new_s);
-            self.relink(dst_st.st_ino, to.id, &d_on, &from, &new_d);
+            self.relink(dst.stat.st_ino, to.id, &dst.on_disk, &from, &new_d);
             return Ok(());
         }
-        if let Some((_, dst_st, dkind, _)) = &dst {
-            if (dst_st.st_dev, dst_st.st_ino) == (sst.st_dev, sst.st_ino) {
+        if let Some(d) = &dst {
+            if (d.stat.st_dev, d.stat.st_ino) == (sst.st_dev, sst.st_ino) {
                 return Ok(()); // two links of one file: POSIX says do nothing
             }
-            match (skind == EntryKind::Dir, *dkind == EntryKind::Dir) {
-                (false, true) => return Err(errno(libc::EISDIR)),
-                (true, false) => return Err(errno(libc::ENOTDIR)),
-                (true, true) => {
-                    let sub = sys::open_dir_at(td.cd.fd(), dst.as_ref().expect("some").0.as_bytes())?;
-                    let raw = sys::read_dir_fd(sub.as_fd())?;
-                    if raw.iter().any(|r| {
-                        r.name != b"." && r.name != b".." && r.name != veilfs_core::names::DIRIV_NAME.as_bytes()
-                    }) {
-                        return Err(errno(libc::ENOTEMPTY));
-                    }
-                }
-                _ => {}
-            }
         }
-        let new_on = self.vault.entry_name_for(&td.cd, &dkey, skind, &sid).map_err(cerr)?;
-        sys::renameat2(fd_.cd.fd(), s_on.as_bytes(), td.cd.fd(), new_on.as_bytes(), libc::RENAME_NOREPLACE)?;
-        // The old entry of the target name goes right after; a crash in between leaves two
-        // entries for one name, and the newer one (this rename's) wins.
-        if let Some((d_on, dst_st, dkind, did)) = &dst {
-            if let Err(e) = self.vault.remove_entry(&td.cd, d_on, *dkind, did) {
-                tracing::error!("rename: could not remove the replaced entry {}: {e}", td.cd.child_path(d_on));
-            }
-            self.after_unlink(to.id, d_on, dst_st);
-        }
-        if skey.side_file.is_some() && !(from.id == to.id && skey.key == dkey.key) {
-            self.unlink_side_file(fd_, &skey);
+        let new_on = self.vault.rename_at(&fd_.cd, &src, &td.cd, &dkey, dst.as_ref()).map_err(cerr)?;
+        if let Some(d) = &dst {
+            self.after_unlink(to.id, &d.on_disk, &d.stat);
         }
         let plain = Some(Decoded { name: newname.to_vec(), d: dkey.d.clone() });
         if from.id == to.id {
