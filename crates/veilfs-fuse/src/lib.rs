@@ -14,6 +14,8 @@ mod handles;
 mod inodes;
 mod ops;
 mod rangelock;
+#[cfg(test)]
+mod tests;
 
 pub use fs::MAX_WRITE;
 pub use ops::{Activity, FsOptions, VeilFs};
