@@ -5,6 +5,8 @@
 //! or non-zero with the child's error. SIGINT, SIGTERM and SIGHUP unmount cleanly; so do
 //! `veilfs umount`, `fusermount3 -u` and `umount`.
 //!
+//! Under systemd (`NOTIFY_SOCKET` set) the process that serves the mount sends `READY=1`
+//! once the mount is live, so a `Type=notify` unit is started only when its mount works.
 //! mount(8), fstab lines and systemd mount units reach `run` through `-o` lists (see
 //! `mountopts`) and the `mount.fuse.veilfs` helper (see `helper`).
 
@@ -323,14 +325,20 @@ fn serve(
     if let Some(idle) = a.idle {
         spawn_idle_thread(idle, activity.clone(), mountpoint.to_path_buf());
     }
+    notify_ready(ready.is_some(), cipherdir, mountpoint);
     match &ready {
         Some(_) => {
-            crate::logging::to_syslog();
+            crate::logging::to_system_log();
             report(&ready, "ok");
             drop(ready);
             detach_stdio();
         }
-        None => eprintln!("veilfs: {} mounted on {} (Ctrl-C unmounts)", cipherdir.display(), mountpoint.display()),
+        None => {
+            if crate::logging::stderr_is_journal() {
+                crate::logging::to_system_log();
+            }
+            eprintln!("veilfs: {} mounted on {} (Ctrl-C unmounts)", cipherdir.display(), mountpoint.display())
+        }
     }
     tracing::info!("mounted {} on {}", cipherdir.display(), mountpoint.display());
     // Serve on fuser's background thread and wait until the filesystem is torn down (an
@@ -341,8 +349,26 @@ fn serve(
     let bg = session.spawn().map_err(|e| mount_err(format!("cannot start the FUSE session: {e}")))?;
     activity.wait_ended();
     std::mem::forget(bg);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// Tells systemd (when `NOTIFY_SOCKET` is set) that the mount is live. A daemonized mount
+/// names itself as the main process: the parent that systemd started exits next (such a
+/// unit needs `NotifyAccess=all`; the shipped units run `veilfs mount -f` instead).
+fn notify_ready(daemonized: bool, cipherdir: &Path, mountpoint: &Path) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let status = format!("{} mounted on {}", cipherdir.display(), mountpoint.display());
+    let mut states = vec![sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)];
+    if daemonized {
+        states.push(sd_notify::NotifyState::MainPid(std::process::id()));
+    }
+    if let Err(e) = sd_notify::notify(&states) {
+        tracing::warn!("cannot notify the service manager (NOTIFY_SOCKET): {e}");
+    }
 }
 
 /// Every directory the kernel knows holds an open fd: allow as many as the hard limit.
