@@ -486,6 +486,30 @@ fn daemon_logs_to_the_journal_when_there() {
     assert_eq!(field("PRIORITY"), Some("5"), "info is notice (tracing-journald's mapping): {entry:?}");
     let o = run(BIN, &["umount", s(&mnt)]);
     assert!(o.status.success(), "{}", text(&o));
+
+    // A foreground mount whose stderr is the journal's stream (JOURNAL_STREAM=DEV:INODE, as
+    // systemd sets it for a service) logs natively too.
+    use std::os::unix::fs::MetadataExt;
+    let stderr_file = std::fs::File::create(fs.path.join("stderr")).unwrap();
+    let meta = stderr_file.metadata().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["mount", "-f", "-v", s(&cipher), s(&mnt), "--passfile", s(&pass)])
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stdin(Stdio::null())
+        .stderr(stderr_file)
+        .spawn()
+        .unwrap();
+    let mut found = false;
+    while let Some(msg) = recv_bytes(&journal, 10) {
+        if journal_fields(&msg).iter().any(|(k, v)| k == "MESSAGE" && *v == want) {
+            found = true;
+            break;
+        }
+    }
+    // SAFETY: kill with a pid we own.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    assert!(found, "no journal entry from the foreground mount");
 }
 
 /// The fresh-machine test of issue 13: scripts/package-deb.sh builds the .deb (with the
