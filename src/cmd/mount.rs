@@ -40,7 +40,8 @@ pub struct Args {
     pub mountpoint: PathBuf,
     #[command(flatten)]
     pub unlock: UnlockArgs,
-    /// Stay in the foreground and log to stderr (default: daemonize, log to syslog).
+    /// Stay in the foreground and log to stderr (default: daemonize, log to the journal or
+    /// syslog).
     #[arg(short, long)]
     pub foreground: bool,
     /// Mount read-only.
