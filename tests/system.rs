@@ -129,6 +129,7 @@ fn mount_fuse3_runs_veilfs_from_path() {
     for (ty, source) in [("fuse.veilfs", s(&cipher).to_string()), ("fuse", format!("veilfs#{}", s(&cipher)))] {
         let o = run("mount", &["-t", ty, &source, s(&mnt), "-o", &opt]);
         assert!(o.status.success(), "mount -t {ty} {source}: {}", text(&o));
+        assert_eq!(server_argv0(&mnt).as_deref(), Some("veilfs"), "run by mount.fuse3");
         let e = mount_entry(&mnt).expect("mounted");
         assert_eq!((e.fstype.as_str(), e.source.as_str()), ("fuse.veilfs", s(&cipher)), "{e:?}");
         let o = run("umount", &[s(&mnt)]);
@@ -235,6 +236,18 @@ fn fstab_example_through_systemd_fstab_generator() {
     assert!(o.status.success(), "umount: {}", text(&o));
 }
 
+/// The argv[0] of the process serving `mnt` (its command line names the mount point):
+/// `/sbin/mount.fuse.veilfs` when mount(8) ran the helper, `veilfs` through mount.fuse3.
+fn server_argv0(mnt: &Path) -> Option<String> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        e.file_name().to_str()?.parse::<u32>().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        let argv0 = String::from_utf8_lossy(args.first()?).into_owned();
+        (argv0.ends_with("veilfs") && args.contains(&mnt.to_str()?.as_bytes())).then_some(argv0)
+    })
+}
+
 /// A tmpfs directory owned by `user`, for its vault.
 fn user_dir(fs: &Tmpfs, user: &TestUser) -> PathBuf {
     let dir = fs.path.join("home");
@@ -331,6 +344,7 @@ fn non_root_fstab_user_mount() {
     fstab.write(Some(&format!("{}{line}", fstab.old_text())));
     let o = user.sh(60, &format!("mount {}", s(&m)));
     assert!(o.status.success(), "mount MNT as user: {}", text(&o));
+    assert!(server_argv0(&m).is_some_and(|a| a.ends_with("mount.fuse.veilfs")), "{:?}", server_argv0(&m));
     let e = mount_entry(&m).expect("mounted");
     assert_eq!((e.fstype.as_str(), e.source.as_str()), ("fuse.veilfs", s(&c)), "{e:?}");
     assert!(e.super_opts.contains(&format!("user_id={}", user.uid)), "{e:?}");
@@ -616,9 +630,12 @@ fn debian_package_installs_works_and_removes_cleanly() {
         s(&m),
         s(&dir)
     )));
-    let o =
-        user.sh(60, &format!("mount {m} && cd {m} && echo doc > note && cat note && cd / && umount {m}", m = s(&m)));
-    assert!(o.status.success(), "mount/work/umount as user: {}", text(&o));
+    let o = user.sh(60, &format!("mount {}", s(&m)));
+    assert!(o.status.success(), "mount MNT as user: {}", text(&o));
+    // mount(8) found the packaged helper (not the mount.fuse3 fallback).
+    assert_eq!(server_argv0(&m).as_deref(), Some("/sbin/mount.fuse.veilfs"));
+    let o = user.sh(60, &format!("cd {m} && echo doc > note && cat note && cd / && umount {m}", m = s(&m)));
+    assert!(o.status.success(), "work/umount as user: {}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "doc\n");
     assert!(mount_entry(&m).is_none());
     let o = run(BIN, &["cat", &format!("{}/note", s(&c)), "--passfile", &format!("{}/pass", s(&dir))]);
