@@ -310,6 +310,24 @@ fn non_root_user_mounts_through_fusermount3() {
     let o = user.sh(30, &format!("fusermount3 -u {}", s(&m)));
     assert!(o.status.success(), "fusermount3 -u as user: {}", text(&o));
     assert!(mount_entry(&m).is_none());
+
+    // A comma and a backslash in CIPHERDIR survive fusermount3's option list.
+    let odd = dir.join("a,b\\c");
+    let o = user.sh(60, &format!("cd {} && cp -a cipher 'a,b\\c'", s(&dir)));
+    assert!(o.status.success(), "{}", text(&o));
+    let o = user.sh(60, &format!("{BIN} mount '{}' {} --passfile {}/pass", s(&odd), s(&m), s(&dir)));
+    assert!(o.status.success(), "mount of a CIPHERDIR with a comma: {}", text(&o));
+    assert_eq!(mount_entry(&m).unwrap().source, s(&odd).replace('\\', "\\134"));
+    let o = user.sh(30, &format!("{BIN} umount '{}'", s(&odd)));
+    assert!(o.status.success(), "veilfs umount CIPHERDIR as user: {}", text(&o));
+    assert!(mount_entry(&m).is_none());
+
+    // fusermount3 refuses a mount point the user may not write: the error is printed once.
+    let root_only = fs.path.join("root-only");
+    std::fs::create_dir(&root_only).unwrap();
+    let o = user.sh(60, &format!("{BIN} mount {} {} --passfile {}/pass", s(&c), s(&root_only), s(&dir)));
+    assert_eq!(code(&o), 8, "{}", text(&o));
+    assert_eq!(text(&o).matches("no write access").count(), 1, "{}", text(&o));
 }
 
 /// The fstab line with `user`: the user runs `mount MNT` (mount(8) runs the helper

@@ -312,13 +312,17 @@ fn serve(
         },
         allow_other: a.allow_other,
         threads: a.threads,
-        fsname: a.fsname.clone().unwrap_or_else(|| cipherdir.display().to_string()),
+        fsname: fsname_option(a.fsname.clone().unwrap_or_else(|| cipherdir.display().to_string())),
     };
     let session = match veilfs_fuse::mount(vault, mountpoint, &cfg, activity.clone()) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {} on {}: {e}", cipherdir.display(), mountpoint.display());
-            report(&ready, &msg);
+            if ready.is_some() {
+                // The parent prints it: once.
+                report(&ready, &msg);
+                std::process::exit(MOUNT);
+            }
             return Err(mount_err(msg));
         }
     };
@@ -353,6 +357,17 @@ fn serve(
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// The mount's source as fuser passes it on. A user's mount goes through fusermount3, which
+/// reads it from a comma-separated `-o fsname=` list and takes `\,` for a comma (as libfuse
+/// escapes it); root's mount(2) takes it as is.
+fn fsname_option(name: String) -> String {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return name;
+    }
+    name.replace('\\', "\\\\").replace(',', "\\,")
 }
 
 /// Tells systemd (when `NOTIFY_SOCKET` is set) that the mount is live. A daemonized mount
