@@ -2,6 +2,7 @@
 
 mod cmd;
 mod exit;
+mod helper;
 mod logging;
 mod mountinfo;
 mod password;
@@ -62,6 +63,20 @@ enum Command {
     Generate(cmd::generate::Args),
 }
 
+/// The command line as `veilfs mount …` when veilfs runs as a mount(8) helper (see
+/// `helper`); exits at once for `mount -f`.
+fn mount_helper_args() -> Option<Vec<std::ffi::OsString>> {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut names: Vec<&str> = cmd.get_subcommands().map(|s| s.get_name()).collect();
+    names.push("help");
+    match helper::invocation(&argv, &names) {
+        helper::Invocation::Cli => None,
+        helper::Invocation::Fake => std::process::exit(exit::OK),
+        helper::Invocation::Mount(args) => Some(args),
+    }
+}
+
 /// Lets a closed pipe end the process silently, as it ends `ls` or `cat` (Rust ignores
 /// SIGPIPE, so every write would instead fail with EPIPE and print "Broken pipe").
 fn default_sigpipe() {
@@ -71,7 +86,10 @@ fn default_sigpipe() {
 
 fn main() {
     default_sigpipe();
-    let cli = Cli::parse();
+    let cli = match mount_helper_args() {
+        None => Cli::parse(),
+        Some(args) => Cli::parse_from(args),
+    };
     if matches!(cli.command, Command::Mount(_)) {
         // The mount daemon must not die of a write to a closed pipe (its readiness report
         // to a parent that was killed): errors are handled where they happen.

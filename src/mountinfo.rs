@@ -74,6 +74,17 @@ pub fn find(mount_point: &Path) -> Option<Mount> {
     parse(&text).into_iter().rev().find(|m| m.mount_point == mount_point)
 }
 
+/// The veilfs mount whose source is `source` (an absolute CIPHERDIR); `Err` with all of
+/// them when there are several.
+pub fn find_veilfs_source(source: &Path) -> Result<Option<Mount>, Vec<Mount>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<Mount> = parse(&text).into_iter().filter(|m| m.source == source && m.is_veilfs()).collect();
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => Err(found),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

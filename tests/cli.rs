@@ -886,7 +886,14 @@ fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
     let t = tempfile::tempdir().unwrap();
     let prefix = t.path().join("usr");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh");
-    let o = Command::new("sh").arg(&script).env("PREFIX", &prefix).env("VEILFS_BIN", BIN).output().unwrap();
+    let sbin = prefix.join("sbin");
+    let o = Command::new("sh")
+        .arg(&script)
+        .env("PREFIX", &prefix)
+        .env("SBINDIR", &sbin)
+        .env("VEILFS_BIN", BIN)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", err(&o));
     for f in [
         "bin/veilfs",
@@ -898,7 +905,16 @@ fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
     ] {
         assert!(prefix.join(f).is_file(), "{f} installed");
     }
-    let o = Command::new("sh").arg(&script).arg("--uninstall").env("PREFIX", &prefix).output().unwrap();
+    // The mount(8) helper: a link to the installed binary.
+    assert_eq!(std::fs::read_link(sbin.join("mount.fuse.veilfs")).unwrap(), prefix.join("bin/veilfs"));
+    let o = Command::new("sh")
+        .arg(&script)
+        .arg("--uninstall")
+        .env("PREFIX", &prefix)
+        .env("SBINDIR", &sbin)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", err(&o));
     assert!(!prefix.join("bin/veilfs").exists() && !prefix.join("share/man/man1/veilfs.1").exists());
+    assert!(sbin.join("mount.fuse.veilfs").symlink_metadata().is_err());
 }

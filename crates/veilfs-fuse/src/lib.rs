@@ -47,7 +47,10 @@ pub fn mount(
     let fs = VeilFs::new(vault, cfg.fs.clone(), activity)?;
     let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),
-        fuser::MountOption::Subtype("veilfs".into()),
+        // Not MountOption::Subtype: fuser's own mount(2) (root) drops it and the mount shows
+        // type `fuse`; as a kernel option the kernel sets the subtype (`fuse.veilfs`), and
+        // fusermount3 (non-root) gets the same `subtype=veilfs` text either way.
+        fuser::MountOption::CUSTOM("subtype=veilfs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoAtime,
     ];
