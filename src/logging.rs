@@ -35,8 +35,9 @@ pub fn stderr_is_journal() -> bool {
     }) else {
         return false;
     };
-    // SAFETY: fstat of fd 2 into a struct we own.
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of fd 2 into a struct we own.
     (unsafe { libc::fstat(2, &mut st) } == 0) && st.st_dev == dev && st.st_ino == ino
 }
 

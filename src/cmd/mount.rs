@@ -291,8 +291,9 @@ fn serve(
     // Hardening: no core dumps and no ptrace by same-user processes of the daemon holding
     // the keys. Only as root: an undumpable process owned by a user cannot open its own
     // /proc/self/fd/* paths, which the xattr calls on files need.
-    // SAFETY: geteuid/prctl with constant arguments.
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
+        // SAFETY: prctl with constant arguments.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     }
     // The kernel already applied the caller's umask to modes it sends.
