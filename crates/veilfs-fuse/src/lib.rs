@@ -1,9 +1,31 @@
 //! veilfs-fuse: the FUSE adapter. Maps kernel requests (inodes, handles, operations) onto the
-//! core library; holds no cryptography of its own.
+//! core library's tree engine (`veilfs_core::Vault`); holds no cryptography and builds no
+//! on-disk name of its own.
 //!
 //! Modules: `ops` (what each operation does), `fs` (the fuser `Filesystem` shell), `inodes`
 //! (node ids ↔ backing objects), `dirs` (per-directory fd, IV and name index), `handles`,
 //! `rangelock` (block-range locking for parallel writers), `attr` (stat conversion).
+//!
+//! # Lock order
+//!
+//! Requests run on several worker threads. A thread that holds more than one lock takes them
+//! in this order, and never the other way round:
+//!
+//! 1. `DirState::ops` of a directory (namespace changes: create, unlink, rename, …). A
+//!    rename takes the two directories' locks in node-id order.
+//! 2. `OpenDir::entries` (a directory handle's listing snapshot).
+//! 3. `DirState::index` (read or write), then `DirState::stamp`.
+//! 4. `FileState::open` (a file's shared open `CryptFile`; held while the file is opened).
+//! 5. `FileState::size_lock` (shared for I/O inside the size, exclusive to change the size),
+//!    then the block-range locks of `FileState::ranges`.
+//! 6. `NodeTable::nodes` or `NodeTable::ids`: one at a time, never together, and no other
+//!    lock is taken while one is held (a new directory's node is built before `nodes` is
+//!    locked for the insert).
+//! 7. Leaves, held only for a copy or an insert: `Node::links`, `Node::gone`, the `Handles`
+//!    tables, the caller-credential switch of `sys::act_as` (per thread, no lock).
+//!
+//! I/O on the backing store happens under 1, 4 and 5, never under 3's write lock except the
+//! directory listing that (re)builds an index.
 
 #![warn(missing_docs)]
 
