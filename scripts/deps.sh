@@ -2,7 +2,7 @@
 # Installs the system packages veilfs needs to build, test and benchmark, when missing.
 # Usage: scripts/deps.sh [--bench]   (--bench adds the peer filesystems and tools of bench/)
 set -euo pipefail
-need=(fuse3 rsync attr python3 stress-ng util-linux man-db)
+need=(fuse3 rsync attr python3 python3-matplotlib stress-ng util-linux man-db)
 if [[ "${1:-}" == "--bench" ]]; then
   need+=(gocryptfs encfs cryfs securefs fio stress-ng linux-source-6.1 python3-matplotlib e2fsprogs fscryptctl)
 fi

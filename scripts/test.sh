@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# The benchmark harness draws its chart with matplotlib: the Debian package serves the system
+# Python; a python3 of its own (pyenv, a venv) first on PATH gets it from PyPI.
+python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install -q matplotlib
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release "$@"
