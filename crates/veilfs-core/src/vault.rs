@@ -1,10 +1,14 @@
-//! An unlocked vault: config plus keys, and the directory-level operations on its
-//! ciphertext that every front end shares (the offline CLI tools and the mount).
+//! An unlocked vault: config plus keys, and the tree engine — every on-disk step of the
+//! ciphertext tree, in one place, for every front end (the mount, the offline commands,
+//! fsck): building and parsing entry names and bindings, long-name side files, directory IV
+//! files, temporary names, duplicate resolution, creating, linking, renaming, exchanging and
+//! removing entries, and opening content and attribute handles without following links.
 //!
-//! Directory operations work on [`CipherDir`]s (an open directory fd plus the directory's
-//! IV), so nothing re-walks a path. Lookups that start from a plaintext name must list the
-//! ciphertext directory, because an entry's on-disk name ends with its identity binding,
-//! which only the entry knows; the mount keeps a per-directory index so this happens once.
+//! Operations work on [`CipherDir`]s (an open directory fd plus the directory's IV), so
+//! nothing re-walks a path. Name-based calls (`create_file`, `mkdir`, `lookup`, …) list the
+//! directory, because an entry's on-disk name ends with its identity binding, which only the
+//! entry knows; the `*_at` calls take a key the caller resolved itself (the mount keeps a
+//! per-directory index, so it lists each directory once).
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
