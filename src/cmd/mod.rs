@@ -152,12 +152,15 @@ impl KdfArgs {
     }
 }
 
-/// The same error, naming the plaintext path the user gave (`VAULT/some/path`) instead of
-/// ciphertext paths. The variant, and so the exit code, is kept.
+/// The same error, naming the plaintext path the user gave (`VAULT/some/path`); an
+/// integrity error names the damaged ciphertext file too, which is what to restore from a
+/// backup. The variant, and so the exit code, is kept.
 pub fn plain_path_error(e: Error, user_path: &Path) -> Error {
     match e {
         Error::Io { source, .. } => Error::io(user_path.display().to_string(), source),
-        Error::Auth { detail, .. } => Error::auth(user_path.display().to_string(), detail),
+        Error::Auth { what, detail } => {
+            Error::auth(format!("{} (ciphertext {what})", user_path.display()), detail)
+        }
         other => other,
     }
 }
