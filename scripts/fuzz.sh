@@ -34,7 +34,7 @@ targets=("$@")
 ((${#targets[@]})) || targets=("${ALL[@]}")
 
 # Release (-O) with debug assertions and overflow checks (-a). No sanitizer: the code under
-# test has no `unsafe` of its own, and ASan doubled the build time (fuzz/README.md).
+# test is safe Rust (fuzz/README.md says why ASan is left out).
 build_flags=(-O -a --sanitizer none)
 bin_dir=target/x86_64-unknown-linux-gnu/release
 # Inputs bigger than any real object of a target only slow the fuzzer down.
