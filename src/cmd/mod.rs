@@ -158,9 +158,7 @@ impl KdfArgs {
 pub fn plain_path_error(e: Error, user_path: &Path) -> Error {
     match e {
         Error::Io { source, .. } => Error::io(user_path.display().to_string(), source),
-        Error::Auth { what, detail } => {
-            Error::auth(format!("{} (ciphertext {what})", user_path.display()), detail)
-        }
+        Error::Auth { what, detail } => Error::auth(format!("{} (ciphertext {what})", user_path.display()), detail),
         other => other,
     }
 }

@@ -2,10 +2,6 @@
 //! core library's tree engine (`veilfs_core::Vault`); holds no cryptography and builds no
 //! on-disk name of its own.
 //!
-//! Modules: `ops` (what each operation does), `fs` (the fuser `Filesystem` shell), `inodes`
-//! (node ids ↔ backing objects), `dirs` (per-directory fd, IV and name index), `handles`,
-//! `rangelock` (block-range locking for parallel writers), `attr` (stat conversion).
-//!
 //! # Lock order
 //!
 //! Requests run on several worker threads. A thread that holds more than one lock takes them
@@ -15,9 +11,10 @@
 //!    rename takes the two directories' locks in node-id order.
 //! 2. `OpenDir::entries` (a directory handle's listing snapshot).
 //! 3. `DirState::index` (read or write), then `DirState::stamp`.
-//! 4. `FileState::open` (a file's shared open `CryptFile`; held while the file is opened).
-//! 5. `FileState::size_lock` (shared for I/O inside the size, exclusive to change the size),
-//!    then the block-range locks of `FileState::ranges`.
+//! 4. A `FileState`'s open-file lock (`acquire`, `adopt`, `release`: the file's shared open
+//!    `CryptFile`; held while the file is opened or settled).
+//! 5. A `FileState`'s size lock (`sized`: shared, for I/O inside the size; `resizing`:
+//!    exclusive, to change the size), then its block-range locks (`blocks`).
 //! 6. `NodeTable::nodes` or `NodeTable::ids`: one at a time, never together, and no other
 //!    lock is taken while one is held (a new directory's node is built before `nodes` is
 //!    locked for the insert).
@@ -26,6 +23,14 @@
 //!
 //! I/O on the backing store happens under 1, 4 and 5, never under 3's write lock except the
 //! directory listing that (re)builds an index.
+//!
+//! # Modules
+//!
+//! `ops` holds what each request does, one file per op family (`ops/lookup.rs`,
+//! `ops/data.rs`, `ops/readdir.rs`, `ops/entries.rs`, `ops/rename.rs`, `ops/attrs.rs`,
+//! `ops/xattrs.rs`); `fs` is the fuser `Filesystem` shell; `inodes` the node table and each
+//! file's shared state; `dirs` each directory's fd, IV and name index; `handles`; `rangelock`;
+//! `attr` (stat conversion); `tests` drives `ops` on a temporary vault without /dev/fuse.
 
 #![warn(missing_docs)]
 
