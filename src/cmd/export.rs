@@ -162,19 +162,13 @@ impl Exporter<'_> {
 
     fn export_file(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
         let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
-        let size = f.plain_size()?;
         let mut w = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut off = 0u64;
-        while off < size {
-            let n = f.read_at(&mut buf, off, size)?;
-            if n == 0 {
-                break;
-            }
-            std::io::Write::write_all(&mut w, &buf[..n])?;
-            off += n as u64;
-            self.pb.inc(n as u64);
-        }
+        let pb = &self.pb;
+        let off = f.stream(|piece| -> Result<()> {
+            std::io::Write::write_all(&mut w, piece)?;
+            pb.inc(piece.len() as u64);
+            Ok(())
+        })?;
         self.files += 1;
         self.bytes += off;
         Ok(())

@@ -89,27 +89,9 @@ impl Mounted {
             return None;
         }
         let tmpfs = Tmpfs::new(size);
-        let base = tmpfs.path.clone();
-        let (cipher, mnt, plain) = (base.join("cipher"), base.join("mnt"), base.join("plain"));
-        std::fs::create_dir_all(&mnt).unwrap();
+        let (cipher, mnt, passfile) = new_vault(&tmpfs.path);
+        let plain = tmpfs.path.join("plain");
         std::fs::create_dir_all(&plain).unwrap();
-        let passfile = base.join("pass");
-        std::fs::write(&passfile, format!("{PASSWORD}\n")).unwrap();
-        let o = run(
-            BIN,
-            &[
-                "init",
-                cipher.to_str().unwrap(),
-                "--passfile",
-                passfile.to_str().unwrap(),
-                "--kdf-memory",
-                "8",
-                "--kdf-iterations",
-                "1",
-                "--no-recovery-key",
-            ],
-        );
-        assert!(o.status.success(), "init: {}", text(&o));
         let mut m = Mounted {
             cipher,
             mnt,

@@ -385,17 +385,7 @@ impl<'a> Checker<'a> {
             return Ok(());
         }
         self.report.files += 1;
-        let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
-        let size = f.plain_size()?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut off = 0;
-        while off < size {
-            let n = f.read_at(&mut buf, off, size)?;
-            if n == 0 {
-                break;
-            }
-            off += n as u64;
-        }
+        let off = self.vault.open_file(dir, e, libc::O_RDONLY)?.stream(|_| Ok::<(), Error>(()))?;
         self.report.bytes += off;
         (self.progress)(off);
         self.inodes.insert(key, e.identity);
