@@ -530,7 +530,9 @@ impl CryptFile {
         let old = (n, old);
         sys::pwrite_all(self.fd(), &ct, l.block_offset(n))
             .ctx(|| format!("writing {}", self.what))
-            .and_then(|()| sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what)))
+            .and_then(|()| {
+                sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))
+            })
             .inspect_err(|_| self.undo(None, Some(&old)))?;
         self.fill_pending(n, u64::MAX);
         Ok(())
