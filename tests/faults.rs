@@ -256,9 +256,13 @@ fn o_append_writes_fill_the_disk_no_writeback() {
 /// `echo hello > file` on a mount whose backing store is full to the last page.
 fn echo_on_full_mount(extra: &[&str]) {
     let Some(mut m) = Mounted::new("64m", extra) else { return };
-    let old = pattern(5000, 4);
+    // 8,098 bytes: its ciphertext (8,190 bytes) ends 2 bytes short of a page, so appending
+    // to it needs a new page of the full tmpfs in the middle of its last block.
+    let old = pattern(8098, 4);
     std::fs::write(m.m("old"), &old).unwrap();
     fill_backing(&m, 0);
+    let t = writer(&m.m("old"), libc::O_APPEND, b"hello\n", 6, 0);
+    assert_enospc("echo >> file", &t);
     // What the shell does, checking close too (sh itself ignores close errors: with the
     // write-back cache the ENOSPC only comes at close, so `echo` cannot report it).
     let t = writer(&m.m("echo"), libc::O_TRUNC, b"hello\n", 6, 0);
