@@ -128,6 +128,7 @@ fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)
     for &(rel, data, min, exact) in files {
         let got = std::fs::read(m.m(rel)).unwrap_or_else(|e| panic!("{rel}: reading it whole after remount: {e}"));
         let len = got.len() as u64;
+        eprintln!("{rel}: {len} bytes after remount");
         if let Some(x) = exact {
             assert_eq!(len, x, "{rel}: size after remount (the writer was told {x} bytes were stored)");
         }
@@ -383,4 +384,43 @@ fn fallocate_all_free_space_statfs_reports_writeback() {
 #[test]
 fn fallocate_all_free_space_statfs_reports_no_writeback() {
     fallocate_all_free_space(NO_WB);
+}
+
+// ---- import -----------------------------------------------------------------------------
+
+/// `veilfs import` onto a full disk: told ENOSPC, the file that did not fit is not left
+/// under its name (cut off, it would look complete and a re-run would skip it), no
+/// temporary file is left behind, and the files before and after it are whole.
+#[test]
+fn import_onto_a_full_disk() {
+    let Some(mut m) = Mounted::new("64m", WB) else { return };
+    m.umount();
+    let src = Tmpfs::new("160m");
+    let tree = src.path.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let (small, big) = (pattern(10_000, 7), pattern(100 * MIB, 8));
+    std::fs::write(tree.join("a-small"), &small).unwrap();
+    std::fs::write(tree.join("big"), &big).unwrap();
+    std::fs::write(tree.join("c-after"), &small).unwrap();
+    let o = run(
+        BIN,
+        &[
+            "import",
+            tree.to_str().unwrap(),
+            m.cipher.to_str().unwrap(),
+            "--passfile",
+            m.passfile.to_str().unwrap(),
+            "-q",
+        ],
+    );
+    let out = text(&o);
+    assert!(!o.status.success(), "import of 100 MB onto 64 MiB succeeded: {out}");
+    assert!(out.contains("No space left on device"), "import must report ENOSPC: {out}");
+    m.mount();
+    let names: Vec<String> =
+        std::fs::read_dir(m.m("tree")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+    assert!(!names.iter().any(|n| n == "big"), "a cut-off copy is left under the final name: {names:?}");
+    assert!(!names.iter().any(|n| n.starts_with(".veilfs-import")), "temporary file left: {names:?}");
+    let n = small.len() as u64;
+    check_after_remount(&mut m, &[("tree/a-small", &small, n, Some(n)), ("tree/c-after", &small, n, Some(n))]);
 }
