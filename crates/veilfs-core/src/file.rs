@@ -364,7 +364,11 @@ impl CryptFile {
     /// - a write that grows the file keeps the old last block's ciphertext, and if any part of
     ///   the grow fails (the old last block re-sealed as an inner block, a new block cut off by
     ///   ENOSPC after a short `pwrite`), the file is cut back to its old length and that block
-    ///   written back ([`undo`](Self::undo)). The success path costs no extra system call.
+    ///   written back ([`undo`](Self::undo)).
+    ///
+    /// On the success path this costs no extra system call in a file without holes (the old
+    /// last block is read anyway to re-seal it), except one read of it when the write replaces
+    /// it whole; in a file with holes, one `fallocate` per write.
     pub fn write_at(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
         if data.is_empty() {
             return Ok(size);
