@@ -257,7 +257,7 @@ pub fn daemon_pid(mnt: &Path) -> Option<u32> {
         let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
         (args.first().is_some_and(|a| a.ends_with(b"veilfs"))
             && args.iter().any(|a| *a == b"mount")
-            && args.iter().any(|a| *a == want.as_bytes()))
+            && args.contains(&want.as_bytes()))
         .then_some(pid)
     })
 }
