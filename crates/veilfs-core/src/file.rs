@@ -322,17 +322,48 @@ impl CryptFile {
         Ok(ct)
     }
 
+    /// Whether the file may have holes (SPARSE, or holes not yet declared).
+    fn may_have_holes(&self) -> bool {
+        self.header_state() == HDR_SPARSE || self.has_pending.load(Ordering::Acquire)
+    }
+
     /// Allocates backing space for ciphertext `[off, off + len)` ahead of a write into blocks
-    /// that may be holes (SPARSE or undeclared), so a full disk fails here, before a byte is
-    /// written, instead of in the middle of a block: a hole half overwritten is neither zeros
-    /// nor a valid block. Backing filesystems without `fallocate` are written to as before.
+    /// that may be holes, so a full disk fails here, before a byte is written, instead of in
+    /// the middle of a block: a hole half overwritten is neither zeros nor a valid block.
+    /// Backing filesystems without `fallocate` are written to as before. (For truncate; the
+    /// hot write path repairs afterwards instead, see [`zero_torn_hole`](Self::zero_torn_hole).)
     fn reserve_holes(&self, off: u64, len: u64) -> Result<()> {
-        if len == 0 || (self.header_state() != HDR_SPARSE && !self.has_pending.load(Ordering::Acquire)) {
+        if len == 0 || !self.may_have_holes() {
             return Ok(());
         }
         match sys::fallocate(self.fd(), libc::FALLOC_FL_KEEP_SIZE, off, len) {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)) => Ok(()),
             r => r.ctx(|| format!("writing {}", self.what)),
+        }
+    }
+
+    /// After a write into ciphertext `[from, to)` was refused part-way for want of space, puts
+    /// back the hole it stopped in. The write went out in order, so the first hole at or after
+    /// `from` is where it stopped; the block around that point was a hole (a written block is
+    /// allocated whole), so the part of it before that point goes back to zeros, which lie in
+    /// space just allocated. Blocks before it hold their new content, blocks after it are
+    /// untouched. Nothing is done when no hole is found there (a copy-on-write filesystem
+    /// refusing to overwrite data): data is never turned into zeros.
+    fn zero_torn_hole(&self, from: u64, to: u64) {
+        let l = self.ctx.layout;
+        let Ok(x) = sys::lseek(self.fd(), from as i64, libc::SEEK_HOLE).map(|x| x as u64) else { return };
+        if x >= to || x < l.header() {
+            return;
+        }
+        let start = l.block_offset((x - l.header()) / l.cipher_block());
+        if start < x {
+            let zeros = vec![0u8; (x - start) as usize];
+            if let Err(e) = sys::pwrite_all(self.fd(), &zeros, start) {
+                tracing::error!(
+                    "{}: could not undo a failed write into a hole, the file may be damaged: {e}",
+                    self.what
+                );
+            }
         }
     }
 
@@ -358,17 +389,15 @@ impl CryptFile {
     /// A write the backing store refuses (a full disk, a quota) leaves the file as it was:
     /// every block still authenticates and the size is the old one (blocks the write replaces
     /// inside the old size may already hold their new content). Two steps make that so:
-    /// - blocks that may be holes are allocated before anything is written
-    ///   ([`reserve_holes`](Self::reserve_holes)), so a full disk cannot stop the write in the
-    ///   middle of one;
+    /// - a hole inside the old size that a full disk refused part-way is zeroed again
+    ///   ([`zero_torn_hole`](Self::zero_torn_hole));
     /// - a write that grows the file keeps the old last block's ciphertext, and if any part of
     ///   the grow fails (the old last block re-sealed as an inner block, a new block cut off by
     ///   ENOSPC after a short `pwrite`), the file is cut back to its old length and that block
     ///   written back ([`undo`](Self::undo)).
     ///
-    /// On the success path this costs no extra system call in a file without holes (the old
-    /// last block is read anyway to re-seal it), except one read of it when the write replaces
-    /// it whole; in a file with holes, one `fallocate` per write.
+    /// On the success path this costs no extra system call (the old last block is read anyway
+    /// to re-seal it), except one read of it when a growing write replaces it whole.
     pub fn write_at(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
         if data.is_empty() {
             return Ok(size);
@@ -377,10 +406,16 @@ impl CryptFile {
         let end = off + data.len() as u64;
         let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
         let csize = l.cipher_size(size);
-        let in_file = csize.min(l.block_offset(last + 1)).saturating_sub(l.block_offset(first));
-        self.reserve_holes(l.block_offset(first), in_file)?;
+        // Holes inside the old size that a full disk refused part-way are zeroed again.
+        let holes = self.may_have_holes();
+        let repair = |e: &Error| {
+            let full = matches!(e, Error::Io { source, .. } if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)));
+            if holes && full {
+                self.zero_torn_hole(l.block_offset(first), csize.min(l.block_offset(last + 1)));
+            }
+        };
         if end <= size {
-            return self.write_blocks(data, off, size, None);
+            return self.write_blocks(data, off, size, None).inspect_err(repair);
         }
         // In a grow the old last block is always touched: re-sealed as an inner block, or
         // rewritten longer.
@@ -388,7 +423,10 @@ impl CryptFile {
             0 => None,
             _ => Some(((size - 1) / l.block_size, self.read_block_ct((size - 1) / l.block_size, size)?)),
         };
-        self.write_blocks(data, off, size, old.as_ref()).inspect_err(|_| self.undo(Some(csize), old.as_ref()))
+        self.write_blocks(data, off, size, old.as_ref()).inspect_err(|e| {
+            repair(e);
+            self.undo(Some(csize), old.as_ref())
+        })
     }
 
     /// [`write_at`](Self::write_at) without the undo; `old` is the old last block and its
