@@ -126,7 +126,13 @@ fn writer(p: &Path, flags: i32, data: &[u8], chunk: usize, sync_every: usize) ->
 fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)]) {
     m.remount();
     for &(rel, data, min, exact) in files {
-        let got = std::fs::read(m.m(rel)).unwrap_or_else(|e| panic!("{rel}: reading it whole after remount: {e}"));
+        let got = std::fs::read(m.m(rel)).unwrap_or_else(|e| {
+            m.umount();
+            let at = format!("{}/{rel}", m.cipher.display());
+            let o = run(BIN, &["cat", &at, "--passfile", m.passfile.to_str().unwrap()]);
+            let why = String::from_utf8_lossy(&o.stderr);
+            panic!("{rel}: reading it whole after remount: {e}; veilfs cat: {why}")
+        });
         let len = got.len() as u64;
         eprintln!("{rel}: {len} bytes after remount");
         if let Some(x) = exact {
