@@ -33,6 +33,8 @@ struct Importer<'a> {
     bytes: u64,
     pb: indicatif::ProgressBar,
     is_root: bool,
+    /// Temporary names handed out (see [`Importer::copy_file`]).
+    seq: u64,
 }
 
 /// Total bytes of regular files under `p` (for the progress bar).
@@ -81,6 +83,43 @@ fn user_xattrs(src: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
 }
 
 impl Importer<'_> {
+    /// Encrypts the regular file `src` as `name` in `dir`. The content is written under a
+    /// temporary name, renamed to `name` only once complete: a full disk or an interrupted
+    /// import never leaves a cut-off file under the final name, where it would look complete
+    /// (and a re-run would skip it). After an error the temporary file is removed.
+    fn copy_file(&mut self, src: &Path, dir: &CipherDir, name: &[u8]) -> Result<Entry> {
+        let mut input = std::fs::File::open(src)?;
+        self.seq += 1;
+        let tmp = format!(".veilfs-import-{}-{}", std::process::id(), self.seq);
+        let (entry, file) = self.vault.create_file(dir, tmp.as_bytes(), 0o600)?;
+        let mut copy = || -> Result<u64> {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut size = 0u64;
+            loop {
+                let n = std::io::Read::read(&mut input, &mut buf)?;
+                if n == 0 {
+                    return Ok(size);
+                }
+                size = file.write_at(&buf[..n], size, size)?;
+                self.pb.inc(n as u64);
+            }
+        };
+        let done = copy().and_then(|size| Ok((size, self.vault.rename(dir, &entry, dir, name, None)?)));
+        match done {
+            Ok((size, entry)) => {
+                self.files += 1;
+                self.bytes += size;
+                Ok(entry)
+            }
+            Err(e) => {
+                if let Err(r) = self.vault.remove(dir, &entry) {
+                    self.pb.suspend(|| eprintln!("veilfs: import: could not remove the partial copy {tmp}: {r}"));
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Copies the `user.*` attributes of `src` onto `entry` (encrypted like the mount does).
     fn copy_xattrs(&self, src: &Path, dir: &CipherDir, entry: &Entry) -> Result<()> {
         for (name, value) in user_xattrs(src).with_context(|| format!("reading the attributes of {}", src.display()))? {
@@ -129,21 +168,7 @@ impl Importer<'_> {
         } else if existing.is_some() {
             anyhow::bail!("already exists in the vault; skipped (nothing is overwritten)");
         } else if ft.is_file() {
-            let (entry, file) = self.vault.create_file(dir, name, 0o600)?;
-            let mut input = std::fs::File::open(src)?;
-            let mut buf = vec![0u8; 1 << 20];
-            let mut size = 0u64;
-            loop {
-                let n = std::io::Read::read(&mut input, &mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                size = file.write_at(&buf[..n], size, size)?;
-                self.pb.inc(n as u64);
-            }
-            self.files += 1;
-            self.bytes += size;
-            entry
+            self.copy_file(src, dir, name)?
         } else if ft.is_symlink() {
             let target = std::fs::read_link(src)?;
             self.vault.symlink(dir, name, target.as_os_str().as_bytes())?
@@ -184,7 +209,7 @@ pub fn run(a: Args) -> Result<i32> {
     let pb = super::progress(total_bytes(&a.src), "importing");
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
-    let mut imp = Importer { vault: &vault, links: HashMap::new(), errors: 0, files: 0, bytes: 0, pb, is_root };
+    let mut imp = Importer { vault: &vault, links: HashMap::new(), errors: 0, files: 0, bytes: 0, pb, is_root, seq: 0 };
     match dest_name {
         Some(name) => imp.import(&a.src, &dest_dir, &name),
         None => {

@@ -325,24 +325,141 @@ impl CryptFile {
     /// to `out.len()` by the caller's choice); returns its plaintext length.
     fn read_block(&self, n: u64, size: u64, out: &mut [u8]) -> Result<usize> {
         let l = self.ctx.layout;
-        let blen = l.block_len(n, size);
-        if blen == 0 {
+        if l.block_len(n, size) == 0 {
             return Ok(0);
         }
-        let mut ct = vec![0u8; (blen + l.overhead) as usize];
+        let ct = self.read_block_ct(n, size)?;
+        self.open_block(n, n == (size - 1) / l.block_size, &ct, out)
+    }
+
+    /// The on-disk ciphertext of block `n` (which must exist) of a file of `size` bytes.
+    fn read_block_ct(&self, n: u64, size: u64) -> Result<Vec<u8>> {
+        let l = self.ctx.layout;
+        let mut ct = vec![0u8; (l.block_len(n, size) + l.overhead) as usize];
         let got = sys::pread_full(self.fd(), &mut ct, l.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
         if got < ct.len() {
             return Err(Error::auth(&self.what, format!("block {n} is truncated")));
         }
-        self.open_block(n, n == (size - 1) / l.block_size, &ct, out)
+        Ok(ct)
+    }
+
+    /// Whether the file may have holes (SPARSE, or holes not yet declared).
+    fn may_have_holes(&self) -> bool {
+        self.header_state() == HDR_SPARSE || self.has_pending.load(Ordering::Acquire)
+    }
+
+    /// Allocates backing space for ciphertext `[off, off + len)` ahead of a write into blocks
+    /// that may be holes, so a full disk fails here, before a byte is written, instead of in
+    /// the middle of a block: a hole half overwritten is neither zeros nor a valid block.
+    /// Backing filesystems without `fallocate` are written to as before. (For truncate; the
+    /// hot write path repairs afterwards instead, see [`zero_torn_hole`](Self::zero_torn_hole).)
+    fn reserve_holes(&self, off: u64, len: u64) -> Result<()> {
+        if len == 0 || !self.may_have_holes() {
+            return Ok(());
+        }
+        match sys::fallocate(self.fd(), libc::FALLOC_FL_KEEP_SIZE, off, len) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)) => Ok(()),
+            r => r.ctx(|| format!("writing {}", self.what)),
+        }
+    }
+
+    /// After a write into ciphertext `[from, to)` was refused part-way for want of space, puts
+    /// back the hole it stopped in. The write went out in order, so the first hole at or after
+    /// `from` is where it stopped; the block around that point was a hole (a written block is
+    /// allocated whole), so the part of it before that point goes back to zeros, which lie in
+    /// space just allocated. Blocks before it hold their new content, blocks after it are
+    /// untouched. Nothing is done when no hole is found there (a copy-on-write filesystem
+    /// refusing to overwrite data): data is never turned into zeros.
+    fn zero_torn_hole(&self, from: u64, to: u64) {
+        let l = self.ctx.layout;
+        let Ok(x) = sys::lseek(self.fd(), from as i64, libc::SEEK_HOLE).map(|x| x as u64) else { return };
+        if x >= to || x < l.header() {
+            return;
+        }
+        let start = l.block_offset((x - l.header()) / l.cipher_block());
+        if start < x {
+            let zeros = vec![0u8; (x - start) as usize];
+            if let Err(e) = sys::pwrite_all(self.fd(), &zeros, start) {
+                tracing::error!(
+                    "{}: could not undo a failed write into a hole, the file may be damaged: {e}",
+                    self.what
+                );
+            }
+        }
+    }
+
+    /// Puts a file back as it was before a failed grow or truncate: cut to `csize` ciphertext
+    /// bytes, and block `old.0` (its old last block, whose old ciphertext is `old.1`) written
+    /// back in place. Cutting first frees the space; the old block then lies in space it held
+    /// before, so restoring it does not allocate. Best effort: a failure is logged.
+    fn undo(&self, csize: Option<u64>, old: Option<&(u64, Vec<u8>)>) {
+        let l = self.ctx.layout;
+        let res = csize.map_or(Ok(()), |c| sys::ftruncate(self.fd(), c)).and_then(|()| match old {
+            Some((n, ct)) => sys::pwrite_all(self.fd(), ct, l.block_offset(*n)),
+            None => Ok(()),
+        });
+        match res {
+            Ok(()) if csize == Some(0) => self.header.store(HDR_ABSENT, Ordering::Release),
+            Ok(()) => {}
+            Err(e) => tracing::error!("{}: could not undo a failed write, the file may be damaged: {e}", self.what),
+        }
     }
 
     /// Writes `data` at `off` into a file of `size` plaintext bytes; returns the new size.
+    ///
+    /// A write the backing store refuses (a full disk, a quota) leaves the file as it was:
+    /// every block still authenticates and the size is the old one (blocks the write replaces
+    /// inside the old size may already hold their new content). Two steps make that so:
+    /// - a hole inside the old size that a full disk refused part-way is zeroed again
+    ///   ([`zero_torn_hole`](Self::zero_torn_hole));
+    /// - a write that grows the file keeps the old last block's ciphertext, and if any part of
+    ///   the grow fails (the old last block re-sealed as an inner block, a new block cut off by
+    ///   ENOSPC after a short `pwrite`), the file is cut back to its old length and that block
+    ///   written back ([`undo`](Self::undo)).
+    ///
+    /// On the success path this costs no extra system call (the old last block is read anyway
+    /// to re-seal it), except one read of it when a growing write replaces it whole.
     pub fn write_at(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
         if data.is_empty() {
             return Ok(size);
         }
         let l = self.ctx.layout;
+        let end = off + data.len() as u64;
+        let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
+        let csize = l.cipher_size(size);
+        // Holes inside the old size that a full disk refused part-way are zeroed again.
+        let holes = self.may_have_holes();
+        let repair = |e: &Error| {
+            let full = matches!(e, Error::Io { source, .. } if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)));
+            if holes && full {
+                self.zero_torn_hole(l.block_offset(first), csize.min(l.block_offset(last + 1)));
+            }
+        };
+        if end <= size {
+            return self.write_blocks(data, off, size, None).inspect_err(repair);
+        }
+        // In a grow the old last block is always touched: re-sealed as an inner block, or
+        // rewritten longer.
+        let old = match size {
+            0 => None,
+            _ => Some(((size - 1) / l.block_size, self.read_block_ct((size - 1) / l.block_size, size)?)),
+        };
+        self.write_blocks(data, off, size, old.as_ref()).inspect_err(|e| {
+            repair(e);
+            self.undo(Some(csize), old.as_ref())
+        })
+    }
+
+    /// [`write_at`](Self::write_at) without the undo; `old` is the old last block and its
+    /// ciphertext when the write grows the file.
+    fn write_blocks(&self, data: &[u8], off: u64, size: u64, old: Option<&(u64, Vec<u8>)>) -> Result<u64> {
+        let l = self.ctx.layout;
+        // Block `n` of the old file, decrypted from the copy kept for undo when it is the old
+        // last block (one read less).
+        let read_old = |n: u64, out: &mut [u8]| match old {
+            Some((o, ct)) if *o == n => self.open_block(n, true, ct, out),
+            _ => self.read_block(n, size, out),
+        };
         let bs = l.block_size;
         let new_size = size.max(off + data.len() as u64);
         let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
@@ -359,9 +476,7 @@ impl CryptFile {
             HDR_PLAIN if leaves_holes && !self.deferring() => self.write_header(true)?,
             _ => {}
         }
-        if leaves_holes && self.deferring() && self.header_state() != HDR_SPARSE {
-            self.add_pending(old_blocks, first);
-        }
+        let new_holes = leaves_holes && self.deferring() && self.header_state() != HDR_SPARSE;
         // The old last block loses its "last" flag (and is zero-extended: inner blocks are
         // full) when the write starts beyond it. Next to the write it goes out in the same
         // system call; beyond a hole, on its own.
@@ -374,7 +489,7 @@ impl CryptFile {
             let old_last = (size - 1) / bs;
             if old_last < first {
                 let mut blk = vec![0u8; bs as usize];
-                self.read_block(old_last, size, &mut blk)?;
+                read_old(old_last, &mut blk)?;
                 let mut old = vec![0u8; (bs + l.overhead) as usize];
                 self.codec.seal_into(old_last, false, &blk, &mut old);
                 if old_last + 1 == first {
@@ -416,7 +531,7 @@ impl CryptFile {
                 let covers_old = wfrom == bstart && (wto - bstart) >= l.block_len(n, size);
                 let pb = &mut plain[..blen];
                 if !covers_old && bstart < size {
-                    let got = self.read_block(n, size, pb)?;
+                    let got = read_old(n, pb)?;
                     pb[got..].fill(0);
                 } else {
                     pb.fill(0);
@@ -437,6 +552,9 @@ impl CryptFile {
             self.header.store(HDR_PLAIN, Ordering::Release);
         }
         self.fill_pending(first, last + 1);
+        if new_holes {
+            self.add_pending(old_blocks, first);
+        }
         Ok(new_size)
     }
 
@@ -461,15 +579,24 @@ impl CryptFile {
             self.write_at(&zeros, from, size)?;
             return Ok(());
         }
-        // Shrinking: re-seal the new last block (shorter, and flagged last), then cut.
+        // Shrinking: re-seal the new last block (shorter, and flagged last), then cut. If
+        // either step fails, the block's old ciphertext goes back (a hole is allocated first,
+        // so a full disk fails before the block is half written).
         let n = (new_size - 1) / l.block_size;
+        let old = self.read_block_ct(n, size)?;
         let mut blk = vec![0u8; l.block_size as usize];
-        self.read_block(n, size, &mut blk)?;
+        self.open_block(n, n == (size - 1) / l.block_size, &old, &mut blk)?;
         let blen = l.block_len(n, new_size) as usize;
         let mut ct = vec![0u8; blen + l.overhead as usize];
         self.codec.seal_into(n, true, &blk[..blen], &mut ct);
-        sys::pwrite_all(self.fd(), &ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
-        sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))?;
+        self.reserve_holes(l.block_offset(n), ct.len() as u64)?;
+        let old = (n, old);
+        sys::pwrite_all(self.fd(), &ct, l.block_offset(n))
+            .ctx(|| format!("writing {}", self.what))
+            .and_then(|()| {
+                sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))
+            })
+            .inspect_err(|_| self.undo(None, Some(&old)))?;
         self.fill_pending(n, u64::MAX);
         Ok(())
     }

@@ -83,6 +83,15 @@ impl Layout {
         full_blocks * self.block_size + last.saturating_sub(self.overhead)
     }
 
+    /// The most plaintext one file can hold in `cipher_bytes` bytes of ciphertext: the largest
+    /// `p` with `cipher_size(p) <= cipher_bytes` (one header, and each block's overhead). For
+    /// `statfs`, which reports the backing store's free space in plaintext bytes.
+    pub fn plain_capacity(&self, cipher_bytes: u64) -> u64 {
+        let Some(body) = cipher_bytes.checked_sub(self.header()) else { return 0 };
+        let full = body / self.cipher_block();
+        full * self.block_size + (body % self.cipher_block()).saturating_sub(self.overhead)
+    }
+
     /// Ciphertext offset of plaintext block `n`.
     pub const fn block_offset(&self, n: u64) -> u64 {
         HEADER_LEN as u64 + n * (self.block_size + self.overhead)
@@ -162,6 +171,14 @@ mod tests {
                 prop_assert_eq!(L.cipher_size(p), c);
             }
             prop_assert!(L.plain_size_lenient(c) <= L.plain_size(c).unwrap_or(u64::MAX));
+        }
+
+        #[test]
+        fn plain_capacity_is_the_largest_file_that_fits(c in 0u64..(1 << 40), bs_log in 9u32..17, nonce in prop::sample::select(vec![12u64, 24])) {
+            let l = Layout::new(1 << bs_log, nonce + 16);
+            let p = l.plain_capacity(c);
+            prop_assert!(l.cipher_size(p) <= c);
+            prop_assert!(l.cipher_size(p + 1) > c);
         }
 
         #[test]

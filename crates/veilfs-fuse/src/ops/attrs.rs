@@ -88,8 +88,18 @@ impl VeilFs {
     }
 
     /// STATFS.
+    ///
+    /// Block counts are in plaintext: what one new file could hold in the backing store's
+    /// space, net of its header and every block's overhead (docs/FORMAT.md §5.3), so that a
+    /// `fallocate` of all the free space reported fits. Each further file costs another header
+    /// and a partial block's overhead, and the backing filesystem rounds every file up to its
+    /// own allocation unit; neither is predictable, so many small files fit less.
     pub(crate) fn do_statfs(&self) -> io::Result<libc::statvfs> {
         let root = self.nodes.get(ROOT)?;
-        sys::fstatvfs(root.dir()?.cd.fd())
+        let mut s = sys::fstatvfs(root.dir()?.cd.fd())?;
+        let unit = (s.f_frsize as u64).max(1);
+        let plain = |blocks: u64| self.layout.plain_capacity(blocks.saturating_mul(unit)) / unit;
+        (s.f_blocks, s.f_bfree, s.f_bavail) = (plain(s.f_blocks), plain(s.f_bfree), plain(s.f_bavail));
+        Ok(s)
     }
 }
