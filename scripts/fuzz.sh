@@ -76,7 +76,7 @@ if [[ "$mode" == "--quick" ]]; then
     # The first directory takes new inputs; the committed seeds are only read.
     if nice -n 19 "$bin_dir/$t" "$work/$t" "corpus/$t" "${common[@]}" -max_total_time="$secs" \
       -max_len="$(max_len "$t")" -artifact_prefix="artifacts/$t/" >"$work/$t.log" 2>&1; then
-      execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$work/$t.log" | grep -o '[0-9]*$' || echo '?')
+      execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | grep -o '[0-9]*$' || echo '?')
       echo "fuzz: $t ok (${secs} s, $execs executions)" >&2
     else
       echo "fuzz: $t FAILED:" >&2
@@ -107,8 +107,8 @@ else
       set -e
       read -r u s <"target/long-$t.time"
       cpu_s=$((cpu_s + $(awk -v u="$u" -v s="$s" 'BEGIN { printf "%d", u + s + 0.5 }')))
-      e=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
-      r=$(grep -o 'stat::peak_rss_mb: [0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+      e=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+      r=$(grep -o 'stat::peak_rss_mb: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
       execs=$((execs + e))
       if ((r > rss)); then rss=$r; fi
     done
