@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system packages veilfs needs to build, test and benchmark, when missing.
 # Usage: scripts/deps.sh [--bench]   (--bench adds the peer filesystems and tools of bench/)
+# Also the fuzzing tools of scripts/fuzz.sh: a nightly toolchain and cargo-fuzz.
 set -euo pipefail
-need=(fuse3 rsync attr python3 stress-ng util-linux)
+need=(fuse3 rsync attr python3 python3-matplotlib stress-ng util-linux man-db)
 if [[ "${1:-}" == "--bench" ]]; then
   need+=(gocryptfs encfs cryfs securefs fio stress-ng linux-source-6.1 python3-matplotlib e2fsprogs fscryptctl)
 fi
@@ -22,4 +23,13 @@ if ((${#missing[@]})); then
 fi
 if [[ ! -e /dev/fuse ]]; then
   modprobe fuse 2>/dev/null || true
+fi
+# The fuzz targets (scripts/fuzz.sh, run by scripts/test.sh) need nightly and cargo-fuzz.
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  echo "veilfs: installing the nightly Rust toolchain (for cargo fuzz)" >&2
+  rustup toolchain install nightly --profile minimal >/dev/null
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "veilfs: installing cargo-fuzz" >&2
+  nice -n 19 cargo install cargo-fuzz --locked --quiet
 fi

@@ -1,10 +1,14 @@
 #!/bin/sh
-# Installs veilfs, its man pages and its shell completions under PREFIX (default /usr/local).
+# Installs veilfs, its man pages and its shell completions under PREFIX (default /usr/local),
+# and the mount(8) helper SBINDIR/mount.fuse.veilfs (a symlink to the binary).
 #   scripts/install.sh                     install target/release/veilfs (built if missing)
 #   PREFIX=$HOME/.local scripts/install.sh
 #   DESTDIR=/tmp/pkg scripts/install.sh    stage into a package root
 #   scripts/install.sh --uninstall         remove what an install put there
 # VEILFS_BIN=path/to/veilfs installs that binary instead of target/release/veilfs.
+# SBINDIR: where the helper goes (mount(8) looks in /sbin). Default: /usr/sbin with DESTDIR
+# (a package), /sbin for a system-wide install by root (PREFIX /usr or /usr/local), none
+# otherwise (mount.fuse3 then runs veilfs from PATH). SBINDIR= (empty): no helper.
 set -eu
 
 PREFIX=${PREFIX:-/usr/local}
@@ -15,10 +19,21 @@ mandir="$root/share/man/man1"
 bashdir="$root/share/bash-completion/completions"
 zshdir="$root/share/zsh/site-functions"
 fishdir="$root/share/fish/vendor_completions.d"
+if [ -z "${SBINDIR+set}" ]; then
+    if [ -n "$DESTDIR" ]; then SBINDIR=/usr/sbin
+    elif [ "$(id -u)" = 0 ] && { [ "$PREFIX" = /usr ] || [ "$PREFIX" = /usr/local ]; }; then SBINDIR=/sbin
+    else SBINDIR=
+    fi
+fi
+helper=${SBINDIR:+$DESTDIR$SBINDIR/mount.fuse.veilfs}
 
 if [ "${1:-}" = "--uninstall" ]; then
     rm -f "$bindir/veilfs" "$mandir"/veilfs.1 "$mandir"/veilfs-*.1 \
         "$bashdir/veilfs" "$zshdir/_veilfs" "$fishdir/veilfs.fish"
+    # The helper only if it is ours (a link to a veilfs binary).
+    if [ -n "$helper" ] && [ -L "$helper" ] && [ "$(basename "$(readlink "$helper")")" = veilfs ]; then
+        rm -f "$helper"
+    fi
     echo "veilfs: removed from $root"
     exit 0
 fi
@@ -32,6 +47,11 @@ fi
 
 install -d "$bindir" "$mandir" "$bashdir" "$zshdir" "$fishdir"
 install -m 0755 "$bin" "$bindir/veilfs"
+if [ -n "$helper" ]; then
+    # mount -t fuse.veilfs and fstab lines run /sbin/mount.fuse.veilfs; veilfs knows the name.
+    install -d "$(dirname "$helper")"
+    ln -sf "$PREFIX/bin/veilfs" "$helper"
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$bin" generate man "$tmp"
@@ -42,4 +62,4 @@ install -m 0644 "$tmp"/*.1 "$mandir/"
 install -m 0644 "$tmp/veilfs.bash" "$bashdir/veilfs"
 install -m 0644 "$tmp/_veilfs" "$zshdir/_veilfs"
 install -m 0644 "$tmp/veilfs.fish" "$fishdir/veilfs.fish"
-echo "veilfs: installed into $root (binary, $(ls "$tmp"/*.1 | wc -l) man pages, bash/zsh/fish completions)"
+echo "veilfs: installed into $root (binary, $(ls "$tmp"/*.1 | wc -l) man pages, bash/zsh/fish completions)${helper:+, mount helper $helper}"

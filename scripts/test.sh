@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, property, known-answer, tamper and
 # integration tests (the mount tests need /dev/fuse and root; under CI=true they fail
-# instead of skipping when it is missing).
+# instead of skipping when it is missing), then a short run of every fuzz target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# The benchmark harness draws its chart with matplotlib: the Debian package serves the system
+# Python; a python3 of its own (pyenv, a venv) first on PATH gets it from PyPI.
+python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install -q matplotlib
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release "$@"
+# A few seconds of each fuzz target (fuzz/README.md), seeded with the committed corpus;
+# a crash, hang or OOM fails the suite.
+bash scripts/fuzz.sh --quick
 # The benchmark harness's own unit tests (no root, no mounts; the timed runs stay out of here).
 python3 -m unittest discover -s bench/tests
 # An independent Python reader (written from docs/FORMAT.md) must agree with the vectors.

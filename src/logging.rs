@@ -1,16 +1,76 @@
-//! Logging: stderr in the foreground, syslog (the journal) once a mount daemonizes.
-//! Never a key, and no plaintext name at the default verbosity.
+//! Logging: stderr in the foreground; once a mount daemonizes, the systemd journal when it
+//! is there (native protocol: a priority per line, fields for the unit), syslog otherwise.
+//! A foreground mount whose stderr already is the journal (a systemd service) logs to the
+//! journal natively too. Never a key, and no plaintext name at the default verbosity.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tracing_subscriber::registry::LookupSpan;
 
 static SYSLOG: AtomicBool = AtomicBool::new(false);
+/// Events go to the journal layer (and nowhere else).
+static JOURNAL: AtomicBool = AtomicBool::new(false);
+/// A journal layer was made at start-up: the journal's socket answered.
+static HAVE_JOURNAL: AtomicBool = AtomicBool::new(false);
 
-/// Sends everything logged from now on to syslog.
-pub fn to_syslog() {
+/// Sends everything logged from now on to the journal when it is there, else to syslog.
+/// Returns which ("journal" or "syslog").
+pub fn to_system_log() -> &'static str {
+    if HAVE_JOURNAL.load(Ordering::SeqCst) {
+        JOURNAL.store(true, Ordering::SeqCst);
+        return "journal";
+    }
     // SAFETY: the ident is a static NUL-terminated string, valid for the process lifetime.
     unsafe { libc::openlog(c"veilfs".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
     SYSLOG.store(true, Ordering::SeqCst);
+    "syslog"
+}
+
+/// True when stderr is the journal's stream (systemd sets `JOURNAL_STREAM=DEV:INODE` for a
+/// service whose output goes to the journal; see systemd.exec(5)).
+pub fn stderr_is_journal() -> bool {
+    let Some((dev, ino)) = std::env::var("JOURNAL_STREAM").ok().and_then(|v| {
+        let (d, i) = v.split_once(':')?;
+        Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?))
+    }) else {
+        return false;
+    };
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of fd 2 into a struct we own.
+    (unsafe { libc::fstat(2, &mut st) } == 0) && st.st_dev == dev && st.st_ino == ino
+}
+
+/// The journal's layer, silent until [`to_system_log`] picks the journal.
+struct Journal(tracing_journald::Layer);
+
+impl<S> tracing_subscriber::Layer<S> for Journal
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_new_span(attrs, id, ctx)
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_record(id, values, ctx)
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if JOURNAL.load(Ordering::Relaxed) {
+            self.0.on_event(event, ctx)
+        }
+    }
 }
 
 /// A writer for one log event: stderr, or one syslog message.
@@ -18,6 +78,9 @@ pub struct Sink(Vec<u8>);
 
 impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if JOURNAL.load(Ordering::Relaxed) {
+            return Ok(buf.len());
+        }
         if SYSLOG.load(Ordering::Relaxed) {
             self.0.extend_from_slice(buf);
             Ok(buf.len())
@@ -86,13 +149,24 @@ pub fn level(verbose: u8, quiet: bool) -> &'static str {
 /// filter, replaces it. For the offline commands (`offline`), the core library's ERROR
 /// events are left out at the default verbosity: each comes with an error the command
 /// reports itself, naming the path the user gave, and would otherwise be printed twice.
+/// A mount (`!offline`) also connects to the journal when its socket is there.
 pub fn init(verbose: u8, quiet: bool, offline: bool) {
     use tracing_subscriber::prelude::*;
     QUIET.store(quiet, Ordering::Relaxed);
     let level = level(verbose, quiet);
     let from_env = tracing_subscriber::EnvFilter::try_from_env("VEILFS_LOG").ok();
     let hide_core_errors = offline && verbose == 0 && from_env.is_none();
-    let filter = from_env.unwrap_or_else(|| tracing_subscriber::EnvFilter::new(format!("{level},fuser=warn")));
+    let make_filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("VEILFS_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},fuser=warn")))
+    };
+    let filter = make_filter();
+    let journal = if offline || !std::path::Path::new("/run/systemd/journal/socket").exists() {
+        None
+    } else {
+        tracing_journald::layer().ok().map(|l| Journal(l.with_syslog_identifier("veilfs".into())))
+    };
+    HAVE_JOURNAL.store(journal.is_some(), Ordering::SeqCst);
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(|| Sink(Vec::new()))
         .with_ansi(false)
@@ -101,6 +175,11 @@ pub fn init(verbose: u8, quiet: bool, offline: bool) {
         .with_filter(filter)
         .with_filter(tracing_subscriber::filter::filter_fn(move |m| {
             !(hide_core_errors && *m.level() == tracing::Level::ERROR && m.target().starts_with("veilfs_core"))
+        }))
+        // The FUSE crate's request log (info and below) prints plaintext names: never shown,
+        // whatever -v or VEILFS_LOG asks for. Its warnings and errors name no files.
+        .with_filter(tracing_subscriber::filter::filter_fn(|m| {
+            !(m.target().starts_with("fuser") && *m.level() > tracing::Level::WARN)
         }));
-    tracing_subscriber::registry().with(layer).init();
+    tracing_subscriber::registry().with(layer).with(journal.map(|j| j.with_filter(make_filter()))).init();
 }

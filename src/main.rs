@@ -2,6 +2,7 @@
 
 mod cmd;
 mod exit;
+mod helper;
 mod logging;
 mod mountinfo;
 mod password;
@@ -49,6 +50,8 @@ enum Command {
     Cat(cmd::cat::Args),
     /// List a vault directory with decrypted names.
     Ls(cmd::ls::Args),
+    /// Check a whole vault (every name, binding, IV and block); --repair fixes crash leftovers.
+    Fsck(cmd::fsck::Args),
     /// Print the ciphertext path of a plaintext path.
     EncryptPath(cmd::paths::EncryptArgs),
     /// Print the plaintext path of a ciphertext path.
@@ -60,6 +63,20 @@ enum Command {
     Generate(cmd::generate::Args),
 }
 
+/// The command line as `veilfs mount …` when veilfs runs as a mount(8) helper (see
+/// `helper`); exits at once for `mount -f`.
+fn mount_helper_args() -> Option<Vec<std::ffi::OsString>> {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let mut names: Vec<&str> = cmd.get_subcommands().map(|s| s.get_name()).collect();
+    names.push("help");
+    match helper::invocation(&argv, &names) {
+        helper::Invocation::Cli => None,
+        helper::Invocation::Fake => std::process::exit(exit::OK),
+        helper::Invocation::Mount(args) => Some(args),
+    }
+}
+
 /// Lets a closed pipe end the process silently, as it ends `ls` or `cat` (Rust ignores
 /// SIGPIPE, so every write would instead fail with EPIPE and print "Broken pipe").
 fn default_sigpipe() {
@@ -69,7 +86,10 @@ fn default_sigpipe() {
 
 fn main() {
     default_sigpipe();
-    let cli = Cli::parse();
+    let cli = match mount_helper_args() {
+        None => Cli::parse(),
+        Some(args) => Cli::parse_from(args),
+    };
     if matches!(cli.command, Command::Mount(_)) {
         // The mount daemon must not die of a write to a closed pipe (its readiness report
         // to a parent that was killed): errors are handled where they happen.
@@ -92,6 +112,7 @@ fn main() {
         Command::Export(a) => cmd::export::run(a),
         Command::Cat(a) => cmd::cat::run(a),
         Command::Ls(a) => cmd::ls::run(a),
+        Command::Fsck(a) => cmd::fsck::run(a),
         Command::EncryptPath(a) => cmd::paths::encrypt(a),
         Command::DecryptPath(a) => cmd::paths::decrypt(a),
         Command::Speed(a) => cmd::speed::run(a),

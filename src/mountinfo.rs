@@ -63,9 +63,26 @@ pub fn parse(text: &str) -> Vec<Mount> {
 }
 
 /// The topmost mount at `mount_point` (an absolute path), if any.
+/// Every mount of this process's mount namespace.
+pub fn all() -> Vec<Mount> {
+    std::fs::read_to_string("/proc/self/mountinfo").map(|t| parse(&t)).unwrap_or_default()
+}
+
+/// The mount at `mount_point` (the topmost, if several).
 pub fn find(mount_point: &Path) -> Option<Mount> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     parse(&text).into_iter().rev().find(|m| m.mount_point == mount_point)
+}
+
+/// The veilfs mount whose source is `source` (an absolute CIPHERDIR); `Err` with all of
+/// them when there are several.
+pub fn find_veilfs_source(source: &Path) -> Result<Option<Mount>, Vec<Mount>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<Mount> = parse(&text).into_iter().filter(|m| m.source == source && m.is_veilfs()).collect();
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => Err(found),
+    }
 }
 
 #[cfg(test)]

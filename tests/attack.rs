@@ -215,13 +215,15 @@ fn fifos_links_and_directories_planted_in_the_ciphertext_are_integrity_errors_ne
         for what in [Plant::Fifo, Plant::LinkToDevZero, Plant::LinkToRootFile, Plant::Directory] {
             plant(at, what, &victim);
             let label = format!("{what:?} as {}", at.display());
-            // Offline: every tool finishes, says which ciphertext file, exits 6.
+            // Offline: every tool (export, cat, ls, fsck) finishes, says which ciphertext file,
+            // exits 6.
             let _ = fs::remove_dir_all(&out);
             let target = format!("{cipher}/{plaintext}");
             for args in [
                 vec!["export", &cipher, out.to_str().unwrap(), "--passfile", &pass],
                 vec!["cat", &target, "--passfile", &pass],
                 vec!["ls", "-l", &cipher, "--passfile", &pass],
+                vec!["fsck", &cipher, "--passfile", &pass],
             ] {
                 let o = run_timeout(30, BIN, &args).unwrap_or_else(|| panic!("{label}: veilfs {args:?} hung"));
                 let err = String::from_utf8_lossy(&o.stderr);

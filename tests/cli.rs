@@ -451,7 +451,8 @@ fn one_message_per_error_naming_the_plaintext_path() {
     let o = f.run(&["ls", &format!("{}/nodir", f.v())]);
     assert_eq!(err(&o).matches("No such file or directory").count(), 1, "{}", err(&o));
     assert!(err(&o).contains(&format!("{}/nodir", f.v())), "{}", err(&o));
-    // A tampered file: one line, naming the path the user gave, not the ciphertext path.
+    // A tampered file: one line, naming the path the user gave and, to restore it from a
+    // backup, the damaged ciphertext file.
     let cpath = out(&f.run(&["encrypt-path", f.v(), "big.bin"])).trim().to_string();
     let p = f.vault.join(&cpath);
     let mut c = std::fs::read(&p).unwrap();
@@ -462,7 +463,7 @@ fn one_message_per_error_naming_the_plaintext_path() {
     assert_eq!(code(&o), 6, "{}", err(&o));
     assert_eq!(err(&o).lines().count(), 1, "printed once: {}", err(&o));
     assert!(err(&o).contains(&format!("{}/big.bin", f.v())) && err(&o).contains("block 2"), "{}", err(&o));
-    assert!(!err(&o).contains(&cpath), "no ciphertext path: {}", err(&o));
+    assert!(err(&o).contains(&cpath), "the ciphertext file: {}", err(&o));
     // A renamed ciphertext entry in a listing: reported once.
     let cdir = out(&f.run(&["encrypt-path", f.v(), "a"])).trim().to_string();
     let hard = out(&f.run(&["encrypt-path", f.v(), "a/hardlink.bin"])).trim().to_string();
@@ -886,7 +887,14 @@ fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
     let t = tempfile::tempdir().unwrap();
     let prefix = t.path().join("usr");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install.sh");
-    let o = Command::new("sh").arg(&script).env("PREFIX", &prefix).env("VEILFS_BIN", BIN).output().unwrap();
+    let sbin = prefix.join("sbin");
+    let o = Command::new("sh")
+        .arg(&script)
+        .env("PREFIX", &prefix)
+        .env("SBINDIR", &sbin)
+        .env("VEILFS_BIN", BIN)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", err(&o));
     for f in [
         "bin/veilfs",
@@ -898,7 +906,16 @@ fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
     ] {
         assert!(prefix.join(f).is_file(), "{f} installed");
     }
-    let o = Command::new("sh").arg(&script).arg("--uninstall").env("PREFIX", &prefix).output().unwrap();
+    // The mount(8) helper: a link to the installed binary.
+    assert_eq!(std::fs::read_link(sbin.join("mount.fuse.veilfs")).unwrap(), prefix.join("bin/veilfs"));
+    let o = Command::new("sh")
+        .arg(&script)
+        .arg("--uninstall")
+        .env("PREFIX", &prefix)
+        .env("SBINDIR", &sbin)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", err(&o));
     assert!(!prefix.join("bin/veilfs").exists() && !prefix.join("share/man/man1/veilfs.1").exists());
+    assert!(sbin.join("mount.fuse.veilfs").symlink_metadata().is_err());
 }

@@ -208,8 +208,9 @@ fn st_of(s: &libc::stat) -> St {
 
 fn raw_stat(p: &Path, follow: bool) -> R<libc::stat> {
     let c = cpath(p);
-    // SAFETY: an all-zero stat is valid; the pointers are valid for the call.
+    // SAFETY: an all-zero stat is a valid value of this plain C struct.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and an out-pointer to a struct we own.
     let r = unsafe {
         if follow {
             libc::stat(c.as_ptr(), &mut s)
@@ -229,8 +230,9 @@ fn stat(p: &Path) -> R<St> {
 }
 
 fn fstat(fd: &Fd) -> R<St> {
-    // SAFETY: as above.
+    // SAFETY: an all-zero stat is a valid value of this plain C struct.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: an open fd and an out-pointer to a struct we own.
     ck(unsafe { libc::fstat(fd.0, &mut s) } as i64).map(|_| st_of(&s))
 }
 

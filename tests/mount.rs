@@ -170,11 +170,10 @@ fn exercise(root: &Path) -> Vec<String> {
         fa.metadata().unwrap().len(),
         fs::read(p("fa")).unwrap().iter().all(|&b| b == 0)
     );
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&fa);
     // SAFETY: valid fd.
-    note!(
-        "fallocate keep_size {}",
-        rc(unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&fa), libc::FALLOC_FL_KEEP_SIZE, 0, 100_000) })
-    );
+    let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 100_000) };
+    note!("fallocate keep_size {}", rc(r));
     note!("keep_size size {}", fa.metadata().unwrap().len());
     // SEEK_DATA at 0 of a non-empty file, SEEK_HOLE at EOF.
     fa.write_all_at(&[1u8; 10_000], 0).unwrap();
@@ -189,11 +188,10 @@ fn exercise(root: &Path) -> Vec<String> {
     // SAFETY: valid fd.
     note!("flock ex {}", rc(unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) }));
     let other = File::open(p("lock")).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&other);
     // SAFETY: valid fd.
-    note!(
-        "flock second {}",
-        rc(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&other), libc::LOCK_EX | libc::LOCK_NB) })
-    );
+    let r = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+    note!("flock second {}", rc(r));
     // SAFETY: zeroed flock is valid; then filled.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as i16;

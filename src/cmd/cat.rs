@@ -42,16 +42,6 @@ fn copy_out(vault: &veilfs_core::Vault, inner: &std::path::Path, out: &mut impl 
     let (dir, entry) = vault.resolve(inner)?;
     let entry = entry.ok_or_else(|| super::not_found(inner))?;
     let f = vault.open_file(&dir, &entry, libc::O_RDONLY)?;
-    let size = f.plain_size()?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut off = 0;
-    while off < size {
-        let n = f.read_at(&mut buf, off, size)?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n]).map_err(CatError::Out)?;
-        off += n as u64;
-    }
+    f.stream(|piece| out.write_all(piece).map_err(CatError::Out))?;
     out.flush().map_err(CatError::Out)
 }

@@ -32,7 +32,7 @@ pub struct Args {
 
 struct Exporter<'a> {
     vault: &'a Vault,
-    links: HashMap<(u64, u64), PathBuf>,
+    links: HashMap<(u64, u64), (PathBuf, veilfs_core::Identity)>,
     damaged: usize,
     errors: usize,
     /// Regular files and their bytes written (for the summary line).
@@ -97,9 +97,14 @@ impl Exporter<'_> {
     fn export_entry(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
         let st = e.stat;
         if e.kind != EntryKind::Dir && st.st_nlink > 1 {
-            if let Some(first) = self.links.get(&(st.st_dev, st.st_ino)) {
-                std::fs::hard_link(first, out)?;
-                return Ok(());
+            // Another name of an inode already exported: a link, but only if this name
+            // promises the same identity (a hard link planted under another file's name
+            // is read and verified like any file, and fails).
+            if let Some((first, id)) = self.links.get(&(st.st_dev, st.st_ino)) {
+                if *id == e.identity {
+                    std::fs::hard_link(first, out)?;
+                    return Ok(());
+                }
             }
         }
         match e.kind {
@@ -150,26 +155,20 @@ impl Exporter<'_> {
         }
         self.finish_meta(out, &st, e.kind != EntryKind::Symlink)?;
         if st.st_nlink > 1 {
-            self.links.insert((st.st_dev, st.st_ino), out.to_path_buf());
+            self.links.insert((st.st_dev, st.st_ino), (out.to_path_buf(), e.identity));
         }
         Ok(())
     }
 
     fn export_file(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
         let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
-        let size = f.plain_size()?;
         let mut w = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut off = 0u64;
-        while off < size {
-            let n = f.read_at(&mut buf, off, size)?;
-            if n == 0 {
-                break;
-            }
-            std::io::Write::write_all(&mut w, &buf[..n])?;
-            off += n as u64;
-            self.pb.inc(n as u64);
-        }
+        let pb = &self.pb;
+        let off = f.stream(|piece| -> Result<()> {
+            std::io::Write::write_all(&mut w, piece)?;
+            pb.inc(piece.len() as u64);
+            Ok(())
+        })?;
         self.files += 1;
         self.bytes += off;
         Ok(())

@@ -86,16 +86,25 @@ pub fn run(a: Args) -> Result<i32> {
         Some(e) if e.kind == EntryKind::Dir => vault.open_dir(&parent, &e).map_err(plain_err)?,
         Some(e) => {
             // Like ls: a file argument lists that file.
-            print_entry(&a, &vault, &parent, &e);
-            return Ok(crate::exit::OK);
+            return Ok(match print_entry(&a, &vault, &parent, &e) {
+                None => crate::exit::OK,
+                Some(err) => {
+                    eprintln!("veilfs: ls: {}: {err}", a.dir.display());
+                    crate::exit::INTEGRITY
+                }
+            });
         }
         None if inner.as_os_str().is_empty() => parent,
         None => return Err(super::not_found(&a.dir).into()),
     };
     let (mut entries, bad) = vault.list(&dir).map_err(plain_err)?;
     entries.sort_by(|x, y| x.name.cmp(&y.name));
+    let mut damaged = 0;
     for e in &entries {
-        print_entry(&a, &vault, &dir, e);
+        if let Some(err) = print_entry(&a, &vault, &dir, e) {
+            damaged += 1;
+            eprintln!("veilfs: ls: {}/{}: {err}", a.dir.display(), String::from_utf8_lossy(&e.name));
+        }
     }
     for b in &bad {
         let why = match &b.error {
@@ -108,13 +117,25 @@ pub fn run(a: Args) -> Result<i32> {
             String::from_utf8_lossy(&b.on_disk)
         );
     }
-    Ok(if bad.is_empty() { crate::exit::OK } else { crate::exit::INTEGRITY })
+    Ok(if bad.is_empty() && damaged == 0 { crate::exit::OK } else { crate::exit::INTEGRITY })
 }
 
-fn print_entry(a: &Args, vault: &veilfs_core::Vault, dir: &veilfs_core::CipherDir, e: &veilfs_core::Entry) {
+/// Prints one entry; returns the integrity error of a symlink whose target fails to decrypt
+/// (its line is still printed, without a target).
+fn print_entry(
+    a: &Args,
+    vault: &veilfs_core::Vault,
+    dir: &veilfs_core::CipherDir,
+    e: &veilfs_core::Entry,
+) -> Option<veilfs_core::Error> {
     let mut line = String::new();
+    let mut failed = None;
     if a.long {
-        let target = if e.kind == EntryKind::Symlink { vault.readlink(dir, e).ok() } else { None };
+        let target = if e.kind == EntryKind::Symlink {
+            vault.readlink(dir, e).map_err(|err| failed = Some(err)).ok()
+        } else {
+            None
+        };
         let st = &e.stat;
         let size = match e.kind {
             EntryKind::File => vault.content().layout.plain_size_lenient(st.st_size as u64),
@@ -152,6 +173,7 @@ fn print_entry(a: &Args, vault: &veilfs_core::Vault, dir: &veilfs_core::CipherDi
         line.push_str(&format!("\t{}", e.on_disk));
     }
     println!("{line}");
+    failed
 }
 
 #[cfg(test)]

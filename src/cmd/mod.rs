@@ -2,12 +2,14 @@
 
 pub mod cat;
 pub mod export;
+pub mod fsck;
 pub mod generate;
 pub mod import;
 pub mod info;
 pub mod init;
 pub mod ls;
 pub mod mount;
+pub mod mountopts;
 pub mod passwd;
 pub mod paths;
 pub mod speed;
@@ -19,7 +21,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
-use veilfs_core::kdf::Argon2Params;
+use veilfs_core::kdf::{Argon2Params, KdfCeiling};
 use veilfs_core::names;
 use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig};
 
@@ -34,6 +36,11 @@ pub struct UnlockArgs {
     /// Try only key slot N (see `veilfs info`); slot numbers never change.
     #[arg(long, value_name = "N")]
     pub slot: Option<u32>,
+    /// Try key slots whose key derivation costs more than the ceiling (1 GiB of memory,
+    /// 4 GiB·passes): only for a vault made with such settings. Without it such slots are
+    /// skipped, so a forged slot cannot make unlocking take minutes.
+    #[arg(long)]
+    pub allow_slow_kdf: bool,
 }
 
 /// "Slot N" in user terms.
@@ -98,7 +105,8 @@ impl UnlockArgs {
             Secret::Password(password)
         };
         let t = std::time::Instant::now();
-        let vault = Vault::open(cipherdir, &secret, self.slot)
+        let ceiling = if self.allow_slow_kdf { KdfCeiling::UNLIMITED } else { KdfCeiling::DEFAULT };
+        let vault = Vault::open_with(cipherdir, &secret, self.slot, &ceiling)
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
         tracing::info!("unlocked {} in {:.2} s", cipherdir.display(), t.elapsed().as_secs_f64());
         tracing::debug!(
@@ -144,12 +152,13 @@ impl KdfArgs {
     }
 }
 
-/// The same error, naming the plaintext path the user gave (`VAULT/some/path`) instead of
-/// ciphertext paths. The variant, and so the exit code, is kept.
+/// The same error, naming the plaintext path the user gave (`VAULT/some/path`); an
+/// integrity error names the damaged ciphertext file too, which is what to restore from a
+/// backup. The variant, and so the exit code, is kept.
 pub fn plain_path_error(e: Error, user_path: &Path) -> Error {
     match e {
         Error::Io { source, .. } => Error::io(user_path.display().to_string(), source),
-        Error::Auth { detail, .. } => Error::auth(user_path.display().to_string(), detail),
+        Error::Auth { what, detail } => Error::auth(format!("{} (ciphertext {what})", user_path.display()), detail),
         other => other,
     }
 }

@@ -4,6 +4,11 @@
 //! forks, and exits 0 only once the child reports a live mount (the kernel's INIT answered),
 //! or non-zero with the child's error. SIGINT, SIGTERM and SIGHUP unmount cleanly; so do
 //! `veilfs umount`, `fusermount3 -u` and `umount`.
+//!
+//! Under systemd (`NOTIFY_SOCKET` set) the process that serves the mount sends `READY=1`
+//! once the mount is live, so a `Type=notify` unit is started only when its mount works.
+//! mount(8), fstab lines and systemd mount units reach `run` through `-o` lists (see
+//! `mountopts`) and the `mount.fuse.veilfs` helper (see `helper`).
 
 use super::UnlockArgs;
 use crate::exit::{Exit, MOUNT};
@@ -22,7 +27,10 @@ use std::time::Duration;
 veilfs mount ~/vault ~/private                   asks for the password, returns once mounted\n  \
 veilfs mount ~/vault ~/private --idle 30m        unmounts itself after 30 minutes without use\n  \
 veilfs mount ~/vault ~/private -f                stays in the foreground, logs to stderr\n  \
-veilfs umount ~/private                          (or: fusermount3 -u ~/private)\n\n\
+veilfs umount ~/private                          (or: fusermount3 -u ~/private)\n  \
+mount -t fuse.veilfs ~/vault ~/private -o passfile=/etc/veilfs/pw,allow_other\n\n\
+An fstab line (then `mount MOUNTPOINT` and `umount MOUNTPOINT`, as a user too with `user`):\n  \
+/home/me/vault /home/me/private fuse.veilfs noauto,user,passfile=/home/me/.vault-pw 0 0\n\n\
 Use --shared-storage when another mount or a sync tool may change CIPHERDIR while mounted: \
 caching is then off (slower, but never stale).")]
 pub struct Args {
@@ -32,7 +40,8 @@ pub struct Args {
     pub mountpoint: PathBuf,
     #[command(flatten)]
     pub unlock: UnlockArgs,
-    /// Stay in the foreground and log to stderr (default: daemonize, log to syslog).
+    /// Stay in the foreground and log to stderr (default: daemonize, log to the journal or
+    /// syslog).
     #[arg(short, long)]
     pub foreground: bool,
     /// Mount read-only.
@@ -63,6 +72,19 @@ pub struct Args {
     /// that contains it).
     #[arg(long)]
     pub nonempty: bool,
+    /// Mount options as in fstab and mount(8), comma-separated: passfile=FILE, extpass=CMD,
+    /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage,
+    /// attr_timeout=SECS, threads=N, no_writeback, nonempty, fsname=NAME (the source shown
+    /// in the mount table; default CIPHERDIR). mount(8)'s own options (user, noauto, nofail,
+    /// _netdev, x-systemd.*, rw, defaults, …) are ignored; remount is refused.
+    #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
+    pub options: Vec<String>,
+    /// Unknown -o options only warn (mount -s).
+    #[arg(long, hide = true)]
+    pub sloppy: bool,
+    /// The mount's source in the mount table (`-o fsname=`).
+    #[arg(skip)]
+    pub fsname: Option<String>,
 }
 
 /// One worker per CPU. Measured on 2 vCPUs (512 MiB streamed, tmpfs backing): 2 threads
@@ -90,7 +112,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn parse_threads(s: &str) -> Result<usize, String> {
+pub fn parse_threads(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=1024).contains(&n) => Ok(n),
         _ => Err(format!("'{s}' is not a thread count in 1..=1024")),
@@ -180,14 +202,36 @@ fn check_mount_point(a: &Args, cipherdir: &Path) -> Result<PathBuf> {
     Ok(mountpoint)
 }
 
+/// True when /etc/fuse.conf has a `user_allow_other` line (fuse.conf(5)).
+fn user_allow_other() -> bool {
+    std::fs::read_to_string("/etc/fuse.conf")
+        .is_ok_and(|t| t.lines().any(|l| l.split('#').next().is_some_and(|l| l.trim() == "user_allow_other")))
+}
+
+/// allow_other by a user other than root needs the administrator's consent in fuse.conf;
+/// says so before any password is asked for (fusermount3 would fail only after).
+fn check_allow_other(a: &Args) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if a.allow_other && unsafe { libc::geteuid() } != 0 && !user_allow_other() {
+        return Err(mount_err(
+            "allow_other is only allowed for users other than root when /etc/fuse.conf has a line \
+             `user_allow_other` (an administrator adds it); mount without allow_other, or as root",
+        ));
+    }
+    Ok(())
+}
+
 /// Runs `veilfs mount`.
-pub fn run(a: Args) -> Result<i32> {
+pub fn run(mut a: Args) -> Result<i32> {
+    let sloppy = a.sloppy;
+    super::mountopts::apply(&mut a, sloppy)?;
     let cipherdir = match a.cipherdir.canonicalize() {
         Ok(c) => c,
         Err(_) => return Err(veilfs_core::Error::not_a_vault(&a.cipherdir).into()),
     };
     let mountpoint = check_mount_point(&a, &cipherdir)?;
     check_dev_fuse()?;
+    check_allow_other(&a)?;
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
     match serve(&a, vault, &cipherdir, &mountpoint, ready) {
@@ -247,8 +291,9 @@ fn serve(
     // Hardening: no core dumps and no ptrace by same-user processes of the daemon holding
     // the keys. Only as root: an undumpable process owned by a user cannot open its own
     // /proc/self/fd/* paths, which the xattr calls on files need.
-    // SAFETY: geteuid/prctl with constant arguments.
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
+        // SAFETY: prctl with constant arguments.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     }
     // The kernel already applied the caller's umask to modes it sends.
@@ -268,13 +313,17 @@ fn serve(
         },
         allow_other: a.allow_other,
         threads: a.threads,
-        fsname: cipherdir.display().to_string(),
+        fsname: fsname_option(a.fsname.clone().unwrap_or_else(|| cipherdir.display().to_string())),
     };
     let session = match veilfs_fuse::mount(vault, mountpoint, &cfg, activity.clone()) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {} on {}: {e}", cipherdir.display(), mountpoint.display());
-            report(&ready, &msg);
+            if ready.is_some() {
+                // The parent prints it: once.
+                report(&ready, &msg);
+                std::process::exit(MOUNT);
+            }
             return Err(mount_err(msg));
         }
     };
@@ -282,14 +331,20 @@ fn serve(
     if let Some(idle) = a.idle {
         spawn_idle_thread(idle, activity.clone(), mountpoint.to_path_buf());
     }
+    notify_ready(ready.is_some(), cipherdir, mountpoint);
     match &ready {
         Some(_) => {
-            crate::logging::to_syslog();
+            crate::logging::to_system_log();
             report(&ready, "ok");
             drop(ready);
             detach_stdio();
         }
-        None => eprintln!("veilfs: {} mounted on {} (Ctrl-C unmounts)", cipherdir.display(), mountpoint.display()),
+        None => {
+            if crate::logging::stderr_is_journal() {
+                crate::logging::to_system_log();
+            }
+            eprintln!("veilfs: {} mounted on {} (Ctrl-C unmounts)", cipherdir.display(), mountpoint.display())
+        }
     }
     tracing::info!("mounted {} on {}", cipherdir.display(), mountpoint.display());
     // Serve on fuser's background thread and wait until the filesystem is torn down (an
@@ -300,8 +355,37 @@ fn serve(
     let bg = session.spawn().map_err(|e| mount_err(format!("cannot start the FUSE session: {e}")))?;
     activity.wait_ended();
     std::mem::forget(bg);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// The mount's source as fuser passes it on. A user's mount goes through fusermount3, which
+/// reads it from a comma-separated `-o fsname=` list and takes `\,` for a comma (as libfuse
+/// escapes it); root's mount(2) takes it as is.
+fn fsname_option(name: String) -> String {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return name;
+    }
+    name.replace('\\', "\\\\").replace(',', "\\,")
+}
+
+/// Tells systemd (when `NOTIFY_SOCKET` is set) that the mount is live. A daemonized mount
+/// names itself as the main process: the parent that systemd started exits next (such a
+/// unit needs `NotifyAccess=all`; the shipped units run `veilfs mount -f` instead).
+fn notify_ready(daemonized: bool, cipherdir: &Path, mountpoint: &Path) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let status = format!("{} mounted on {}", cipherdir.display(), mountpoint.display());
+    let mut states = vec![sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)];
+    if daemonized {
+        states.push(sd_notify::NotifyState::MainPid(std::process::id()));
+    }
+    if let Err(e) = sd_notify::notify(&states) {
+        tracing::warn!("cannot notify the service manager (NOTIFY_SOCKET): {e}");
+    }
 }
 
 /// Every directory the kernel knows holds an open fd: allow as many as the hard limit.
@@ -402,7 +486,8 @@ fn spawn_idle_thread(idle: Duration, activity: Arc<veilfs_fuse::Activity>, mount
 /// Arguments of `veilfs umount`.
 #[derive(clap::Args, Debug)]
 pub struct UmountArgs {
-    /// The mount point.
+    /// The mount point (or the vault, CIPHERDIR, when it is mounted once).
+    #[arg(value_name = "MOUNTPOINT|CIPHERDIR")]
     pub mountpoint: PathBuf,
     /// Detach now even if busy; the mount goes away once no longer used.
     #[arg(short = 'z', long)]
@@ -411,9 +496,28 @@ pub struct UmountArgs {
 
 /// Runs `veilfs umount`: only a veilfs mount, found in the mount table by its decoded path.
 pub fn umount(a: UmountArgs) -> Result<i32> {
-    let mp = absolute(&a.mountpoint);
-    let Some(m) = crate::mountinfo::find(&mp) else {
-        return Err(Exit::new(crate::exit::BAD_PATH, anyhow::anyhow!("{} is not mounted", mp.display())).into());
+    let arg = absolute(&a.mountpoint);
+    let (mp, m) = match crate::mountinfo::find(&arg) {
+        Some(m) => (arg, m),
+        None => match crate::mountinfo::find_veilfs_source(&arg) {
+            // `veilfs umount CIPHERDIR`: the one veilfs mount of that vault.
+            Ok(Some(m)) => (m.mount_point.clone(), m),
+            Ok(None) => {
+                return Err(Exit::new(crate::exit::BAD_PATH, anyhow::anyhow!("{} is not mounted", arg.display())).into())
+            }
+            Err(many) => {
+                let list: Vec<String> = many.iter().map(|m| m.mount_point.display().to_string()).collect();
+                return Err(Exit::new(
+                    crate::exit::BAD_PATH,
+                    anyhow::anyhow!(
+                        "the vault {} is mounted more than once ({}); name the mount point",
+                        arg.display(),
+                        list.join(", ")
+                    ),
+                )
+                .into());
+            }
+        },
     };
     if !m.is_veilfs() {
         return Err(Exit::new(

@@ -89,27 +89,9 @@ impl Mounted {
             return None;
         }
         let tmpfs = Tmpfs::new(size);
-        let base = tmpfs.path.clone();
-        let (cipher, mnt, plain) = (base.join("cipher"), base.join("mnt"), base.join("plain"));
-        std::fs::create_dir_all(&mnt).unwrap();
+        let (cipher, mnt, passfile) = new_vault(&tmpfs.path);
+        let plain = tmpfs.path.join("plain");
         std::fs::create_dir_all(&plain).unwrap();
-        let passfile = base.join("pass");
-        std::fs::write(&passfile, format!("{PASSWORD}\n")).unwrap();
-        let o = run(
-            BIN,
-            &[
-                "init",
-                cipher.to_str().unwrap(),
-                "--passfile",
-                passfile.to_str().unwrap(),
-                "--kdf-memory",
-                "8",
-                "--kdf-iterations",
-                "1",
-                "--no-recovery-key",
-            ],
-        );
-        assert!(o.status.success(), "init: {}", text(&o));
         let mut m = Mounted {
             cipher,
             mnt,
@@ -260,4 +242,136 @@ pub fn daemon_pid(mnt: &Path) -> Option<u32> {
             && args.contains(&want.as_bytes()))
         .then_some(pid)
     })
+}
+
+/// Serialises the tests of one binary that change machine-wide files (/etc/fstab,
+/// /etc/fuse.conf, /dev/fuse's mode, /usr/sbin helpers, installed packages).
+pub fn machine_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A machine file replaced for one test and put back as it was on drop (also when it did
+/// not exist, and when the test panics).
+pub struct FileGuard {
+    path: PathBuf,
+    old: Option<Vec<u8>>,
+}
+
+impl FileGuard {
+    /// Replaces `path`'s content with `content` (`None`: removes it).
+    pub fn set(path: &str, content: Option<&str>) -> FileGuard {
+        let path = PathBuf::from(path);
+        let old = std::fs::read(&path).ok();
+        let g = FileGuard { path, old };
+        g.write(content);
+        g
+    }
+
+    /// The content it had before.
+    pub fn old_text(&self) -> String {
+        String::from_utf8_lossy(self.old.as_deref().unwrap_or_default()).into_owned()
+    }
+
+    pub fn write(&self, content: Option<&str>) {
+        match content {
+            Some(c) => std::fs::write(&self.path, c).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+impl Drop for FileGuard {
+    fn drop(&mut self) {
+        match &self.old {
+            Some(b) => std::fs::write(&self.path, b).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// /dev/fuse opened to every user (mode 0666, as desktop distributions ship it); its mode
+/// is restored on drop.
+pub struct DevFuseOpen {
+    mode: u32,
+}
+
+impl DevFuseOpen {
+    pub fn new() -> DevFuseOpen {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
+        std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
+        DevFuseOpen { mode }
+    }
+}
+
+impl Drop for DevFuseOpen {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(self.mode));
+    }
+}
+
+/// A mount point that is unmounted (lazily, whoever mounted it) on drop if still mounted.
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        if mount_entry(&self.0).is_some() {
+            let _ = run("umount", &["-l", self.0.to_str().unwrap()]);
+        }
+    }
+}
+
+/// One line of /proc/self/mountinfo: the mount's type, source, per-mount options and
+/// super-block options.
+#[derive(Debug, Clone)]
+pub struct MountEntry {
+    pub fstype: String,
+    pub source: String,
+    pub mount_opts: String,
+    pub super_opts: String,
+}
+
+/// The topmost mount at `mnt` (an absolute path without characters the kernel escapes).
+pub fn mount_entry(mnt: &Path) -> Option<MountEntry> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    text.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let sep = f.iter().position(|x| *x == "-")?;
+        (f.get(4)? == &mnt.to_str()?).then(|| MountEntry {
+            fstype: f[sep + 1].to_string(),
+            source: f[sep + 2].to_string(),
+            mount_opts: f[5].to_string(),
+            super_opts: f.get(sep + 3).unwrap_or(&"").to_string(),
+        })
+    })
+}
+
+/// A new vault in `dir/cipher` with a cheap KDF, the password in `dir/pass`, an empty
+/// `dir/mnt`. Returns (cipher, mnt, passfile).
+pub fn new_vault(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (cipher, mnt, pass) = (dir.join("cipher"), dir.join("mnt"), dir.join("pass"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::write(&pass, format!("{PASSWORD}\n")).unwrap();
+    let o = run(
+        BIN,
+        &[
+            "init",
+            cipher.to_str().unwrap(),
+            "--passfile",
+            pass.to_str().unwrap(),
+            "--kdf-memory",
+            "8",
+            "--kdf-iterations",
+            "1",
+            "--no-recovery-key",
+        ],
+    );
+    assert!(o.status.success(), "init: {}", text(&o));
+    (cipher, mnt, pass)
 }

@@ -9,7 +9,7 @@
 
 use crate::content::ContentCipher;
 use crate::error::{Error, Result};
-use crate::kdf::{self, Argon2Params};
+use crate::kdf::{self, Argon2Params, KdfCeiling};
 use crate::keys::{hmac16, MasterKey};
 use crate::names::{b64_decode, b64_encode, DirIv, CONFIG_NAME};
 use crate::recovery::RecoveryKey;
@@ -253,38 +253,86 @@ impl VaultConfig {
     }
 
     /// Finds the master key with `secret` (trying every slot of the matching kind, or only
-    /// `only_slot`) and authenticates the whole config with it.
+    /// `only_slot`) and authenticates the whole config with it. Slots whose KDF costs more
+    /// than [`KdfCeiling::DEFAULT`] are skipped; see [`unlock_with`](Self::unlock_with).
     pub fn unlock(&self, secret: &Secret, only_slot: Option<u32>, path: &Path) -> Result<MasterKey> {
+        self.unlock_with(secret, only_slot, path, &KdfCeiling::DEFAULT)
+    }
+
+    /// [`unlock`](Self::unlock) with an explicit KDF cost ceiling. A slot that cannot be used
+    /// (a salt or wrapped key that does not decode, a KDF cost above `ceiling`) is skipped with
+    /// a warning before anything is derived, so the other slots still open the vault and a
+    /// forged slot cannot make unlocking take minutes; a config edited that way still fails
+    /// its MAC once a good slot has opened it.
+    pub fn unlock_with(
+        &self,
+        secret: &Secret,
+        only_slot: Option<u32>,
+        path: &Path,
+        ceiling: &KdfCeiling,
+    ) -> Result<MasterKey> {
         let want = match secret {
             Secret::Password(_) => SlotKind::Password,
             Secret::Recovery(_) => SlotKind::Recovery,
         };
         let mut tried = 0;
+        let mut too_costly = 0;
         for slot in self.slots.iter().filter(|s| s.kind == want && only_slot.is_none_or(|id| id == s.id)) {
             tried += 1;
+            let skip = |why: &str| tracing::warn!("{}: key slot {} skipped: {why}", path.display(), slot.id);
             let kek = match (&slot.kdf, secret) {
                 (SlotKdf::Argon2id { memory_kib, iterations, parallelism, salt }, Secret::Password(pw)) => {
                     let p =
                         Argon2Params { memory_kib: *memory_kib, iterations: *iterations, parallelism: *parallelism };
-                    // A damaged slot is skipped, so the other slots can still open the vault.
-                    let Ok(salt) = decode_salt(salt) else { continue };
+                    if !p.within(ceiling) {
+                        too_costly += 1;
+                        skip(&format!(
+                            "its key derivation costs {} MiB × {} passes, above the ceiling of {} MiB and {} MiB·passes \
+                             (--allow-slow-kdf raises it for a vault made that way)",
+                            memory_kib / 1024,
+                            iterations,
+                            ceiling.memory_kib / 1024,
+                            ceiling.memory_passes_kib / 1024
+                        ));
+                        continue;
+                    }
+                    let Ok(salt) = decode_salt(salt) else {
+                        skip("its salt is damaged");
+                        continue;
+                    };
                     match p.derive(pw.expose_secret().as_bytes(), &salt) {
                         Ok(k) => k,
-                        Err(_) => continue,
+                        Err(e) => {
+                            skip(&e.to_string());
+                            continue;
+                        }
                     }
                 }
                 (SlotKdf::HkdfSha256 { salt }, Secret::Recovery(rk)) => {
-                    kdf::recovery_kek(rk.bytes(), &decode_salt(salt)?)
+                    let Ok(salt) = decode_salt(salt) else {
+                        skip("its salt is damaged");
+                        continue;
+                    };
+                    kdf::recovery_kek(rk.bytes(), &salt)
                 }
                 _ => continue,
             };
             let Some(wrapped) = b64_decode(&slot.wrapped_key) else {
+                skip("its wrapped key is not base64url");
                 continue;
             };
             if let Some(master) = kdf::unwrap(&kek, &wrapped, &slot_aad(slot.id, slot.kind, &slot.kdf)) {
                 self.verify(&master, path)?;
                 return Ok(master);
             }
+        }
+        if tried > 0 && too_costly == tried {
+            return Err(Error::Config {
+                path: path.to_path_buf(),
+                detail: "every matching key slot asks for a key derivation above the ceiling; if you made the vault \
+                         with such settings, unlock with --allow-slow-kdf"
+                    .into(),
+            });
         }
         if tried == 0 {
             return Err(Error::Config {
@@ -372,5 +420,94 @@ impl VaultConfig {
             std::fs::File::open(cipherdir)?.sync_all()
         };
         write().map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    const WEAK: Argon2Params = Argon2Params { memory_kib: 64, iterations: 1, parallelism: 1 };
+
+    fn config_with_password(pw: &str) -> (VaultConfig, MasterKey) {
+        let master = MasterKey::from_bytes([9; 32]);
+        let mut cfg = VaultConfig::new(ContentCipher::Aes256Gcm, 4096, &[1; 16]).unwrap();
+        cfg.add_password_slot(&master, &SecretString::from(pw.to_string()), WEAK).unwrap();
+        (cfg, master)
+    }
+
+    fn forged_slot(id: u32, memory_kib: u32, iterations: u32) -> KeySlot {
+        KeySlot {
+            id,
+            kind: SlotKind::Password,
+            kdf: SlotKdf::Argon2id { memory_kib, iterations, parallelism: 4, salt: b64_encode(&[3; 32]) },
+            wrapped_key: b64_encode(&[0; 60]),
+        }
+    }
+
+    fn password(pw: &str) -> Secret {
+        Secret::Password(SecretString::from(pw.to_string()))
+    }
+
+    #[test]
+    fn forged_slots_with_huge_kdf_costs_are_skipped_before_deriving() {
+        let (mut cfg, master) = config_with_password("right");
+        // Three slots asking for 4 GiB × 100 passes each (minutes and gigabytes apiece).
+        for id in [10, 11, 12] {
+            cfg.slots.insert(0, forged_slot(id, 4 * 1024 * 1024, 100));
+        }
+        cfg.seal(&master);
+        let t = Instant::now();
+        assert!(cfg.unlock(&password("right"), None, Path::new("x")).is_ok());
+        assert!(t.elapsed() < Duration::from_secs(20), "the forged slots were derived: {:?}", t.elapsed());
+        // Only such slots: a clear error, not minutes of work.
+        let err = cfg.unlock(&password("right"), Some(10), Path::new("x")).unwrap_err();
+        assert!(matches!(&err, Error::Config { detail, .. } if detail.contains("--allow-slow-kdf")), "{err}");
+        // The ceiling is a limit on work, not on the format: raised, the slot is tried.
+        let ok = KdfCeiling { memory_kib: 4 * 1024 * 1024, memory_passes_kib: 1 << 40 };
+        assert!(Argon2Params { memory_kib: 4 * 1024 * 1024, iterations: 100, parallelism: 4 }.within(&ok));
+    }
+
+    #[test]
+    fn an_unsealed_forged_slot_is_skipped_and_the_mac_still_catches_the_edit() {
+        let (mut cfg, master) = config_with_password("right");
+        cfg.seal(&master);
+        cfg.slots.insert(0, forged_slot(7, 4 * 1024 * 1024, 100));
+        let err = cfg.unlock(&password("right"), None, Path::new("x")).unwrap_err();
+        assert!(matches!(&err, Error::Config { detail, .. } if detail.contains("failed authentication")), "{err}");
+    }
+
+    #[test]
+    fn slots_with_damaged_salts_or_keys_are_skipped_not_fatal() {
+        let (mut cfg, master) = config_with_password("right");
+        let rk = RecoveryKey::from_bytes([5; 32]);
+        // A damaged recovery slot before the good one, and a password slot whose salt and
+        // wrapped key do not decode.
+        cfg.slots.push(KeySlot {
+            id: 20,
+            kind: SlotKind::Recovery,
+            kdf: SlotKdf::HkdfSha256 { salt: "not base64 !!".into() },
+            wrapped_key: "x".into(),
+        });
+        cfg.add_recovery_slot(&master, &rk);
+        let mut bad = forged_slot(21, 64, 1);
+        bad.kdf = SlotKdf::Argon2id { memory_kib: 64, iterations: 1, parallelism: 1, salt: "%%".into() };
+        cfg.slots.insert(0, bad);
+        cfg.seal(&master);
+        assert!(cfg.unlock(&Secret::Recovery(rk), None, Path::new("x")).is_ok());
+        assert!(cfg.unlock(&password("right"), None, Path::new("x")).is_ok());
+        assert!(matches!(cfg.unlock(&password("wrong"), None, Path::new("x")), Err(Error::WrongPassword)));
+    }
+
+    #[test]
+    fn parse_refuses_oversized_and_malformed_configs() {
+        let p = Path::new("veilfs.conf");
+        assert!(matches!(VaultConfig::parse(&vec![b' '; MAX_CONFIG_LEN + 1], p), Err(Error::Config { .. })));
+        assert!(matches!(VaultConfig::parse(b"{", p), Err(Error::Config { .. })));
+        let (mut cfg, master) = config_with_password("pw");
+        cfg.seal(&master);
+        let text = serde_json::to_vec(&cfg).unwrap();
+        assert_eq!(VaultConfig::parse(&text, p).unwrap(), cfg);
     }
 }

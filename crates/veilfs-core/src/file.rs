@@ -250,6 +250,27 @@ impl CryptFile {
         self.codec.open_into(n, last, ct, out, &self.what).inspect_err(|e| tracing::error!("{e}"))
     }
 
+    /// Reads the whole file in order, 1 MiB at a time, handing each authenticated piece to
+    /// `sink`; returns the bytes read. Stops at the first integrity error (or `sink`'s error):
+    /// nothing unauthenticated is ever handed out. For the offline readers (cat, export, fsck).
+    pub fn stream<E: From<Error>>(
+        &self,
+        mut sink: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<u64, E> {
+        let size = self.plain_size()?;
+        let mut buf = vec![0u8; (1 << 20).min(size as usize).max(1)];
+        let mut off = 0u64;
+        while off < size {
+            let n = self.read_at(&mut buf, off, size)?;
+            if n == 0 {
+                break;
+            }
+            sink(&buf[..n])?;
+            off += n as u64;
+        }
+        Ok(off)
+    }
+
     /// Reads up to `buf.len()` bytes at `off` from a file of `size` plaintext bytes.
     pub fn read_at(&self, buf: &mut [u8], off: u64, size: u64) -> Result<usize> {
         if off >= size || buf.is_empty() {

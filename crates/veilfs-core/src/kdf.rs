@@ -44,6 +44,14 @@ impl Argon2Params {
         Ok(())
     }
 
+    /// Whether unlocking may spend this much: a slot above `ceiling` is refused before any
+    /// derivation (a forged slot must not make unlocking take minutes or gigabytes).
+    pub fn within(&self, ceiling: &KdfCeiling) -> bool {
+        self.memory_kib <= ceiling.memory_kib
+            && u64::from(self.memory_kib) * u64::from(self.iterations) <= ceiling.memory_passes_kib
+            && self.parallelism <= 64
+    }
+
     /// Derives a 32-byte KEK from `password` and `salt`.
     pub fn derive(&self, password: &[u8], salt: &[u8]) -> Result<SecretBytes<32>> {
         self.validate()?;
@@ -54,6 +62,23 @@ impl Argon2Params {
         a2.hash_password_into(password, salt, &mut out.0).map_err(|e| Error::Invalid(format!("Argon2: {e}")))?;
         Ok(out)
     }
+}
+
+/// The most an Argon2id slot may cost before unlocking refuses it (docs/SECURITY.md §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KdfCeiling {
+    /// Largest memory in KiB.
+    pub memory_kib: u32,
+    /// Largest memory × passes, in KiB.
+    pub memory_passes_kib: u64,
+}
+
+impl KdfCeiling {
+    /// The default ceiling: 1 GiB of memory and 4 GiB·passes (8× the default slot's memory,
+    /// ~10× its time; a few seconds on the reference 2-core machine).
+    pub const DEFAULT: KdfCeiling = KdfCeiling { memory_kib: 1024 * 1024, memory_passes_kib: 4 * 1024 * 1024 };
+    /// What `--allow-slow-kdf` allows: anything Argon2 parameters can say (4 GiB, 100 passes).
+    pub const UNLIMITED: KdfCeiling = KdfCeiling { memory_kib: 4 * 1024 * 1024, memory_passes_kib: 400 * 1024 * 1024 };
 }
 
 /// The KEK of a recovery slot.

@@ -14,6 +14,7 @@ pub mod random;
 pub use error::{Error, Result};
 pub mod config;
 pub mod file;
+pub mod fsck;
 pub mod kdf;
 pub mod recovery;
 pub mod sys;

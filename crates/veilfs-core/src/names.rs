@@ -224,6 +224,15 @@ fn ascii(s: &[u8]) -> &str {
     std::str::from_utf8(s).expect("checked to be ASCII")
 }
 
+/// Prefix of the temporary names the tree engine uses while it creates or removes a
+/// directory or exchanges two entries (and that `fsck --repair` cleans up after a crash).
+pub const TEMP_PREFIX: &str = "veilfs.tmp.";
+
+/// A fresh temporary name (`veilfs.tmp.` and 96 random bits).
+pub fn temp_name() -> String {
+    format!("{TEMP_PREFIX}{}", b64_encode(&crate::random::bytes::<12>()))
+}
+
 /// Decodes base64url without padding.
 pub fn b64_decode(s: &str) -> Option<Vec<u8>> {
     B64.decode(s).ok()

@@ -1,10 +1,14 @@
-//! An unlocked vault: config plus keys, and the directory-level operations on its
-//! ciphertext that every front end shares (the offline CLI tools and the mount).
+//! An unlocked vault: config plus keys, and the tree engine — every on-disk step of the
+//! ciphertext tree, in one place, for every front end (the mount, the offline commands,
+//! fsck): building and parsing entry names and bindings, long-name side files, directory IV
+//! files, temporary names, duplicate resolution, creating, linking, renaming, exchanging and
+//! removing entries, and opening content and attribute handles without following links.
 //!
-//! Directory operations work on [`CipherDir`]s (an open directory fd plus the directory's
-//! IV), so nothing re-walks a path. Lookups that start from a plaintext name must list the
-//! ciphertext directory, because an entry's on-disk name ends with its identity binding,
-//! which only the entry knows; the mount keeps a per-directory index so this happens once.
+//! Operations work on [`CipherDir`]s (an open directory fd plus the directory's IV), so
+//! nothing re-walks a path. Name-based calls (`create_file`, `mkdir`, `lookup`, …) list the
+//! directory, because an entry's on-disk name ends with its identity binding, which only the
+//! entry knows; the `*_at` calls take a key the caller resolved itself (the mount keeps a
+//! per-directory index, so it lists each directory once).
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
@@ -156,8 +160,18 @@ impl Vault {
 
     /// Opens the vault in `cipherdir` with `secret` (optionally only slot `slot`).
     pub fn open(cipherdir: &Path, secret: &Secret, slot: Option<u32>) -> Result<Vault> {
+        Self::open_with(cipherdir, secret, slot, &crate::kdf::KdfCeiling::DEFAULT)
+    }
+
+    /// [`open`](Self::open) with an explicit KDF cost ceiling for the slots tried.
+    pub fn open_with(
+        cipherdir: &Path,
+        secret: &Secret,
+        slot: Option<u32>,
+        ceiling: &crate::kdf::KdfCeiling,
+    ) -> Result<Vault> {
         let cfg = VaultConfig::load(cipherdir)?;
-        let master = cfg.unlock(secret, slot, &VaultConfig::path_in(cipherdir))?;
+        let master = cfg.unlock_with(secret, slot, &VaultConfig::path_in(cipherdir), ceiling)?;
         Ok(Vault::from_parts(cipherdir, cfg, master))
     }
 
@@ -204,30 +218,85 @@ impl Vault {
 
     /// Opens the top directory and checks its `veilfs.diriv` against the config.
     pub fn root(&self) -> Result<CipherDir> {
-        let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
-        let iv = self.config.root_iv().expect("checked at load");
-        let dir = CipherDir { fd, iv, path: self.root_path.clone() };
+        let dir = self.root_dir()?;
         self.check_diriv(&dir)?;
         Ok(dir)
     }
 
-    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promises. A copied IV file,
-    /// one of the wrong length and anything but a regular file there (a planted FIFO, device
-    /// or symlink) is an integrity error; a missing or empty one (a crash right after
-    /// `mkdir`) is restored from the authenticated entry.
+    /// Opens the top directory without checking (or restoring) its IV file (fsck checks it
+    /// itself and must not write).
+    pub fn root_dir(&self) -> Result<CipherDir> {
+        let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
+        let iv = self.config.root_iv().expect("checked at load");
+        Ok(CipherDir { fd, iv, path: self.root_path.clone() })
+    }
+
+    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promises; a missing or empty
+    /// one (a crash right after `mkdir`) is restored from the authenticated entry.
     pub fn check_diriv(&self, dir: &CipherDir) -> Result<()> {
+        if self.verify_diriv(dir)? {
+            Ok(())
+        } else {
+            self.restore_diriv(dir).or_else(|e| {
+                // The IV itself comes from the authenticated entry, so a vault on read-only
+                // storage still opens when the copy cannot be written.
+                tracing::warn!("could not restore {}/{DIRIV_NAME}: {e}", dir.path.display());
+                Ok(())
+            })
+        }
+    }
+
+    /// Whether `dir`'s `veilfs.diriv` holds the IV its entry promises (`Ok(false)`: missing or
+    /// empty). A copied IV file, one of the wrong length and anything but a regular file there
+    /// (a planted FIFO, device or symlink) is an integrity error. Never writes.
+    pub fn verify_diriv(&self, dir: &CipherDir) -> Result<bool> {
         let what = || format!("{}/{DIRIV_NAME}", dir.path.display());
         match sys::read_meta_at(dir.fd(), DIRIV_NAME.as_bytes(), DIRIV_LEN) {
-            Ok(b) if b.as_slice() == dir.iv => Ok(()),
-            Ok(b) if b.is_empty() => self.restore_diriv(dir),
+            Ok(b) if b.as_slice() == dir.iv => Ok(true),
+            Ok(b) if b.is_empty() => Ok(false),
             Ok(b) if b.len() != DIRIV_LEN => Err(Error::auth(what(), format!("is {} bytes long, not 16", b.len()))),
             Ok(_) => Err(Error::auth(
                 what(),
                 "does not match the IV its directory entry promises (copied from another directory?)",
             )),
-            Err(e) if e.is_not_found() => self.restore_diriv(dir),
+            Err(e) if e.is_not_found() => Ok(false),
             Err(MetaError::Io(e)) => Err(Error::io(format!("reading {}", what()), e)),
             Err(e) => Err(Error::auth(what(), e.to_string())),
+        }
+    }
+
+    /// Writes `dir`'s missing `veilfs.diriv` from the IV its authenticated entry promises.
+    pub fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
+        tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
+        let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
+        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400)
+            .ctx(|| format!("writing {}/{DIRIV_NAME}", dir.path.display()))
+    }
+
+    /// Replaces a damaged `veilfs.diriv` of `dir` (of a subdirectory: the top one's IV is in
+    /// the config) with the IV its authenticated entry promises; a directory planted there is
+    /// moved aside under a temporary name, never deleted.
+    pub fn rewrite_diriv(&self, dir: &CipherDir) -> Result<()> {
+        let what = || format!("{}/{DIRIV_NAME}", dir.path.display());
+        if let Ok(st) = sys::fstatat(dir.fd(), DIRIV_NAME.as_bytes()) {
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                let tmp =
+                    format!("{}{}", crate::fsck::TEMP_PREFIX, crate::names::b64_encode(&crate::random::bytes::<12>()));
+                sys::renameat2(dir.fd(), DIRIV_NAME.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)
+                    .ctx(what)?;
+            } else {
+                sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false).ctx(what)?;
+            }
+        }
+        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400).ctx(what)
+    }
+
+    /// The vault's `lost+found` directory (made on first use).
+    pub fn lost_found(&self) -> Result<CipherDir> {
+        let root = self.root()?;
+        match self.lookup(&root, crate::fsck::LOST_FOUND)? {
+            Some(e) => self.open_dir(&root, &e),
+            None => Ok(self.mkdir_unchecked(&root, crate::fsck::LOST_FOUND, 0o700)?.1),
         }
     }
 
@@ -242,17 +311,6 @@ impl Vault {
             Err(MetaError::Io(e)) => Err(Error::io(dir.child_path(side), e)),
             Err(e) => Err(Error::auth(dir.child_path(side), e.to_string())),
         }
-    }
-
-    /// Best effort: the IV itself comes from the authenticated entry, so a vault on read-only
-    /// storage still opens when the copy cannot be written.
-    fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
-        tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
-        let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
-        if let Err(e) = sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400) {
-            tracing::warn!("could not restore {}/{DIRIV_NAME}: {e}", dir.path.display());
-        }
-        Ok(())
     }
 
     /// Decodes one raw on-disk entry of `dir` (`st` = its backing stat).
@@ -273,6 +331,43 @@ impl Vault {
             .map_err(|e| relabel(e, &what()))?;
         let key = NameCipher::key_for_d(d);
         Ok(Some(Entry { name, on_disk: String::from_utf8_lossy(on_disk).into_owned(), key, kind, identity, stat: st }))
+    }
+
+    /// The user entries of `dir` by lookup key, without decrypting anything: (key, on-disk
+    /// name, `d_type`) for each, in listing order. Names that are not veilfs entries (a sync
+    /// tool's conflict copy) are left out with a warning naming them. For callers that keep
+    /// their own index (the mount).
+    pub fn keyed_entries(dir: &CipherDir) -> Result<Vec<(String, String, u8)>> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let mut out = Vec::with_capacity(raw.len());
+        for r in raw {
+            let parsed = ParsedEntry::parse(&r.name);
+            let Some(key) = parsed.key() else {
+                if matches!(parsed, ParsedEntry::Foreign) {
+                    tracing::warn!(
+                        "{}: ignoring {:?}, which is not a veilfs entry (a sync conflict copy?)",
+                        dir.path.display(),
+                        String::from_utf8_lossy(&r.name)
+                    );
+                }
+                continue;
+            };
+            let key = key.to_string();
+            // Entry names parse only as UTF-8, so this moves the bytes without a copy.
+            let on_disk =
+                String::from_utf8(r.name).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            out.push((key, on_disk, r.d_type));
+        }
+        Ok(out)
+    }
+
+    /// Opens the subdirectory `on_disk` of `parent` whose entry promises IV `iv`, checking its
+    /// IV file (see [`check_diriv`](Self::check_diriv)).
+    pub fn open_subdir(&self, parent: &CipherDir, on_disk: &str, iv: DirIv) -> Result<CipherDir> {
+        let fd = sys::open_dir_at(parent.fd(), on_disk.as_bytes()).ctx(|| parent.child_path(on_disk))?;
+        let dir = CipherDir { fd, iv, path: parent.path.join(on_disk) };
+        self.check_diriv(&dir)?;
+        Ok(dir)
     }
 
     /// Lists `dir`: its decrypted entries, and the on-disk entries that failed to decrypt
@@ -361,10 +456,7 @@ impl Vault {
         if entry.kind != EntryKind::Dir {
             return Err(Error::io(parent.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
         }
-        let fd = sys::open_dir_at(parent.fd(), entry.on_disk.as_bytes()).ctx(|| parent.child_path(&entry.on_disk))?;
-        let dir = CipherDir { fd, iv: entry.identity, path: parent.path.join(&entry.on_disk) };
-        self.check_diriv(&dir)?;
-        Ok(dir)
+        self.open_subdir(parent, &entry.on_disk, entry.identity)
     }
 
     /// Opens the regular file named by `entry` with `flags` (`O_RDONLY`, `O_RDWR`, ...).
@@ -516,12 +608,8 @@ impl Vault {
         if kind != EntryKind::Dir {
             return sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(what);
         }
-        let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
-        let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
-        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
-            return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
-        }
-        let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+        let sub = Self::empty_dir(dir, on_disk)?;
+        let tmp = crate::names::temp_name();
         sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
         // The IV file goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
@@ -535,15 +623,24 @@ impl Vault {
         Ok(())
     }
 
-    /// Removes the long-name side file of `key` if no entry uses it any more.
+    /// Removes the long-name side file of `key` if no entry uses it any more (lists `dir`).
     pub fn drop_side_file(&self, dir: &CipherDir, key: &NameKey) {
-        if let Some(side) = &key.side_file {
+        if key.side_file.is_some() {
             let still_used = sys::read_dir_fd(dir.fd())
                 .map(|raw| raw.iter().any(|r| ParsedEntry::parse(&r.name).key() == Some(key.key.as_str())))
                 .unwrap_or(true);
             if !still_used {
-                let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
+                Self::unlink_side_file(dir, key);
             }
+        }
+    }
+
+    /// Removes the long-name side file of `key`, if it has one, for a caller that knows no
+    /// other entry uses it (the mount, from its index). Best effort: an orphaned side file is
+    /// harmless and `fsck --repair` removes it.
+    pub fn unlink_side_file(dir: &CipherDir, key: &NameKey) {
+        if let Some(side) = &key.side_file {
+            let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
         }
     }
 
@@ -562,39 +659,87 @@ impl Vault {
 
     /// Creates an empty regular file `name` (fails if the name exists) and opens it.
     pub fn create_file(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CryptFile)> {
-        self.ensure_absent(dir, name)?;
-        let id: Identity = crate::random::bytes();
-        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::File, &id)?;
-        let what = dir.child_path(&on_disk);
-        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode & 0o7777)
-            .ctx(|| what.clone())?;
-        let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, id, file) = self.create_file_at(dir, &key, mode)?;
         Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::File, id)?, file))
     }
 
-    fn ensure_absent(&self, dir: &CipherDir, name: &[u8]) -> Result<()> {
+    /// Creates an empty regular file under `key` in `dir` (the caller knows the name is free:
+    /// the mount holds the directory's lock and index) and opens it. Returns its on-disk name,
+    /// identity and open file.
+    pub fn create_file_at(&self, dir: &CipherDir, key: &NameKey, mode: u32) -> Result<(String, Identity, CryptFile)> {
+        let id: Identity = crate::random::bytes();
+        let on_disk = self.entry_name_for(dir, key, EntryKind::File, &id)?;
+        let what = dir.child_path(&on_disk);
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), flags, mode & 0o7777).ctx(|| what.clone())?;
+        let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        Ok((on_disk, id, file))
+    }
+
+    /// The key of `name` in `dir`, or EEXIST if an entry has that name (lists the directory).
+    fn absent_key(&self, dir: &CipherDir, name: &[u8]) -> Result<NameKey> {
         if self.lookup(dir, name)?.is_some() {
             return Err(Error::io(
                 format!("{}/{}", dir.path.display(), String::from_utf8_lossy(name)),
                 std::io::Error::from_raw_os_error(libc::EEXIST),
             ));
         }
-        Ok(())
+        self.names.name_key(&dir.iv, name)
+    }
+
+    /// Opens the directory `on_disk` of `dir` and checks it holds nothing but its IV file
+    /// (ENOTEMPTY otherwise): before it is removed or replaced.
+    pub fn empty_dir(dir: &CipherDir, on_disk: &str) -> Result<OwnedFd> {
+        let what = || dir.child_path(on_disk);
+        let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
+        let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
+        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
+            return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
+        }
+        Ok(sub)
+    }
+
+    /// The identity the entry `on_disk` of `dir` (with `D` = `d`, of `kind`) promises: its
+    /// binding, verified. An integrity error names the entry.
+    pub fn unbind_entry(&self, dir: &CipherDir, d: &[u8], on_disk: &str, kind: EntryKind) -> Result<Identity> {
+        let what = || dir.child_path(on_disk);
+        let binding = ParsedEntry::parse(on_disk.as_bytes())
+            .binding()
+            .ok_or_else(|| Error::auth(what(), "is not a veilfs entry name"))?;
+        self.names.unbind(&dir.iv, d, kind, binding).map_err(|e| relabel(e, &what()))
+    }
+
+    /// `D` of the entry `on_disk` of `dir`, read from its name or, for a long name, its side
+    /// file (checked against the name's hash and for canonical form). For listings.
+    pub fn entry_d(&self, dir: &CipherDir, on_disk: &str) -> Result<Vec<u8>> {
+        let parsed = ParsedEntry::parse(on_disk.as_bytes());
+        self.names
+            .entry_d(&parsed, |side| Self::read_side_file(dir, side))
+            .map_err(|e| relabel(e, &dir.child_path(on_disk)))
     }
 
     /// Creates directory `name` with its IV file, atomically: it appears under its final
     /// name only once its `veilfs.diriv` exists.
     pub fn mkdir(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
-        self.ensure_absent(dir, name)?;
-        let (entry, sub) = self.mkdir_unchecked(dir, name, mode)?;
-        Ok((entry, sub))
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, sub) = self.mkdir_at(dir, &key, mode)?;
+        Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, sub.iv)?, sub))
     }
 
     /// [`mkdir`](Self::mkdir) without the existence check (the caller knows the name is free).
     pub fn mkdir_unchecked(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
+        let key = self.names.name_key(&dir.iv, name)?;
+        let (on_disk, sub) = self.mkdir_at(dir, &key, mode)?;
+        Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, sub.iv)?, sub))
+    }
+
+    /// Creates a directory under `key` in `dir` (the caller knows the name is free), made
+    /// under a temporary name and renamed into place once its IV file is written.
+    pub fn mkdir_at(&self, dir: &CipherDir, key: &NameKey, mode: u32) -> Result<(String, CipherDir)> {
         let iv: DirIv = crate::random::bytes();
-        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Dir, &iv)?;
-        let tmp = format!("veilfs.tmp.{}", crate::names::b64_encode(&crate::random::bytes::<12>()));
+        let on_disk = self.entry_name_for(dir, key, EntryKind::Dir, &iv)?;
+        let tmp = crate::names::temp_name();
         // Made with its final mode when that lets its owner write the IV file into it (the
         // usual case; a set-group-id parent's group and bit are inherited as usual); else
         // made private and given its mode through its own fd once the IV file is in.
@@ -613,8 +758,8 @@ impl Vault {
         })();
         match result {
             Ok(fd) => {
-                let sub = CipherDir { fd, iv, path: dir.path.join(&on_disk) };
-                Ok((self.entry_after_create(dir, name, key, on_disk, EntryKind::Dir, iv)?, sub))
+                let path = dir.path.join(&on_disk);
+                Ok((on_disk, CipherDir { fd, iv, path }))
             }
             Err(e) => {
                 let _ = sys::unlinkat(dir.fd(), format!("{tmp}/{DIRIV_NAME}").as_bytes(), false);
@@ -655,12 +800,18 @@ impl Vault {
 
     /// Creates symlink `name` → `target`.
     pub fn symlink(&self, dir: &CipherDir, name: &[u8], target: &[u8]) -> Result<Entry> {
-        self.ensure_absent(dir, name)?;
-        let id: Identity = crate::random::bytes();
-        let (key, on_disk) = self.new_entry_name(dir, name, EntryKind::Symlink, &id)?;
-        let stored = self.encrypt_target(&id, target)?;
-        sys::symlinkat(&stored, dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, id) = self.symlink_at(dir, &key, target)?;
         self.entry_after_create(dir, name, key, on_disk, EntryKind::Symlink, id)
+    }
+
+    /// Creates a symlink → `target` under `key` in `dir` (the caller knows the name is free).
+    pub fn symlink_at(&self, dir: &CipherDir, key: &NameKey, target: &[u8]) -> Result<(String, Identity)> {
+        let id: Identity = crate::random::bytes();
+        let stored = self.encrypt_target(&id, target)?;
+        let on_disk = self.entry_name_for(dir, key, EntryKind::Symlink, &id)?;
+        sys::symlinkat(&stored, dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        Ok((on_disk, id))
     }
 
     /// Reads the target of the symlink `entry`.
@@ -672,12 +823,18 @@ impl Vault {
 
     /// Creates a FIFO, socket or device node.
     pub fn mknod(&self, dir: &CipherDir, name: &[u8], mode: u32, rdev: u64) -> Result<Entry> {
-        self.ensure_absent(dir, name)?;
+        let key = self.absent_key(dir, name)?;
+        let (on_disk, id) = self.mknod_at(dir, &key, mode, rdev)?;
+        self.entry_after_create(dir, name, key, on_disk, EntryKind::from_mode(mode), id)
+    }
+
+    /// Creates a FIFO, socket or device node under `key` in `dir` (the caller knows the name
+    /// is free).
+    pub fn mknod_at(&self, dir: &CipherDir, key: &NameKey, mode: u32, rdev: u64) -> Result<(String, Identity)> {
         let id: Identity = crate::random::bytes();
-        let kind = EntryKind::from_mode(mode);
-        let (key, on_disk) = self.new_entry_name(dir, name, kind, &id)?;
+        let on_disk = self.entry_name_for(dir, key, EntryKind::from_mode(mode), &id)?;
         sys::mknodat(dir.fd(), on_disk.as_bytes(), mode, rdev).ctx(|| dir.child_path(&on_disk))?;
-        self.entry_after_create(dir, name, key, on_disk, kind, id)
+        Ok((on_disk, id))
     }
 
     /// Removes `entry` (a directory must be empty but for its IV file).
@@ -692,10 +849,8 @@ impl Vault {
         self.new_entry_name(to, new_name, entry.kind, &entry.identity)
     }
 
-    /// Renames `entry` of `from` to `new_name` in `to`, replacing an existing `replaced`
-    /// entry (found by the caller) unless `noreplace`. The backing rename moves the object
-    /// atomically; the old entry of the target name is removed right after (a crash between
-    /// leaves two entries for one name, resolved in favour of the newer).
+    /// Renames `entry` of `from` to `new_name` in `to`, replacing `replaced` (the entry of
+    /// `new_name`, found by the caller) if given. See [`rename_at`](Self::rename_at).
     pub fn rename(
         &self,
         from: &CipherDir,
@@ -704,37 +859,83 @@ impl Vault {
         new_name: &[u8],
         replaced: Option<&Entry>,
     ) -> Result<Entry> {
+        let key = self.names.name_key(&to.iv, new_name)?;
+        let on_disk = self.rename_at(from, entry, to, &key, replaced)?;
+        let stat = sys::fstatat(to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity: entry.identity, stat })
+    }
+
+    /// Renames `entry` of `from` to the name of `key` in `to`, replacing `replaced` (the entry
+    /// of that name, found by the caller) if given; returns the new on-disk name. A directory
+    /// replaces only an empty directory, a non-directory only a non-directory. The backing
+    /// rename moves the object atomically under its new binding; the replaced entry is removed
+    /// right after (a crash between leaves two entries for one name; the newer, verified one
+    /// wins, F§10), and a long name's side file goes once no entry uses it.
+    pub fn rename_at(
+        &self,
+        from: &CipherDir,
+        entry: &Entry,
+        to: &CipherDir,
+        key: &NameKey,
+        replaced: Option<&Entry>,
+    ) -> Result<String> {
         if let Some(r) = replaced {
-            if r.kind == EntryKind::Dir && entry.kind != EntryKind::Dir {
-                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::EISDIR)));
-            }
-            if r.kind != EntryKind::Dir && entry.kind == EntryKind::Dir {
-                return Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(libc::ENOTDIR)));
-            }
-            if r.kind == EntryKind::Dir {
-                let sub = sys::open_dir_at(to.fd(), r.on_disk.as_bytes()).ctx(|| to.child_path(&r.on_disk))?;
-                let raw = sys::read_dir_fd(sub.as_fd()).ctx(|| to.child_path(&r.on_disk))?;
-                if raw.iter().any(|x| x.name != b"." && x.name != b".." && x.name != DIRIV_NAME.as_bytes()) {
-                    return Err(Error::io(
-                        to.child_path(&r.on_disk),
-                        std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
-                    ));
-                }
+            let errno = |n| Err(Error::io(to.child_path(&r.on_disk), std::io::Error::from_raw_os_error(n)));
+            match (entry.kind == EntryKind::Dir, r.kind == EntryKind::Dir) {
+                (false, true) => return errno(libc::EISDIR),
+                (true, false) => return errno(libc::ENOTDIR),
+                (true, true) => drop(Self::empty_dir(to, &r.on_disk)?),
+                (false, false) => {}
             }
         }
-        let (key, on_disk) = self.rebind(to, new_name, entry)?;
+        let on_disk = self.entry_name_for(to, key, entry.kind, &entry.identity)?;
         sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
             .ctx(|| to.child_path(&on_disk))?;
         if let Some(r) = replaced {
-            if r.on_disk != entry.on_disk || from.path != to.path {
-                self.remove(to, r)?;
+            if let Err(e) = self.remove_entry(to, &r.on_disk, r.kind, &r.identity) {
+                tracing::error!("rename: could not remove the replaced entry {}: {e}", to.child_path(&r.on_disk));
             }
         }
         if !(from.path == to.path && entry.key.key == key.key) {
             self.drop_side_file(from, &entry.key);
         }
-        let stat = sys::fstatat(to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
-        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity: entry.identity, stat })
+        Ok(on_disk)
+    }
+
+    /// Exchanges entries `a` of `a_dir` and `b` of `b_dir` (RENAME_EXCHANGE): each object
+    /// takes the other's name, under a new binding. Returns the new on-disk names of `a`'s
+    /// object (now in `b_dir`) and `b`'s (now in `a_dir`). Not atomic on disk: the displaced
+    /// object waits under a temporary name, so a crash leaves it recoverable (`fsck --repair`
+    /// moves it to lost+found), never lost.
+    pub fn exchange_at(&self, a_dir: &CipherDir, a: &Entry, b_dir: &CipherDir, b: &Entry) -> Result<(String, String)> {
+        let a_new = self.entry_name_for(b_dir, &b.key, a.kind, &a.identity)?;
+        let b_new = self.entry_name_for(a_dir, &a.key, b.kind, &b.identity)?;
+        let tmp = crate::names::temp_name();
+        let mv = |fd: &CipherDir, old: &str, td: &CipherDir, new: &str| {
+            sys::renameat2(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes(), libc::RENAME_NOREPLACE)
+                .ctx(|| fd.child_path(old))
+        };
+        mv(b_dir, &b.on_disk, b_dir, &tmp)?;
+        mv(a_dir, &a.on_disk, b_dir, &a_new)?;
+        mv(b_dir, &tmp, a_dir, &b_new)?;
+        Ok((a_new, b_new))
+    }
+
+    /// Creates a hard link named by `key` in `to` to the object `src_on_disk` of `from` (of
+    /// `kind`, with `identity`); the caller knows the name is free. Returns the new on-disk
+    /// name.
+    pub fn link_at(
+        &self,
+        from: &CipherDir,
+        src_on_disk: &str,
+        kind: EntryKind,
+        identity: &Identity,
+        to: &CipherDir,
+        key: &NameKey,
+    ) -> Result<String> {
+        let on_disk = self.entry_name_for(to, key, kind, identity)?;
+        sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        Ok(on_disk)
     }
 
     /// Creates a hard link `new_name` in `to` to the file `entry` of `from`.
@@ -742,10 +943,8 @@ impl Vault {
         if entry.kind == EntryKind::Dir {
             return Err(Error::io(from.child_path(&entry.on_disk), std::io::Error::from_raw_os_error(libc::EPERM)));
         }
-        self.ensure_absent(to, new_name)?;
-        let (key, on_disk) = self.rebind(to, new_name, entry)?;
-        sys::linkat(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes())
-            .ctx(|| to.child_path(&on_disk))?;
+        let key = self.absent_key(to, new_name)?;
+        let on_disk = self.link_at(from, &entry.on_disk, entry.kind, &entry.identity, to, &key)?;
         self.entry_after_create(to, new_name, key, on_disk, entry.kind, entry.identity)
     }
 

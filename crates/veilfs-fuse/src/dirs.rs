@@ -10,8 +10,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::io;
 use std::sync::OnceLock;
-use veilfs_core::names::ParsedEntry;
-use veilfs_core::{sys, CipherDir};
+use veilfs_core::{sys, CipherDir, Vault};
 
 /// One entry of a directory index.
 #[derive(Debug)]
@@ -23,6 +22,10 @@ pub struct IndexEntry {
     /// The decrypted plaintext name and `D`, once someone needed them (`None` inside:
     /// undecryptable). Keeping `D` spares READDIRPLUS and lookups a re-decode of the name.
     pub plain: OnceLock<Option<Decoded>>,
+    /// Other on-disk entries with the same key (only after a crash during a rename over an
+    /// existing name, or forged). Which one is the entry is decided by verifying bindings
+    /// when it is used (see `VeilFs::resolve`), never by this listing.
+    pub others: Vec<String>,
 }
 
 /// A verified entry name: plaintext and `D` (the name's SIV ciphertext).
@@ -41,7 +44,7 @@ impl IndexEntry {
         if let Some(p) = plain {
             let _ = cell.set(Some(p));
         }
-        IndexEntry { on_disk, d_type, plain: cell }
+        IndexEntry { on_disk, d_type, plain: cell, others: Vec::new() }
     }
 }
 
@@ -74,35 +77,20 @@ impl DirState {
     }
 
     /// Lists the backing directory into a fresh index. Two entries for one key only exist
-    /// after a crash during a rename over an existing name: the newer (ctime) wins.
+    /// after a crash during a rename over an existing name (or if forged): both are kept.
     fn build(&self) -> io::Result<Index> {
-        let raw = sys::read_dir_fd(self.cd.fd())?;
-        let mut idx: Index = HashMap::with_capacity(raw.len());
-        for r in raw {
-            let parsed = ParsedEntry::parse(&r.name);
-            let Some(key) = parsed.key() else {
-                if matches!(parsed, ParsedEntry::Foreign) {
-                    tracing::warn!(
-                        "{}: ignoring {:?}, which is not a veilfs entry (a sync conflict copy?)",
-                        self.cd.path.display(),
-                        String::from_utf8_lossy(&r.name)
-                    );
-                }
+        let entries = Vault::keyed_entries(&self.cd).map_err(|e| match e {
+            veilfs_core::Error::Io { source, .. } => source,
+            e => io::Error::from_raw_os_error(e.errno()),
+        })?;
+        let mut idx: Index = HashMap::with_capacity(entries.len());
+        for (key, on_disk, d_type) in entries {
+            if let Some(prev) = idx.get_mut(&key) {
+                tracing::warn!("{}: two entries for one name", self.cd.path.display());
+                prev.others.push(on_disk);
                 continue;
-            };
-            let key = key.to_string();
-            // Entry names parse only as UTF-8, so this moves the bytes without a copy.
-            let on_disk =
-                String::from_utf8(r.name).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-            if let Some(prev) = idx.get(&key) {
-                let newer =
-                    |n: &str| sys::fstatat(self.cd.fd(), n.as_bytes()).map(|s| (s.st_ctime, s.st_ctime_nsec)).ok();
-                tracing::warn!("{}: two entries for one name; using the newer", self.cd.path.display());
-                if newer(&on_disk) <= newer(&prev.on_disk) {
-                    continue;
-                }
             }
-            idx.insert(key, IndexEntry::new(on_disk, r.d_type, None));
+            idx.insert(key, IndexEntry::new(on_disk, d_type, None));
         }
         Ok(idx)
     }

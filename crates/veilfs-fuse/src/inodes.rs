@@ -7,7 +7,7 @@
 //! name) links, because one fd per file would exhaust the fd limit on large trees.
 
 use crate::dirs::DirState;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,17 +26,97 @@ pub struct Link {
     pub on_disk: String,
 }
 
-/// Per-file state shared by all handles of one regular file.
+/// Per-file state shared by all handles of one regular file: the one open `CryptFile` of the
+/// inode (so header state is shared) with its count of users, the plaintext size while it is
+/// open, and the locks that order I/O on it (see the crate docs for the lock order).
 #[derive(Debug, Default)]
 pub struct FileState {
-    /// The open file (one per inode, so header state is shared) and its open count.
-    pub open: Mutex<Option<(Arc<CryptFile>, usize)>>,
-    /// Plaintext size, valid while the file is open.
-    pub size: AtomicU64,
-    /// Shared for I/O inside the current size; exclusive for anything that changes the size.
-    pub size_lock: RwLock<()>,
-    /// Block-range locks for I/O inside the current size.
-    pub ranges: crate::rangelock::RangeLock,
+    open: Mutex<Option<(Arc<CryptFile>, usize)>>,
+    size: AtomicU64,
+    size_lock: RwLock<()>,
+    ranges: crate::rangelock::RangeLock,
+}
+
+impl FileState {
+    /// The open file, if some handle has it open.
+    pub fn opened(&self) -> Option<Arc<CryptFile>> {
+        self.open.lock().as_ref().map(|(c, _)| c.clone())
+    }
+
+    /// The plaintext size while the file is open (`None`: not open, ask the backing file).
+    pub fn open_size(&self) -> Option<u64> {
+        self.open.lock().as_ref().map(|_| self.size())
+    }
+
+    /// One more user of the open file; if it is not open, `open` opens it (under this
+    /// state's lock, so two first users never open it twice) and gives its plaintext size.
+    pub fn acquire(&self, open: impl FnOnce() -> io::Result<(CryptFile, u64)>) -> io::Result<Arc<CryptFile>> {
+        let mut g = self.open.lock();
+        if let Some((c, n)) = g.as_mut() {
+            *n += 1;
+            return Ok(c.clone());
+        }
+        let (crypt, size) = open()?;
+        self.set_size(size);
+        let crypt = Arc::new(crypt);
+        *g = Some((crypt.clone(), 1));
+        Ok(crypt)
+    }
+
+    /// One more user of `fresh`, a file just created empty; if another thread opened the
+    /// inode meanwhile, of that one.
+    pub fn adopt(&self, fresh: Arc<CryptFile>) -> Arc<CryptFile> {
+        let mut g = self.open.lock();
+        match g.as_mut() {
+            Some((c, n)) => {
+                *n += 1;
+                c.clone()
+            }
+            None => {
+                self.set_size(0);
+                *g = Some((fresh.clone(), 1));
+                fresh
+            }
+        }
+    }
+
+    /// One user fewer; when that was the last one, `last` runs on the file before it is
+    /// closed, still under this state's lock (so a new opener sees what `last` wrote).
+    pub fn release(&self, last: impl FnOnce(&CryptFile)) {
+        let mut g = self.open.lock();
+        if let Some((c, n)) = g.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                last(c);
+                *g = None;
+            }
+        }
+    }
+
+    /// The cached plaintext size (valid while open).
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Records a new plaintext size (hold [`resizing`](Self::resizing)).
+    pub fn set_size(&self, n: u64) {
+        self.size.store(n, Ordering::Release);
+    }
+
+    /// Shared: I/O inside the current size may proceed (with [`blocks`](Self::blocks)).
+    pub fn sized(&self) -> RwLockReadGuard<'_, ()> {
+        self.size_lock.read()
+    }
+
+    /// Exclusive: the size is about to change (a write past the end, a truncate).
+    pub fn resizing(&self) -> RwLockWriteGuard<'_, ()> {
+        self.size_lock.write()
+    }
+
+    /// Locks blocks `first..=last` for reading (shared) or writing (exclusive).
+    pub fn blocks(&self, first: u64, last: u64, write: bool) -> crate::rangelock::RangeGuard<'_> {
+        self.ranges.lock(first, last, write)
+    }
 }
 
 /// One node.

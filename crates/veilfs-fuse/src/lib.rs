@@ -1,9 +1,36 @@
 //! veilfs-fuse: the FUSE adapter. Maps kernel requests (inodes, handles, operations) onto the
-//! core library; holds no cryptography of its own.
+//! core library's tree engine (`veilfs_core::Vault`); holds no cryptography and builds no
+//! on-disk name of its own.
 //!
-//! Modules: `ops` (what each operation does), `fs` (the fuser `Filesystem` shell), `inodes`
-//! (node ids ↔ backing objects), `dirs` (per-directory fd, IV and name index), `handles`,
-//! `rangelock` (block-range locking for parallel writers), `attr` (stat conversion).
+//! # Lock order
+//!
+//! Requests run on several worker threads. A thread that holds more than one lock takes them
+//! in this order, and never the other way round:
+//!
+//! 1. `DirState::ops` of a directory (namespace changes: create, unlink, rename, …). A
+//!    rename takes the two directories' locks in node-id order.
+//! 2. `OpenDir::entries` (a directory handle's listing snapshot).
+//! 3. `DirState::index` (read or write), then `DirState::stamp`.
+//! 4. A `FileState`'s open-file lock (`acquire`, `adopt`, `release`: the file's shared open
+//!    `CryptFile`; held while the file is opened or settled).
+//! 5. A `FileState`'s size lock (`sized`: shared, for I/O inside the size; `resizing`:
+//!    exclusive, to change the size), then its block-range locks (`blocks`).
+//! 6. `NodeTable::nodes` or `NodeTable::ids`: one at a time, never together, and no other
+//!    lock is taken while one is held (a new directory's node is built before `nodes` is
+//!    locked for the insert).
+//! 7. Leaves, held only for a copy or an insert: `Node::links`, `Node::gone`, the `Handles`
+//!    tables, the caller-credential switch of `sys::act_as` (per thread, no lock).
+//!
+//! I/O on the backing store happens under 1, 4 and 5, never under 3's write lock except the
+//! directory listing that (re)builds an index.
+//!
+//! # Modules
+//!
+//! `ops` holds what each request does, one file per op family (`ops/lookup.rs`,
+//! `ops/data.rs`, `ops/readdir.rs`, `ops/entries.rs`, `ops/rename.rs`, `ops/attrs.rs`,
+//! `ops/xattrs.rs`); `fs` is the fuser `Filesystem` shell; `inodes` the node table and each
+//! file's shared state; `dirs` each directory's fd, IV and name index; `handles`; `rangelock`;
+//! `attr` (stat conversion); `tests` drives `ops` on a temporary vault without /dev/fuse.
 
 #![warn(missing_docs)]
 
@@ -14,6 +41,8 @@ mod handles;
 mod inodes;
 mod ops;
 mod rangelock;
+#[cfg(test)]
+mod tests;
 
 pub use fs::MAX_WRITE;
 pub use ops::{Activity, FsOptions, VeilFs};
@@ -45,7 +74,10 @@ pub fn mount(
     let fs = VeilFs::new(vault, cfg.fs.clone(), activity)?;
     let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),
-        fuser::MountOption::Subtype("veilfs".into()),
+        // Not MountOption::Subtype: fuser's own mount(2) (root) drops it and the mount shows
+        // type `fuse`; as a kernel option the kernel sets the subtype (`fuse.veilfs`), and
+        // fusermount3 (non-root) gets the same `subtype=veilfs` text either way.
+        fuser::MountOption::CUSTOM("subtype=veilfs".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoAtime,
     ];

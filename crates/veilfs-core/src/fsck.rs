@@ -1,0 +1,457 @@
+//! Checking a whole vault: every directory IV, entry name and binding, long-name side file,
+//! symlink, extended attribute and content block, through the same [`Vault`] steps the mount
+//! and the offline tools use; and repairing what a crash can leave behind.
+//!
+//! A check never writes. A repair fixes crash leftovers — temporary names, duplicate entries
+//! for one name, orphaned long-name side files, a missing `veilfs.diriv` — and moves every
+//! damaged or stray object into a `lost+found` directory at the top of the vault, bound there
+//! under a new name with the identity it carries (a file's header ID, a directory's IV, a
+//! symlink's ID), so whatever still authenticates can be read again. It deletes no user data:
+//! the only things it removes are orphaned side files (an encrypted name nothing refers to)
+//! and the config's own temporary copy.
+
+use crate::content::header::{FileHeader, HEADER_LEN};
+use crate::error::{Error, IoContext, Result};
+use crate::names::{
+    b64_decode, EntryKind, Identity, ParsedEntry, CONFIG_NAME, DIRIV_NAME, LONG_NAME_FILE_PREFIX, RESERVED_PREFIX,
+};
+use crate::sys;
+use crate::vault::{CipherDir, Entry, Vault};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Name of the directory that receives damaged and stray objects.
+pub const LOST_FOUND: &[u8] = b"lost+found";
+pub use crate::names::TEMP_PREFIX;
+
+/// What kind of problem was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProblemKind {
+    /// Something failed authentication: tampered or damaged (a name, a binding, a block, a
+    /// directory IV, a side file, a symlink, an xattr), or an object of the wrong type.
+    Damaged,
+    /// A name the format does not produce (a sync tool's conflict copy, a stray file).
+    Foreign,
+    /// An object under a temporary name: an interrupted mkdir, rmdir or exchange.
+    TempName,
+    /// Two verified entries for one name: a rename over an existing name was interrupted.
+    Duplicate,
+    /// A long-name side file that no entry uses.
+    OrphanSideFile,
+    /// A directory without its `veilfs.diriv` (a crash right after mkdir); restorable from
+    /// the directory's authenticated entry.
+    MissingDirIv,
+}
+
+impl ProblemKind {
+    /// True for what a crash can leave behind (as opposed to damage or tampering).
+    pub fn is_crash_leftover(self) -> bool {
+        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign)
+    }
+}
+
+/// One problem.
+#[derive(Clone, Debug, Serialize)]
+pub struct Problem {
+    /// What kind.
+    pub kind: ProblemKind,
+    /// The ciphertext path it concerns.
+    pub cipher_path: PathBuf,
+    /// The plaintext path, where known.
+    pub plain_path: Option<PathBuf>,
+    /// What exactly.
+    pub detail: String,
+    /// What `--repair` did about it (`None`: nothing, or not repairing).
+    pub repaired: Option<String>,
+}
+
+/// The outcome of a check.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    /// Directories checked.
+    pub dirs: u64,
+    /// Regular files checked (each inode once).
+    pub files: u64,
+    /// Symlinks checked.
+    pub symlinks: u64,
+    /// FIFOs, sockets and device nodes.
+    pub specials: u64,
+    /// Plaintext bytes read and authenticated.
+    pub bytes: u64,
+    /// Everything found.
+    pub problems: Vec<Problem>,
+}
+
+impl Report {
+    /// True when nothing is wrong, or everything found was repaired.
+    pub fn is_clean(&self) -> bool {
+        self.problems.iter().all(|p| p.repaired.is_some())
+    }
+}
+
+/// Walks a vault. `progress` is called after each regular file with its plaintext size.
+pub struct Checker<'a> {
+    vault: &'a Vault,
+    repair: bool,
+    progress: &'a dyn Fn(u64),
+    report: Report,
+    /// Regular-file inodes already read: (dev, ino) → identity their first name promised.
+    inodes: HashMap<(u64, u64), Identity>,
+    lost_found: Option<CipherDir>,
+    moved: u64,
+    /// The directory being checked is /lost+found or below: what is found there was put
+    /// there by an earlier repair and stays for the user to look at.
+    in_lost_found: bool,
+}
+
+impl<'a> Checker<'a> {
+    /// A checker of `vault`; with `repair`, crash leftovers are fixed and damaged objects
+    /// moved into `lost+found`.
+    pub fn new(vault: &'a Vault, repair: bool, progress: &'a dyn Fn(u64)) -> Self {
+        Checker {
+            vault,
+            repair,
+            progress,
+            report: Report::default(),
+            inodes: HashMap::new(),
+            lost_found: None,
+            moved: 0,
+            in_lost_found: false,
+        }
+    }
+
+    /// Checks the whole vault (the config was verified when it was unlocked).
+    pub fn run(mut self) -> Result<Report> {
+        let root = self.vault.root_dir()?;
+        self.check_dir(root, PathBuf::new());
+        Ok(self.report)
+    }
+
+    fn problem(&mut self, kind: ProblemKind, cipher_path: PathBuf, plain: Option<&Path>, detail: String) -> usize {
+        let repaired = self.in_lost_found.then(|| "kept in /lost+found".to_string());
+        self.report.problems.push(Problem {
+            kind,
+            cipher_path,
+            plain_path: plain.map(Path::to_path_buf),
+            detail,
+            repaired,
+        });
+        self.report.problems.len() - 1
+    }
+
+    fn repaired(&mut self, i: usize, r: Result<String>) {
+        match r {
+            Ok(what) => self.report.problems[i].repaired = Some(what),
+            Err(e) => self.report.problems[i].detail.push_str(&format!(" (repair failed: {e})")),
+        }
+    }
+
+    fn damaged(&mut self, dir: &CipherDir, on_disk: &str, plain: Option<&Path>, e: &Error) -> usize {
+        let detail = match e {
+            Error::Auth { detail, .. } => detail.clone(),
+            e => e.to_string(),
+        };
+        self.problem(ProblemKind::Damaged, dir.path.join(on_disk), plain, detail)
+    }
+
+    fn check_dir(&mut self, dir: CipherDir, plain: PathBuf) {
+        self.report.dirs += 1;
+        self.in_lost_found = plain.starts_with(std::ffi::OsStr::from_bytes(LOST_FOUND));
+        // The directory's IV file: missing is a crash leftover, anything else wrong is damage.
+        match self.vault.verify_diriv(&dir) {
+            Ok(true) => {}
+            Ok(false) => {
+                let i = self.problem(
+                    ProblemKind::MissingDirIv,
+                    dir.path.join(DIRIV_NAME),
+                    Some(&plain),
+                    "is missing".into(),
+                );
+                if self.repair {
+                    let r = self.vault.restore_diriv(&dir).map(|()| "restored from the directory's entry".into());
+                    self.repaired(i, r);
+                }
+            }
+            Err(e) => {
+                let i = self.problem(ProblemKind::Damaged, dir.path.join(DIRIV_NAME), Some(&plain), e.to_string());
+                // Entries of a directory whose IV file is wrong are still named under the IV
+                // the parent's entry promises: rewriting the file restores them.
+                if self.repair && !plain.as_os_str().is_empty() {
+                    let r = self.vault.rewrite_diriv(&dir).map(|()| "rewritten from the directory's entry".into());
+                    self.repaired(i, r);
+                }
+            }
+        }
+        let raw = match sys::read_dir_fd(dir.fd()) {
+            Ok(r) => r,
+            Err(e) => {
+                self.problem(ProblemKind::Damaged, dir.path.clone(), Some(&plain), format!("cannot be listed: {e}"));
+                return;
+            }
+        };
+        let top = plain.as_os_str().is_empty();
+        let mut groups: HashMap<String, Vec<(String, libc::stat)>> = HashMap::new();
+        let mut side_files: Vec<String> = Vec::new();
+        let mut strays: Vec<(String, ProblemKind, String)> = Vec::new();
+        for r in raw {
+            let name = String::from_utf8_lossy(&r.name).into_owned();
+            if r.name == b"." || r.name == b".." || r.name == DIRIV_NAME.as_bytes() {
+                continue;
+            }
+            if top && (r.name == CONFIG_NAME.as_bytes() || is_lock_file(&name)) {
+                continue;
+            }
+            if top && name == format!("{CONFIG_NAME}.tmp") {
+                let i = self.problem(
+                    ProblemKind::TempName,
+                    dir.path.join(&name),
+                    None,
+                    "a config update was interrupted (the config itself is intact)".into(),
+                );
+                if self.repair {
+                    let r = sys::unlinkat(dir.fd(), &r.name, false)
+                        .ctx(|| dir.child_path(&name))
+                        .map(|()| "removed".into());
+                    self.repaired(i, r);
+                }
+                continue;
+            }
+            if name.starts_with(TEMP_PREFIX) {
+                strays.push((name, ProblemKind::TempName, "an interrupted mkdir, rmdir or exchange left it".into()));
+                continue;
+            }
+            if name.starts_with(LONG_NAME_FILE_PREFIX) {
+                side_files.push(name);
+                continue;
+            }
+            let parsed = ParsedEntry::parse(&r.name);
+            match parsed.key() {
+                Some(key) => {
+                    let key = key.to_string();
+                    match sys::fstatat(dir.fd(), &r.name) {
+                        Ok(st) => groups.entry(key).or_default().push((name, st)),
+                        Err(e) => {
+                            self.problem(
+                                ProblemKind::Damaged,
+                                dir.path.join(&name),
+                                None,
+                                format!("cannot be read: {e}"),
+                            );
+                        }
+                    }
+                }
+                None if matches!(parsed, ParsedEntry::Foreign) || !name.starts_with(RESERVED_PREFIX) => strays.push((
+                    name,
+                    ProblemKind::Foreign,
+                    "is not a veilfs entry name (a sync conflict copy?)".into(),
+                )),
+                None => {
+                    // A reserved name this version does not use: left alone, reported.
+                    self.problem(ProblemKind::Foreign, dir.path.join(&name), None, "unknown vault file".into());
+                }
+            }
+        }
+        // Entries: decode each; among verified entries for one name, the newer wins.
+        let mut used_keys: HashSet<String> = HashSet::new();
+        let mut keep: Vec<Entry> = Vec::new();
+        let mut keys: Vec<String> = groups.keys().cloned().collect();
+        keys.sort();
+        for key in keys {
+            let mut good: Vec<Entry> = Vec::new();
+            for (on_disk, st) in groups.remove(&key).unwrap_or_default() {
+                match self.vault.decode_entry(&dir, on_disk.as_bytes(), st) {
+                    Ok(Some(e)) => good.push(e),
+                    Ok(None) => {}
+                    Err(e) => {
+                        let i = self.damaged(&dir, &on_disk, None, &e);
+                        self.move_to_lost_found(i, &dir, &on_disk, &st);
+                    }
+                }
+            }
+            used_keys.insert(key);
+            good.sort_by_key(|e| std::cmp::Reverse((e.stat.st_ctime, e.stat.st_ctime_nsec)));
+            let mut it = good.into_iter();
+            if let Some(newest) = it.next() {
+                for older in it {
+                    let p = plain.join(std::ffi::OsStr::from_bytes(&older.name));
+                    let i = self.problem(
+                        ProblemKind::Duplicate,
+                        dir.path.join(&older.on_disk),
+                        Some(&p),
+                        "an older second entry for this name (an interrupted rename)".into(),
+                    );
+                    self.move_to_lost_found(i, &dir, &older.on_disk, &older.stat);
+                }
+                keep.push(newest);
+            }
+        }
+        for (name, kind, detail) in strays {
+            let i = self.problem(kind, dir.path.join(&name), None, detail);
+            if let Ok(st) = sys::fstatat(dir.fd(), name.as_bytes()) {
+                self.move_to_lost_found(i, &dir, &name, &st);
+            }
+        }
+        // Side files nobody uses.
+        for side in side_files {
+            let hash = &side[LONG_NAME_FILE_PREFIX.len()..];
+            if used_keys.contains(&format!("{}{hash}", crate::names::LONG_PREFIX)) {
+                continue;
+            }
+            let i = self.problem(
+                ProblemKind::OrphanSideFile,
+                dir.path.join(&side),
+                Some(&plain),
+                "no entry uses this long-name side file".into(),
+            );
+            if self.repair {
+                let r = sys::unlinkat(dir.fd(), side.as_bytes(), false).ctx(|| dir.child_path(&side));
+                self.repaired(i, r.map(|()| "removed (it held only an encrypted name)".into()));
+            }
+        }
+        keep.sort_by(|a, b| a.name.cmp(&b.name));
+        for e in keep {
+            let p = plain.join(std::ffi::OsStr::from_bytes(&e.name));
+            self.check_entry(&dir, e, p);
+        }
+    }
+
+    fn check_entry(&mut self, dir: &CipherDir, e: Entry, plain: PathBuf) {
+        let r = match e.kind {
+            EntryKind::Dir => {
+                self.check_xattrs(dir, &e, &plain);
+                let sub = CipherDir::from_parts(
+                    match sys::open_dir_at(dir.fd(), e.on_disk.as_bytes()) {
+                        Ok(fd) => fd,
+                        Err(err) => {
+                            let i = self.damaged(
+                                dir,
+                                &e.on_disk,
+                                Some(&plain),
+                                &Error::io(dir.child_path(&e.on_disk), err),
+                            );
+                            self.move_to_lost_found(i, dir, &e.on_disk, &e.stat);
+                            return;
+                        }
+                    },
+                    e.identity,
+                    dir.path.join(&e.on_disk),
+                );
+                let was = self.in_lost_found;
+                self.check_dir(sub, plain);
+                self.in_lost_found = was;
+                return;
+            }
+            EntryKind::File => self.check_file(dir, &e),
+            EntryKind::Symlink => {
+                self.report.symlinks += 1;
+                self.vault.readlink(dir, &e).map(drop)
+            }
+            EntryKind::Special => {
+                self.report.specials += 1;
+                Ok(())
+            }
+        };
+        if let Err(err) = r {
+            let i = self.damaged(dir, &e.on_disk, Some(&plain), &err);
+            self.move_to_lost_found(i, dir, &e.on_disk, &e.stat);
+            return;
+        }
+        if e.kind == EntryKind::File {
+            self.check_xattrs(dir, &e, &plain);
+        }
+    }
+
+    fn check_xattrs(&mut self, dir: &CipherDir, e: &Entry, plain: &Path) {
+        if let Err(err) = self.vault.xattrs(dir, e) {
+            self.damaged(dir, &e.on_disk, Some(plain), &err);
+        }
+    }
+
+    /// Reads and authenticates every block of a regular file (each inode once; a second name
+    /// of one inode must promise the same identity).
+    fn check_file(&mut self, dir: &CipherDir, e: &Entry) -> Result<()> {
+        let key = (e.stat.st_dev, e.stat.st_ino);
+        if let Some(id) = self.inodes.get(&key) {
+            if *id != e.identity {
+                return Err(Error::auth(
+                    dir.child_path(&e.on_disk),
+                    "is a hard link to another file than its entry names",
+                ));
+            }
+            return Ok(());
+        }
+        self.report.files += 1;
+        let off = self.vault.open_file(dir, e, libc::O_RDONLY)?.stream(|_| Ok::<(), Error>(()))?;
+        self.report.bytes += off;
+        (self.progress)(off);
+        self.inodes.insert(key, e.identity);
+        Ok(())
+    }
+
+    /// With `--repair`: moves `on_disk` of `dir` into `lost+found`, bound to the identity it
+    /// carries, and records what happened on problem `i`.
+    fn move_to_lost_found(&mut self, i: usize, dir: &CipherDir, on_disk: &str, st: &libc::stat) {
+        if !self.repair || self.in_lost_found {
+            return;
+        }
+        let r = self.try_move(dir, on_disk, st);
+        self.repaired(i, r);
+    }
+
+    fn try_move(&mut self, dir: &CipherDir, on_disk: &str, st: &libc::stat) -> Result<String> {
+        if self.lost_found.is_none() {
+            self.lost_found = Some(self.vault.lost_found()?);
+        }
+        let lf = self.lost_found.as_ref().expect("just made");
+        if lf.path == dir.path.join(on_disk) {
+            return Err(Error::Invalid("lost+found itself".into()));
+        }
+        let kind = EntryKind::from_mode(st.st_mode);
+        let identity = carried_identity(self.vault, dir, on_disk, kind).unwrap_or_else(crate::random::bytes);
+        self.moved += 1;
+        let kind_name = match kind {
+            EntryKind::File => "file",
+            EntryKind::Dir => "dir",
+            EntryKind::Symlink => "symlink",
+            EntryKind::Special => "special",
+        };
+        let tag = crate::names::b64_encode(&crate::keys::hmac16(b"lost+found", &[on_disk.as_bytes()])[..6]);
+        let name = format!("{kind_name}-{tag}-{}", self.moved);
+        let (_, new_on_disk) = self.vault.new_entry_name(lf, name.as_bytes(), kind, &identity)?;
+        sys::renameat2(dir.fd(), on_disk.as_bytes(), lf.fd(), new_on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+            .ctx(|| dir.child_path(on_disk))?;
+        Ok(format!("moved to /lost+found/{name}"))
+    }
+}
+
+/// The identity an object carries in itself: a file's header ID, a directory's IV file, a
+/// symlink's ID. `None` when it carries none that can be read.
+fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, kind: EntryKind) -> Option<Identity> {
+    match kind {
+        EntryKind::File => {
+            let fd = Vault::open_content(dir, on_disk, libc::O_RDONLY, 0).ok()?;
+            let mut hdr = [0u8; HEADER_LEN];
+            (sys::pread_full(fd.as_raw_fd(), &mut hdr, 0).ok()? == HEADER_LEN).then_some(())?;
+            FileHeader::decode(&hdr, &vault.content().keys, on_disk).ok().map(|h| h.id)
+        }
+        EntryKind::Dir => {
+            let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ok()?;
+            sys::read_meta_at(sub.as_fd(), DIRIV_NAME.as_bytes(), 16).ok()?.try_into().ok()
+        }
+        EntryKind::Symlink => {
+            let stored = sys::readlinkat(dir.fd(), on_disk.as_bytes()).ok()?;
+            let blob = b64_decode(std::str::from_utf8(&stored).ok()?)?;
+            blob.get(..16)?.try_into().ok()
+        }
+        EntryKind::Special => None,
+    }
+}
+
+/// The mount's lock file (issue 12), if present: not part of the tree.
+fn is_lock_file(name: &str) -> bool {
+    name == "veilfs.lock"
+}

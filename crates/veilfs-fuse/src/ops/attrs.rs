@@ -1,0 +1,105 @@
+//! SETATTR (through verified handles, acting as the caller) and STATFS.
+
+use super::*;
+
+impl VeilFs {
+    /// SETATTR.
+    pub(crate) fn do_setattr(&self, ino: u64, a: &SetAttr, fh: Option<u64>, caller: Caller) -> io::Result<FileAttr> {
+        let node = self.nodes.get(ino)?;
+        if a.changes_anything() {
+            self.check_writable()?;
+        }
+        if let Some(size) = a.size {
+            if node.kind == EntryKind::Dir {
+                return Err(errno(libc::EISDIR));
+            }
+            match self.handles.file_opt(fh) {
+                Some(h) => {
+                    let f = node.file()?;
+                    let _w = f.resizing();
+                    let cur = self.current_size(f, &h.crypt)?;
+                    if size > i64::MAX as u64 / 2 {
+                        return Err(errno(libc::EFBIG));
+                    }
+                    h.crypt.truncate(size, cur).map_err(cerr)?;
+                    f.set_size(size);
+                }
+                None => {
+                    let _as = self.acting(caller)?;
+                    self.truncate(&node, size)?
+                }
+            }
+        }
+        // Directories and open files are changed through the fd this mount holds (verified
+        // when opened; an open file keeps working once its names are gone). Anything else
+        // through a verified handle on the object its name holds now, acting as the caller.
+        if let Some(d) = &node.dir {
+            return self.set_on_fd(&node, d.cd.fd(), a);
+        }
+        let open = self.handles.file_opt(fh).map(|h| h.crypt.clone()).or_else(|| self.open_crypt(&node));
+        if let Some(c) = open {
+            return self.set_on_fd(&node, c.backing().as_fd(), a);
+        }
+        let l = match node.link() {
+            Ok(l) => l,
+            Err(e) => {
+                // Deleted and closed: the kernel may still flush the times of a file it
+                // wrote through its cache. The changes have nowhere to go; answer with
+                // the last attributes, changed as asked, like an unlinked local inode.
+                return node.gone_stat(|st| a.apply_to(st)).map(|st| self.attr_of(&node, &st)).ok_or(e);
+            }
+        };
+        if a.mode.is_some() && node.kind == EntryKind::Symlink {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        let handle = self.handle(&node, &l)?;
+        let _as = self.acting(caller)?;
+        self.set_on_fd(&node, handle.as_fd(), a)
+    }
+
+    /// The ciphertext path of `node`, for log lines.
+    pub(super) fn cipher_path(&self, node: &Node) -> String {
+        match (&node.dir, node.link()) {
+            (Some(d), _) => d.cd.path.display().to_string(),
+            (None, Ok(l)) => l.parent.dir.as_ref().map_or(l.on_disk.clone(), |d| d.cd.child_path(&l.on_disk)),
+            (None, Err(_)) => format!("a deleted file (node {})", node.id),
+        }
+    }
+
+    /// A verified `O_PATH` handle on the object `node` names at `l` (see
+    /// [`Vault::entry_handle`]): a swapped or planted object is an integrity error.
+    pub(super) fn handle(&self, node: &Node, l: &crate::inodes::Link) -> io::Result<OwnedFd> {
+        let dir = l.parent.dir()?;
+        Vault::entry_handle(&dir.cd, &l.on_disk, node.kind, node.backing_ino).map(|(fd, _)| fd).map_err(cerr)
+    }
+
+    /// Applies `a`'s mode, owner and times to the object behind `fd` (a handle of `node`).
+    pub(super) fn set_on_fd(&self, node: &Node, fd: std::os::fd::BorrowedFd<'_>, a: &SetAttr) -> io::Result<FileAttr> {
+        if a.uid.is_some() || a.gid.is_some() {
+            sys::chown_fd(fd, a.uid.unwrap_or(u32::MAX), a.gid.unwrap_or(u32::MAX))?;
+        }
+        if let Some(m) = a.mode {
+            sys::chmod_fd(fd, m & 0o7777)?;
+        }
+        if a.atime.is_some() || a.mtime.is_some() {
+            sys::utimens_fd(fd, &a.times())?;
+        }
+        Ok(self.attr_of(node, &sys::fstat(fd)?))
+    }
+
+    /// STATFS.
+    ///
+    /// Block counts are in plaintext: what one new file could hold in the backing store's
+    /// space, net of its header and every block's overhead (docs/FORMAT.md §5.3), so that a
+    /// `fallocate` of all the free space reported fits. Each further file costs another header
+    /// and a partial block's overhead, and the backing filesystem rounds every file up to its
+    /// own allocation unit; neither is predictable, so many small files fit less.
+    pub(crate) fn do_statfs(&self) -> io::Result<libc::statvfs> {
+        let root = self.nodes.get(ROOT)?;
+        let mut s = sys::fstatvfs(root.dir()?.cd.fd())?;
+        let unit = (s.f_frsize as u64).max(1);
+        let plain = |blocks: u64| self.layout.plain_capacity(blocks.saturating_mul(unit)) / unit;
+        (s.f_blocks, s.f_bfree, s.f_bavail) = (plain(s.f_blocks), plain(s.f_bfree), plain(s.f_bavail));
+        Ok(s)
+    }
+}

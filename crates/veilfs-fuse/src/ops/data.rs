@@ -1,0 +1,269 @@
+//! A file's content: the shared open `CryptFile` of an inode, OPEN/RELEASE, READ, WRITE,
+//! truncation, FALLOCATE and LSEEK, with block-range locks for parallel writers.
+
+use super::*;
+
+impl VeilFs {
+    /// The content layer over `fd`, the backing file `on_disk` in `dir` whose entry promises
+    /// `identity`. Used by every path that opens a file's content, so they all read the header
+    /// the same way and agree on when SPARSE is written.
+    pub(super) fn content(
+        &self,
+        fd: OwnedFd,
+        identity: Identity,
+        dir: &DirState,
+        on_disk: &str,
+    ) -> io::Result<CryptFile> {
+        let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), identity, dir.cd.child_path(on_disk))
+            .map_err(cerr)?;
+        // Only this process writes the file: holes left by out-of-order write-back can wait
+        // for the writes that fill them before the header is marked SPARSE.
+        crypt.set_defer_sparse(!self.opts.shared_storage);
+        Ok(crypt)
+    }
+
+    /// The inode's open file, opening it if this is the first user.
+    pub(crate) fn acquire(&self, node: &Arc<Node>) -> io::Result<Arc<CryptFile>> {
+        node.file()?.acquire(|| {
+            let mut last = errno(libc::ESTALE);
+            for l in node.links() {
+                let dir = l.parent.dir()?;
+                // Verified: a regular file, and the inode the kernel checked permissions
+                // against; a planted FIFO, device or link, or a swapped file, is an integrity
+                // error.
+                let open = |flags| Vault::open_content(&dir.cd, &l.on_disk, flags, node.backing_ino);
+                let fd = match open(if self.opts.read_only { libc::O_RDONLY } else { libc::O_RDWR }) {
+                    Ok(fd) => fd,
+                    Err(veilfs_core::Error::Io { source, .. })
+                        if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) =>
+                    {
+                        match open(libc::O_RDONLY) {
+                            Ok(fd) => fd,
+                            Err(e) => {
+                                last = cerr(e);
+                                continue;
+                            }
+                        }
+                    }
+                    Err(e @ veilfs_core::Error::Auth { .. }) => return Err(cerr(e)),
+                    Err(e) => {
+                        last = cerr(e);
+                        continue;
+                    }
+                };
+                let crypt = self.content(fd, node.identity, dir, &l.on_disk)?;
+                let size = crypt.plain_size().map_err(cerr)?;
+                return Ok((crypt, size));
+            }
+            Err(last)
+        })
+    }
+
+    /// Drops one user of the inode's open file; the last one settles it (declares the holes
+    /// that writes left) before it is closed.
+    pub(crate) fn release_file(&self, node: &Node) {
+        if let Some(f) = &node.file {
+            f.release(|c| {
+                if let Err(e) = c.settle() {
+                    tracing::error!("{e}");
+                }
+            });
+        }
+    }
+
+    /// At unmount: declares the holes of files still open. Their RELEASE may never come (the
+    /// kernel drops queued requests when the connection ends, and a file closed just before
+    /// `umount` is often still queued), and a hole left undeclared fails authentication after
+    /// a clean unmount.
+    pub(crate) fn settle_open_files(&self) {
+        for h in self.handles.open_files() {
+            if let Err(e) = h.crypt.settle() {
+                tracing::error!("{e}");
+            }
+        }
+    }
+
+    /// The inode's open file, if some handle has it open (it stays usable after its last
+    /// name is gone, like any open file).
+    pub(crate) fn open_crypt(&self, node: &Node) -> Option<Arc<CryptFile>> {
+        node.file.as_ref().and_then(|f| f.opened())
+    }
+
+    pub(super) fn current_size(&self, f: &crate::inodes::FileState, crypt: &CryptFile) -> io::Result<u64> {
+        if self.opts.shared_storage {
+            let s = crypt.plain_size().map_err(cerr)?;
+            f.set_size(s);
+            Ok(s)
+        } else {
+            Ok(f.size())
+        }
+    }
+
+    /// OPEN: returns the handle.
+    pub(crate) fn do_open(&self, ino: u64, flags: i32) -> io::Result<u64> {
+        let node = self.nodes.get(ino)?;
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            self.check_writable()?;
+        }
+        let crypt = self.acquire(&node)?;
+        if flags & libc::O_TRUNC != 0 {
+            let f = node.file()?;
+            let _w = f.resizing();
+            let cur = self.current_size(f, &crypt)?;
+            if let Err(e) = crypt.truncate(0, cur) {
+                self.release_file(&node);
+                return Err(cerr(e));
+            }
+            f.set_size(0);
+        }
+        self.activity.open_files.fetch_add(1, Ordering::Relaxed);
+        Ok(self.handles.add_file(OpenFile { node, crypt }))
+    }
+
+    /// RELEASE.
+    pub(crate) fn do_release(&self, fh: u64) {
+        if let Some(h) = self.handles.remove_file(fh) {
+            self.release_file(&h.node);
+            self.activity.open_files.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// READ: calls `reply` with the plaintext.
+    pub(crate) fn do_read(&self, fh: u64, off: u64, size: u32, reply: impl FnOnce(io::Result<&[u8]>)) {
+        let res = (|| -> io::Result<usize> {
+            let h = self.handles.file(fh)?;
+            let f = h.node.file()?;
+            let _s = f.sized();
+            let cur = self.current_size(f, &h.crypt)?;
+            if off >= cur || size == 0 {
+                return Ok(0);
+            }
+            let len = (size as u64).min(cur - off);
+            let (first, last) = self.layout.blocks_touched(off, len).expect("non-empty");
+            let _r = f.blocks(first, last, false);
+            BUF.with_borrow_mut(|buf| {
+                if buf.len() < len as usize {
+                    buf.resize(len as usize, 0);
+                }
+                h.crypt.read_at(&mut buf[..len as usize], off, cur).map_err(cerr)
+            })
+        })();
+        match res {
+            Ok(0) => reply(Ok(&[])),
+            Ok(n) => BUF.with_borrow(|buf| reply(Ok(&buf[..n]))),
+            Err(e) => reply(Err(e)),
+        }
+    }
+
+    /// WRITE.
+    pub(crate) fn do_write(&self, fh: u64, off: u64, data: &[u8], kill_suid: bool) -> io::Result<usize> {
+        self.check_writable()?;
+        let h = self.handles.file(fh)?;
+        let f = h.node.file()?;
+        if kill_suid {
+            kill_suid_sgid(&h.crypt)?;
+        }
+        let end = off.checked_add(data.len() as u64).ok_or_else(|| errno(libc::EFBIG))?;
+        {
+            // Inside the current size: only the touched blocks are locked, so writers to
+            // different blocks of one file run in parallel.
+            let _s = f.sized();
+            let cur = self.current_size(f, &h.crypt)?;
+            if end <= cur {
+                if let Some((first, last)) = self.layout.blocks_touched(off, data.len() as u64) {
+                    let _r = f.blocks(first, last, true);
+                    h.crypt.write_at(data, off, cur).map_err(cerr)?;
+                }
+                return Ok(data.len());
+            }
+        }
+        let _w = f.resizing();
+        let cur = self.current_size(f, &h.crypt)?;
+        let new = h.crypt.write_at(data, off, cur).map_err(cerr)?;
+        f.set_size(new);
+        Ok(data.len())
+    }
+
+    /// Sets the plaintext size of `node`.
+    pub(crate) fn truncate(&self, node: &Arc<Node>, size: u64) -> io::Result<()> {
+        self.check_writable()?;
+        if size > i64::MAX as u64 / 2 {
+            return Err(errno(libc::EFBIG));
+        }
+        let crypt = self.acquire(node)?;
+        let f = node.file()?;
+        let res = (|| {
+            let _w = f.resizing();
+            let cur = self.current_size(f, &crypt)?;
+            crypt.truncate(size, cur).map_err(cerr)?;
+            f.set_size(size);
+            Ok(())
+        })();
+        self.release_file(node);
+        res
+    }
+
+    /// FALLOCATE (modes 0 and KEEP_SIZE; holes are punched by nothing yet).
+    pub(crate) fn do_fallocate(&self, fh: u64, off: u64, len: u64, mode: i32) -> io::Result<()> {
+        self.check_writable()?;
+        let h = self.handles.file(fh)?;
+        let f = h.node.file()?;
+        if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        let end = off.checked_add(len).ok_or_else(|| errno(libc::EFBIG))?;
+        let _w = f.resizing();
+        let cur = self.current_size(f, &h.crypt)?;
+        // Reserve the ciphertext space, so later writes cannot fail with ENOSPC.
+        let start = self.layout.block_offset(self.layout.block_of(off));
+        let cend = self.layout.cipher_size(end);
+        sys::fallocate(h.crypt.backing().as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))?;
+        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > cur {
+            h.crypt.truncate(end, cur).map_err(cerr)?;
+            f.set_size(end);
+        }
+        Ok(())
+    }
+
+    /// LSEEK (SEEK_DATA / SEEK_HOLE) without the writeback cache: the backing file's answer,
+    /// widened to whole blocks (so a block partly in a hole counts as data).
+    pub(crate) fn do_lseek(&self, fh: u64, off: i64, whence: i32) -> io::Result<i64> {
+        let h = self.handles.file(fh)?;
+        let f = h.node.file()?;
+        let _s = f.sized();
+        let size = self.current_size(f, &h.crypt)? as i64;
+        if off < 0 || off >= size {
+            return Err(errno(libc::ENXIO));
+        }
+        let l = self.layout;
+        let coff = l.block_offset(l.block_of(off as u64)) as i64;
+        let fd = h.crypt.backing().as_raw_fd();
+        let to_plain = |c: i64| -> i64 {
+            let b = (c.max(l.header() as i64) - l.header() as i64) as u64 / l.cipher_block();
+            (b * l.block_size) as i64
+        };
+        match whence {
+            libc::SEEK_DATA => {
+                let c = sys::lseek(fd, coff, libc::SEEK_DATA)?;
+                Ok(to_plain(c).max(off))
+            }
+            libc::SEEK_HOLE => {
+                let c = sys::lseek(fd, coff, libc::SEEK_HOLE)?;
+                let p = to_plain(c + l.cipher_block() as i64 - 1);
+                Ok(p.clamp(off, size))
+            }
+            _ => Err(errno(libc::EINVAL)),
+        }
+    }
+}
+
+/// Clears set-user-id (and set-group-id on group-executable files) after a write by an
+/// unprivileged process, which the kernel leaves to us with FUSE_HANDLE_KILLPRIV_V2.
+pub(super) fn kill_suid_sgid(c: &CryptFile) -> io::Result<()> {
+    let mode = sys::fstat(c.backing().as_fd())?.st_mode;
+    let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
+    if mode & libc::S_ISUID != 0 || mode & sgid_exec == sgid_exec {
+        sys::fchmod(c.backing().as_fd(), mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID))?;
+    }
+    Ok(())
+}

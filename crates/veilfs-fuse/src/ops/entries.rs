@@ -1,0 +1,202 @@
+//! Namespace changes other than rename: CREATE, MKNOD, MKDIR, SYMLINK, LINK, UNLINK, RMDIR,
+//! and READLINK; the on-disk steps are the core engine's `*_at` calls.
+
+use super::*;
+
+impl VeilFs {
+    /// Registers a new entry in the parent's index and node table; returns its node.
+    pub(super) fn created(
+        &self,
+        parent: &Arc<Node>,
+        key: &NameKey,
+        on_disk: &str,
+        d_type: u8,
+        name: &[u8],
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
+        let dir = parent.dir()?;
+        dir.update(|idx| {
+            let plain = Decoded { name: name.to_vec(), d: key.d.clone() };
+            idx.insert(key.key.clone(), IndexEntry::new(on_disk.to_string(), d_type, Some(plain)));
+        });
+        let st = sys::fstatat(dir.cd.fd(), on_disk.as_bytes())?;
+        Ok((self.node_at(parent, &key.d, on_disk, &st)?, st))
+    }
+
+    /// CREATE: a new regular file, opened. Returns node, stat and handle.
+    pub(crate) fn do_create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+    ) -> io::Result<(Arc<Node>, libc::stat, u64)> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let guard = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        if found.is_some() {
+            drop(guard);
+            if flags & libc::O_EXCL != 0 {
+                return Err(errno(libc::EEXIST));
+            }
+            let (node, st) = self.do_lookup(parent, name)?;
+            let fh = self.do_open(node.id, flags)?;
+            return Ok((node, st, fh));
+        }
+        let (on_disk, _, crypt) = self.vault.create_file_at(&dir.cd, &key, mode).map_err(cerr)?;
+        crypt.set_defer_sparse(!self.opts.shared_storage);
+        let crypt = Arc::new(crypt);
+        let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
+        drop(guard);
+        let crypt = node.file()?.adopt(crypt);
+        self.activity.open_files.fetch_add(1, Ordering::Relaxed);
+        let fh = self.handles.add_file(OpenFile { node: node.clone(), crypt });
+        Ok((node, st, fh))
+    }
+
+    /// Makes a new entry `name` in directory `parent`: under the directory's lock, refuses a
+    /// name in use (EEXIST), lets `make` create the backing object (returning its on-disk name
+    /// and `d_type`) and registers it. The object belongs to whoever the thread acts as
+    /// ([`acting`](Self::acting)).
+    pub(super) fn make_entry(
+        &self,
+        parent: u64,
+        name: &[u8],
+        make: impl FnOnce(&DirState, &NameKey) -> io::Result<(String, u8)>,
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let _g = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        if found.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let (on_disk, d_type) = make(dir, &key)?;
+        self.created(&pnode, &key, &on_disk, d_type, name)
+    }
+
+    /// MKNOD (FIFOs, sockets, device nodes; regular files too).
+    pub(crate) fn do_mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+    ) -> io::Result<(Arc<Node>, libc::stat)> {
+        let kind = EntryKind::from_mode(mode);
+        if kind == EntryKind::Dir {
+            return Err(errno(libc::EINVAL));
+        }
+        self.make_entry(parent, name, |dir, key| {
+            if kind == EntryKind::File {
+                let (on_disk, _, _) = self.vault.create_file_at(&dir.cd, key, mode).map_err(cerr)?;
+                Ok((on_disk, libc::DT_REG))
+            } else {
+                let rdev = attr::rdev_from_fuse(rdev);
+                let (on_disk, _) = self.vault.mknod_at(&dir.cd, key, mode, rdev).map_err(cerr)?;
+                Ok((on_disk, libc::DT_UNKNOWN))
+            }
+        })
+    }
+
+    /// MKDIR.
+    pub(crate) fn do_mkdir(&self, parent: u64, name: &[u8], mode: u32) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.make_entry(parent, name, |dir, key| {
+            // A set-group-id directory passes the bit on, as local filesystems do.
+            let mode = (mode & 0o7777) | (sys::fstat(dir.cd.fd())?.st_mode & libc::S_ISGID);
+            let (on_disk, _sub) = self.vault.mkdir_at(&dir.cd, key, mode).map_err(cerr)?;
+            Ok((on_disk, libc::DT_DIR))
+        })
+    }
+
+    /// SYMLINK.
+    pub(crate) fn do_symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+        self.make_entry(parent, name, |dir, key| {
+            let (on_disk, _) = self.vault.symlink_at(&dir.cd, key, target).map_err(cerr)?;
+            Ok((on_disk, libc::DT_LNK))
+        })
+    }
+
+    /// READLINK.
+    pub(crate) fn do_readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
+        let node = self.nodes.get(ino)?;
+        let l = node.link()?;
+        let dir = l.parent.dir()?;
+        let what = dir.cd.child_path(&l.on_disk);
+        let stored = sys::readlinkat(dir.cd.fd(), l.on_disk.as_bytes())?;
+        self.vault.decrypt_target(&node.identity, &stored, &what).map_err(cerr)
+    }
+
+    /// UNLINK and RMDIR.
+    pub(crate) fn do_remove(&self, parent: u64, name: &[u8], is_dir: bool) -> io::Result<()> {
+        self.check_writable()?;
+        let pnode = self.nodes.get(parent)?;
+        let dir = pnode.dir()?;
+        let _g = dir.ops.lock();
+        let (key, found) = self.find(dir, name)?;
+        let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
+        let st = sys::fstatat(dir.cd.fd(), on_disk.as_bytes())?;
+        let kind = EntryKind::from_mode(st.st_mode);
+        match (is_dir, kind == EntryKind::Dir) {
+            (true, false) => return Err(errno(libc::ENOTDIR)),
+            (false, true) => return Err(errno(libc::EISDIR)),
+            _ => {}
+        }
+        // A directory's identity (its IV) is needed to put it back if removal fails halfway;
+        // a file's is not, so spare the SIV.
+        let identity = if kind == EntryKind::Dir { self.identity(dir, &key.d, &on_disk, &st)?.1 } else { [0u8; 16] };
+        self.vault.remove_entry(&dir.cd, &on_disk, kind, &identity).map_err(cerr)?;
+        // The index knows whether another entry (a crash leftover) still uses the name.
+        if dir.index(false)?.as_ref().and_then(|i| i.get(&key.key)).is_none_or(|e| e.others.is_empty()) {
+            Vault::unlink_side_file(&dir.cd, &key);
+        }
+        dir.update(|idx| {
+            idx.remove(&key.key);
+        });
+        self.after_unlink(pnode.id, &on_disk, &st);
+        Ok(())
+    }
+
+    /// Bookkeeping once `parent/on_disk` (backing `st` before removal) is gone.
+    pub(super) fn after_unlink(&self, parent: u64, on_disk: &str, st: &libc::stat) {
+        if let Some(id) = self.nodes.id_of(st.st_ino) {
+            if let Ok(n) = self.nodes.get(id) {
+                let named = n.remove_link(parent, on_disk);
+                // Gone only if this was its last name on disk, not merely the last one this
+                // mount had looked up (other hard links may exist).
+                if st.st_nlink <= 1 && n.dir.is_none() && !named {
+                    n.set_gone(st);
+                }
+            }
+        }
+        if st.st_nlink <= 1 || EntryKind::from_mode(st.st_mode) == EntryKind::Dir {
+            self.nodes.backing_gone(st.st_ino);
+        }
+    }
+
+    /// LINK.
+    pub(crate) fn do_link(&self, ino: u64, newparent: u64, newname: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+        let node = self.nodes.get(ino)?;
+        if node.kind == EntryKind::Dir {
+            return Err(errno(libc::EPERM));
+        }
+        self.make_entry(newparent, newname, |dir, key| {
+            let src = node.link()?;
+            let from = &src.parent.dir()?.cd;
+            let on_disk =
+                self.vault.link_at(from, &src.on_disk, node.kind, &node.identity, &dir.cd, key).map_err(cerr)?;
+            Ok((on_disk, if node.kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN }))
+        })
+    }
+}
+
+pub(super) fn dtype(k: EntryKind) -> u8 {
+    match k {
+        EntryKind::File => libc::DT_REG,
+        EntryKind::Dir => libc::DT_DIR,
+        EntryKind::Symlink => libc::DT_LNK,
+        EntryKind::Special => libc::DT_UNKNOWN,
+    }
+}

@@ -1,0 +1,109 @@
+//! LOOKUP and GETATTR: from a plaintext name to a node, through the directory index; several
+//! on-disk entries for one name are resolved by verifying their bindings.
+
+use super::*;
+
+impl VeilFs {
+    /// The lookup key of `name` in `dir` and its on-disk entry, if it exists.
+    pub(super) fn find(&self, dir: &DirState, name: &[u8]) -> io::Result<(NameKey, Option<String>)> {
+        let key = self.names.name_key(&dir.cd.iv, name).map_err(cerr)?;
+        let found = dir
+            .index(self.opts.shared_storage)?
+            .as_ref()
+            .and_then(|i| i.get(&key.key).map(|e| (e.on_disk.clone(), e.others.clone())));
+        let found = match found {
+            Some((on_disk, others)) if others.is_empty() => Some(on_disk),
+            Some((on_disk, others)) => Some(self.resolve(dir, &key.d, on_disk, others)?),
+            None => None,
+        };
+        Ok((key, found))
+    }
+
+    /// Of several on-disk entries for one name, the one that is the entry: among those whose
+    /// binding verifies, the newest (a crash during a rename over an existing name leaves the
+    /// old one behind). A forged entry never hides the real one. With none verifying, the
+    /// first (its use then fails with an integrity error naming it).
+    pub(crate) fn resolve(&self, dir: &DirState, d: &[u8], first: String, others: Vec<String>) -> io::Result<String> {
+        let mut best: Option<((i64, i64), String)> = None;
+        for on_disk in std::iter::once(first.clone()).chain(others) {
+            let Ok(st) = sys::fstatat(dir.cd.fd(), on_disk.as_bytes()) else { continue };
+            if self.identity(dir, d, &on_disk, &st).is_err() {
+                continue;
+            }
+            let ctime = (st.st_ctime, st.st_ctime_nsec);
+            if best.as_ref().is_none_or(|(c, _)| ctime > *c) {
+                best = Some((ctime, on_disk));
+            }
+        }
+        Ok(best.map_or(first, |(_, on_disk)| on_disk))
+    }
+
+    /// The identity `on_disk` (in `dir`, with `D` = `d`, backing type from `st`) promises.
+    pub(super) fn identity(
+        &self,
+        dir: &DirState,
+        d: &[u8],
+        on_disk: &str,
+        st: &libc::stat,
+    ) -> io::Result<(EntryKind, Identity)> {
+        let kind = EntryKind::from_mode(st.st_mode);
+        Ok((kind, self.vault.unbind_entry(&dir.cd, d, on_disk, kind).map_err(cerr)?))
+    }
+
+    /// The node of entry `on_disk` of `parent` (counts one kernel lookup).
+    pub(super) fn node_at(
+        &self,
+        parent: &Arc<Node>,
+        d: &[u8],
+        on_disk: &str,
+        st: &libc::stat,
+    ) -> io::Result<Arc<Node>> {
+        let dir = parent.dir()?;
+        let (kind, identity) = self.identity(dir, d, on_disk, st)?;
+        self.nodes.lookup(parent, on_disk, st, kind, identity, || {
+            // Every directory this mount uses was checked here first: its `veilfs.diriv` is
+            // the IV its entry promises (not one copied from another directory, not a FIFO).
+            let cd = self.vault.open_subdir(&dir.cd, on_disk, identity).map_err(cerr)?;
+            Ok(Some(DirState::new(cd, self.opts.shared_storage)))
+        })
+    }
+
+    /// LOOKUP.
+    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+        let parent = self.nodes.get(parent)?;
+        let dir = parent.dir()?;
+        let (key, found) = self.find(dir, name)?;
+        let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
+        let st = match sys::fstatat(dir.cd.fd(), on_disk.as_bytes()) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // Changed behind our back (shared storage): forget the stale index.
+                dir.drop_index();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        let node = self.node_at(&parent, &key.d, &on_disk, &st)?;
+        Ok((node, st))
+    }
+
+    /// The backing `stat` of `node` (through an open handle's fd when given).
+    pub(crate) fn do_getattr(&self, node: &Arc<Node>, fh: Option<u64>) -> io::Result<libc::stat> {
+        if let Some(h) = self.handles.file_opt(fh) {
+            return sys::fstat(h.crypt.backing().as_fd());
+        }
+        if let Some(d) = &node.dir {
+            return sys::fstat(d.cd.fd());
+        }
+        if let Some(c) = node.file.as_ref().and_then(|f| f.opened()) {
+            return sys::fstat(c.backing().as_fd());
+        }
+        let found = node.find_link(|l| {
+            let dir = l.parent.dir.as_ref()?;
+            sys::fstatat(dir.cd.fd(), l.on_disk.as_bytes()).ok()
+        });
+        // A deleted, closed object stays ESTALE here (answering with its last attributes made
+        // stress-ng's inotify IN_DELETE_SELF check time out); only SETATTR uses them.
+        found.ok_or_else(|| errno(libc::ESTALE))
+    }
+}

@@ -1,0 +1,248 @@
+//! The operations, as plain methods returning `io::Result`: what each FUSE request does, by
+//! op family — `lookup` (LOOKUP, GETATTR), `data` (OPEN, READ, WRITE, truncation, FALLOCATE,
+//! LSEEK), `readdir`, `entries` (CREATE, MKNOD, MKDIR, SYMLINK, LINK, UNLINK, RMDIR,
+//! READLINK), `rename`, `attrs` (SETATTR, STATFS) and `xattrs`. The on-disk steps are the
+//! core's tree engine (`veilfs_core::Vault`); this layer keeps the node table, the directory
+//! indexes and the open files. `fs.rs` only unpacks requests and sends replies, so tests can
+//! drive these methods without /dev/fuse (`tests.rs`).
+
+use crate::attr;
+use crate::dirs::{Decoded, DirState, IndexEntry};
+use crate::handles::{Handles, OpenFile, SnapEntry};
+use crate::inodes::{Node, NodeTable, ROOT};
+use fuser::FileAttr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use veilfs_core::content::Layout;
+use veilfs_core::names::NameKey;
+use veilfs_core::xattr::XattrCipher;
+use veilfs_core::{sys, ContentCtx, CryptFile, Entry, EntryKind, Identity, NameCipher, Vault};
+
+mod attrs;
+mod data;
+mod entries;
+mod lookup;
+mod readdir;
+mod rename;
+mod xattrs;
+
+use entries::dtype;
+
+/// Mount-time choices that change behaviour.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Refuse every change.
+    pub read_only: bool,
+    /// Another mount or a sync tool may change the ciphertext: no caches.
+    pub shared_storage: bool,
+    /// Attribute and entry cache time.
+    pub ttl: Duration,
+    /// Cache time of "no such name" answers (zero: none).
+    pub negative_ttl: Duration,
+    /// Ask for the kernel writeback cache.
+    pub writeback: bool,
+}
+
+/// What a SETATTR asks to change (`None`: leave as is).
+#[derive(Debug, Default, Clone)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New plaintext size.
+    pub size: Option<u64>,
+    /// New access time (`UTIME_NOW` allowed).
+    pub atime: Option<libc::timespec>,
+    /// New modification time (`UTIME_NOW` allowed).
+    pub mtime: Option<libc::timespec>,
+}
+
+impl SetAttr {
+    fn changes_anything(&self) -> bool {
+        self.mode.is_some()
+            || self.uid.is_some()
+            || self.gid.is_some()
+            || self.size.is_some()
+            || self.atime.is_some()
+            || self.mtime.is_some()
+    }
+
+    /// The two timespecs of `utimensat`, `UTIME_OMIT` for the ones not asked for.
+    fn times(&self) -> [libc::timespec; 2] {
+        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+        [self.atime.unwrap_or(omit), self.mtime.unwrap_or(omit)]
+    }
+
+    /// Applies the changes to a remembered `stat` (of a deleted object).
+    fn apply_to(&self, st: &mut libc::stat) {
+        if let Some(m) = self.mode {
+            st.st_mode = (st.st_mode & libc::S_IFMT) | (m & 0o7777);
+        }
+        if let Some(u) = self.uid {
+            st.st_uid = u;
+        }
+        if let Some(g) = self.gid {
+            st.st_gid = g;
+        }
+        for (t, (sec, nsec)) in self
+            .times()
+            .iter()
+            .zip([(&mut st.st_atime, &mut st.st_atime_nsec), (&mut st.st_mtime, &mut st.st_mtime_nsec)])
+        {
+            if t.tv_nsec != libc::UTIME_OMIT && t.tv_nsec != libc::UTIME_NOW {
+                *sec = t.tv_sec;
+                *nsec = t.tv_nsec;
+            }
+        }
+    }
+}
+
+/// What the mount is doing, shared with the process that runs it: when it last served a
+/// request and how many files are open (for `--idle`), and whether it has ended.
+#[derive(Debug, Default)]
+pub struct Activity {
+    /// Seconds since the epoch of the last request.
+    pub last: AtomicU64,
+    /// Open file handles (never unmount for idleness under an open file).
+    pub open_files: std::sync::atomic::AtomicUsize,
+    ended: parking_lot::Mutex<bool>,
+    ended_cv: parking_lot::Condvar,
+}
+
+impl Activity {
+    /// Blocks until the filesystem has been torn down (its keys dropped).
+    pub fn wait_ended(&self) {
+        let mut g = self.ended.lock();
+        while !*g {
+            self.ended_cv.wait(&mut g);
+        }
+    }
+
+    fn set_ended(&self) {
+        *self.ended.lock() = true;
+        self.ended_cv.notify_all();
+    }
+}
+
+impl Drop for VeilFs {
+    fn drop(&mut self) {
+        // The vault (and its keys, zeroized on drop) goes with us unless someone else
+        // still holds it.
+        self.activity.set_ended();
+    }
+}
+
+/// The filesystem state.
+#[derive(Debug)]
+pub struct VeilFs {
+    pub(crate) vault: Arc<Vault>,
+    pub(crate) names: Arc<NameCipher>,
+    pub(crate) ctx: ContentCtx,
+    pub(crate) layout: Layout,
+    pub(crate) xattr: XattrCipher,
+    pub(crate) nodes: NodeTable,
+    pub(crate) handles: Handles,
+    pub(crate) opts: FsOptions,
+    pub(crate) writeback: bool,
+    pub(crate) euid: u32,
+    pub(crate) activity: Arc<Activity>,
+}
+
+pub(crate) fn errno(n: i32) -> io::Error {
+    io::Error::from_raw_os_error(n)
+}
+
+/// Maps a core error to an `io::Error` with the right errno; integrity failures are logged
+/// (naming the ciphertext) and become EIO.
+pub(crate) fn cerr(e: veilfs_core::Error) -> io::Error {
+    if let veilfs_core::Error::Auth { .. } = e {
+        tracing::error!("{e}");
+    }
+    match e {
+        veilfs_core::Error::Io { source, .. } => source,
+        e => errno(e.errno()),
+    }
+}
+
+/// Who sent a request: the ids a root daemon acts with for it (see [`VeilFs::acting`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Process id (0 for requests the kernel makes on its own).
+    pub pid: u32,
+}
+
+thread_local! {
+    static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl VeilFs {
+    /// A filesystem over an unlocked vault.
+    pub fn new(vault: Arc<Vault>, opts: FsOptions, activity: Arc<Activity>) -> io::Result<Self> {
+        let root = vault.root().map_err(cerr)?;
+        let st = sys::fstat(root.fd())?;
+        let iv = root.iv;
+        let ctx = vault.content().clone();
+        let xattr = XattrCipher::new(&ctx.keys, ctx.cipher);
+        let names = vault.names().clone();
+        let layout = ctx.layout;
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let fs = VeilFs {
+            nodes: NodeTable::new(DirState::new(root, opts.shared_storage), iv, st.st_ino),
+            vault,
+            names,
+            ctx,
+            layout,
+            xattr,
+            handles: Handles::default(),
+            writeback: false,
+            euid,
+            opts,
+            activity,
+        };
+        Ok(fs)
+    }
+
+    /// For a daemon running as root: acts as `c` (fsuid, fsgid, supplementary groups) on this
+    /// thread until the guard drops, so a change made for a user has that user's rights on
+    /// the backing store, whatever a race or a planted link makes of its name. Nothing to do
+    /// for a daemon running as the mounting user or for root's own requests. Supplementary
+    /// groups come from `/proc/PID/status`; a request the kernel makes itself (pid 0) gets none.
+    pub(crate) fn acting(&self, c: Caller) -> io::Result<Option<sys::ActingGuard>> {
+        if self.euid != 0 || (c.uid == 0 && c.gid == 0) {
+            return Ok(None);
+        }
+        let groups = if c.pid == 0 { Vec::new() } else { sys::groups_of(c.pid).unwrap_or_default() };
+        sys::act_as(c.uid, c.gid, groups).map(Some)
+    }
+
+    /// Notes activity (for `--idle`).
+    pub(crate) fn touch(&self) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.activity.last.store(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn check_writable(&self) -> io::Result<()> {
+        if self.opts.read_only {
+            Err(errno(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The attributes of `node` given its backing `st`.
+    pub(crate) fn attr_of(&self, node: &Node, st: &libc::stat) -> FileAttr {
+        let size = node.file.as_ref().and_then(|f| f.open_size());
+        attr::file_attr(st, node.id, &self.layout, size)
+    }
+}

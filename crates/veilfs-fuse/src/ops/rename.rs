@@ -1,0 +1,137 @@
+//! RENAME with replace, NOREPLACE and EXCHANGE; the on-disk steps are the core engine's
+//! `rename_at`/`exchange_at`, this file keeps the index and node table current.
+
+use super::*;
+
+impl VeilFs {
+    /// RENAME (flags: RENAME_NOREPLACE, RENAME_EXCHANGE).
+    pub(crate) fn do_rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        let (from, to) = (self.nodes.get(parent)?, self.nodes.get(newparent)?);
+        let (fd_, td) = (from.dir()?, to.dir()?);
+        // Lock both directories, in node-id order so two renames cannot deadlock.
+        let (_g1, _g2) = if from.id == to.id {
+            (fd_.ops.lock(), None)
+        } else if from.id < to.id {
+            let a = fd_.ops.lock();
+            (a, Some(td.ops.lock()))
+        } else {
+            let b = td.ops.lock();
+            (fd_.ops.lock(), Some(b))
+        };
+        let (skey, sfound) = self.find(fd_, name)?;
+        let s_on = sfound.ok_or_else(|| errno(libc::ENOENT))?;
+        let sst = sys::fstatat(fd_.cd.fd(), s_on.as_bytes())?;
+        let (skind, sid) = self.identity(fd_, &skey.d, &s_on, &sst)?;
+        let (dkey, dfound) = self.find(td, newname)?;
+        let dst = match &dfound {
+            Some(on) => {
+                let st = sys::fstatat(td.cd.fd(), on.as_bytes())?;
+                let (k, id) = self.identity(td, &dkey.d, on, &st)?;
+                Some((on.clone(), st, k, id))
+            }
+            None => None,
+        };
+        if flags & libc::RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        if from.id == to.id && skey.key == dkey.key {
+            return Ok(()); // rename onto itself
+        }
+        // Moving a directory into itself or below it.
+        if skind == EntryKind::Dir && self.is_ancestor_or_self(&to, &sst) {
+            return Err(errno(libc::EINVAL));
+        }
+        let src = Entry {
+            name: name.to_vec(),
+            on_disk: s_on.clone(),
+            key: skey.clone(),
+            kind: skind,
+            identity: sid,
+            stat: sst,
+        };
+        let dst = dst.map(|(on_disk, stat, kind, identity)| Entry {
+            name: newname.to_vec(),
+            on_disk,
+            key: dkey.clone(),
+            kind,
+            identity,
+            stat,
+        });
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            let dst = dst.ok_or_else(|| errno(libc::ENOENT))?;
+            if dst.kind == EntryKind::Dir && self.is_ancestor_or_self(&from, &dst.stat) {
+                return Err(errno(libc::EINVAL));
+            }
+            let (new_s, new_d) = self.vault.exchange_at(&fd_.cd, &src, &td.cd, &dst).map_err(cerr)?;
+            fd_.update(|i| {
+                let plain = Decoded { name: name.to_vec(), d: skey.d.clone() };
+                i.insert(skey.key.clone(), IndexEntry::new(new_d.clone(), dtype(dst.kind), Some(plain)));
+            });
+            td.update(|i| {
+                let plain = Decoded { name: newname.to_vec(), d: dkey.d.clone() };
+                i.insert(dkey.key.clone(), IndexEntry::new(new_s.clone(), dtype(skind), Some(plain)));
+            });
+            self.relink(sst.st_ino, from.id, &s_on, &to, &new_s);
+            self.relink(dst.stat.st_ino, to.id, &dst.on_disk, &from, &new_d);
+            return Ok(());
+        }
+        if let Some(d) = &dst {
+            if (d.stat.st_dev, d.stat.st_ino) == (sst.st_dev, sst.st_ino) {
+                return Ok(()); // two links of one file: POSIX says do nothing
+            }
+        }
+        let new_on = self.vault.rename_at(&fd_.cd, &src, &td.cd, &dkey, dst.as_ref()).map_err(cerr)?;
+        if let Some(d) = &dst {
+            self.after_unlink(to.id, &d.on_disk, &d.stat);
+        }
+        let plain = Some(Decoded { name: newname.to_vec(), d: dkey.d.clone() });
+        if from.id == to.id {
+            fd_.update(|i| {
+                i.remove(&skey.key);
+                i.insert(dkey.key.clone(), IndexEntry::new(new_on.clone(), dtype(skind), plain));
+            });
+        } else {
+            fd_.update(|i| {
+                i.remove(&skey.key);
+            });
+            td.update(|i| {
+                i.insert(dkey.key.clone(), IndexEntry::new(new_on.clone(), dtype(skind), plain));
+            });
+        }
+        self.relink(sst.st_ino, from.id, &s_on, &to, &new_on);
+        Ok(())
+    }
+
+    pub(super) fn relink(&self, backing_ino: u64, from: u64, old: &str, to: &Arc<Node>, new: &str) {
+        if let Some(id) = self.nodes.id_of(backing_ino) {
+            if let Ok(n) = self.nodes.get(id) {
+                n.move_link(from, old, to, new);
+            }
+        }
+    }
+
+    /// True when the directory with backing stat `st` is `node` or one of its ancestors.
+    pub(super) fn is_ancestor_or_self(&self, node: &Arc<Node>, st: &libc::stat) -> bool {
+        let mut cur = node.clone();
+        loop {
+            if cur.backing_ino == st.st_ino {
+                return true;
+            }
+            match cur.link() {
+                Ok(l) => cur = l.parent,
+                Err(_) => return false,
+            }
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! `veilfs fsck`: check a whole vault, and repair what a crash can leave behind. The walk
+//! itself is `veilfs_core::fsck` (the same steps the mount and the other tools use); this
+//! is the front end: progress, the report, the exit code.
+
+use super::UnlockArgs;
+use anyhow::Result;
+use std::path::PathBuf;
+use veilfs_core::fsck::{Checker, ProblemKind, Report};
+
+/// Arguments of `veilfs fsck`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Checks the config, every directory IV, entry name and binding, long-name side file, \
+symlink, extended attribute and content block. Without --repair nothing is written, so it can run while the vault \
+is mounted. --repair fixes what a crash leaves behind (temporary names, duplicate entries for one name, orphaned \
+long-name side files, a missing veilfs.diriv) and moves damaged or stray objects into /lost+found in the vault, \
+where whatever still authenticates can be read again; it deletes no file data. Exit code 0: clean (or everything \
+repaired); 6: problems remain.")]
+pub struct Args {
+    /// The vault.
+    pub cipherdir: PathBuf,
+    /// Repair crash leftovers and move damaged objects into /lost+found (not while mounted).
+    #[arg(long)]
+    pub repair: bool,
+    /// Print the report as JSON on standard output.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub unlock: UnlockArgs,
+}
+
+fn kind_name(k: ProblemKind) -> &'static str {
+    match k {
+        ProblemKind::Damaged => "damaged",
+        ProblemKind::Foreign => "not a veilfs object",
+        ProblemKind::TempName => "crash leftover (temporary name)",
+        ProblemKind::Duplicate => "crash leftover (duplicate entry)",
+        ProblemKind::OrphanSideFile => "crash leftover (orphaned side file)",
+        ProblemKind::MissingDirIv => "crash leftover (missing directory IV)",
+    }
+}
+
+/// Runs `veilfs fsck`.
+pub fn run(a: Args) -> Result<i32> {
+    if a.repair {
+        let dir = a.cipherdir.canonicalize().unwrap_or_else(|_| a.cipherdir.clone());
+        if let Some(m) = crate::mountinfo::all().into_iter().find(|m| m.is_veilfs() && m.source == dir) {
+            anyhow::bail!(
+                "{} is mounted at {}: unmount it before --repair (a check without --repair works while mounted)",
+                a.cipherdir.display(),
+                m.mount_point.display()
+            );
+        }
+    }
+    let vault = a.unlock.open(&a.cipherdir)?;
+    let total = super::plain_bytes_under(vault.root_path(), &vault.content().layout);
+    let pb = super::progress(total, "checking");
+    let files = std::cell::Cell::new(0u64);
+    let progress = |n: u64| {
+        files.set(files.get() + 1);
+        pb.inc(n);
+        pb.set_message(format!("checking ({} files)", files.get()));
+    };
+    let report = Checker::new(&vault, a.repair, &progress).run()?;
+    pb.finish_and_clear();
+    print_report(&a, &report)?;
+    Ok(if report.is_clean() { crate::exit::OK } else { crate::exit::INTEGRITY })
+}
+
+fn print_report(a: &Args, r: &Report) -> Result<()> {
+    if a.json {
+        let mut v = serde_json::to_value(r)?;
+        v["clean"] = serde_json::Value::Bool(r.is_clean());
+        v["vault"] = serde_json::json!(a.cipherdir);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for p in &r.problems {
+        let plain = p.plain_path.as_ref().map(|p| format!(" (/{})", p.display())).unwrap_or_default();
+        let fixed = p.repaired.as_ref().map(|w| format!("; repaired: {w}")).unwrap_or_default();
+        eprintln!("veilfs: fsck: {}: {}{plain}: {}{fixed}", kind_name(p.kind), p.cipher_path.display(), p.detail);
+    }
+    if !crate::logging::quiet() {
+        let leftovers = r.problems.iter().filter(|p| p.kind.is_crash_leftover()).count();
+        let repaired = r.problems.iter().filter(|p| p.repaired.is_some()).count();
+        eprintln!(
+            "veilfs: fsck: checked {}, {} ({}), {}, {}: {} ({} crash leftover(s), {} damaged), {} repaired",
+            super::count(r.dirs as usize, "directory"),
+            super::count(r.files as usize, "file"),
+            super::human_size(r.bytes),
+            super::count(r.symlinks as usize, "symlink"),
+            super::count(r.specials as usize, "special file"),
+            super::count(r.problems.len(), "problem"),
+            leftovers,
+            r.problems.len() - leftovers,
+            repaired
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! One verdict per tampering, whichever front end meets it: each attack of the tamper
+//! catalogue (crates/veilfs-core/tests/tamper.rs) plus hard-link substitution, a forged
+//! duplicate entry and a directory IV copied from another directory is applied to a copy of
+//! one vault, and the mount, `veilfs cat`, `veilfs export` and `veilfs fsck` must agree.
+
+mod common;
+use common::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// What reading the probed object through the mount must give.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mount {
+    /// EIO (an integrity error), or ENOENT where the attack removed the name itself.
+    Fails(i32),
+    /// The original content: the attack must not hide it.
+    Reads,
+}
+
+struct Case {
+    name: &'static str,
+    /// The plaintext path probed by the mount and by `veilfs cat` (or `ls -l` for symlinks).
+    probe: &'static str,
+    mount: Mount,
+    /// Exit code of `veilfs cat` (`ls -l` for a symlink probe).
+    cat: i32,
+    tamper: fn(&Objects),
+}
+
+/// Ciphertext paths of the objects of the vault.
+struct Objects {
+    cipher: PathBuf,
+    a: PathBuf,
+    b: PathBuf,
+    d1: PathBuf,
+    d2: PathBuf,
+    x: PathBuf,
+    s1: PathBuf,
+    s2: PathBuf,
+}
+
+const BLOCK: u64 = 4096 + 28;
+const HEADER: u64 = 36;
+
+fn patch(p: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut c = fs::read(p).unwrap();
+    f(&mut c);
+    fs::write(p, c).unwrap();
+}
+
+fn block(c: &[u8], n: u64) -> Vec<u8> {
+    let s = (HEADER + n * BLOCK) as usize;
+    c[s..s + BLOCK as usize].to_vec()
+}
+
+fn put_block(c: &mut [u8], n: u64, b: &[u8]) {
+    let s = (HEADER + n * BLOCK) as usize;
+    c[s..s + BLOCK as usize].copy_from_slice(b);
+}
+
+fn swap_files(p: &Path, q: &Path) {
+    let (a, b) = (fs::read(p).unwrap(), fs::read(q).unwrap());
+    fs::write(p, b).unwrap();
+    fs::write(q, a).unwrap();
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "bit flip in a block",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| patch(&o.a, |c| c[5000] ^= 1),
+        },
+        Case {
+            name: "blocks swapped within a file",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                patch(&o.a, |c| {
+                    let (b0, b1) = (block(c, 0), block(c, 1));
+                    put_block(c, 0, &b1);
+                    put_block(c, 1, &b0);
+                })
+            },
+        },
+        Case {
+            name: "block copied from another file",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                let other = block(&fs::read(&o.b).unwrap(), 1);
+                patch(&o.a, |c| put_block(c, 1, &other))
+            },
+        },
+        Case {
+            name: "headers swapped between files",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                let hb = fs::read(&o.b).unwrap()[..HEADER as usize].to_vec();
+                patch(&o.a, |c| c[..HEADER as usize].copy_from_slice(&hb))
+            },
+        },
+        Case {
+            name: "contents swapped between files",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| swap_files(&o.a, &o.b),
+        },
+        Case {
+            name: "truncated file",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                let f = fs::OpenOptions::new().write(true).open(&o.a).unwrap();
+                f.set_len(HEADER + BLOCK + 100).unwrap();
+            },
+        },
+        Case {
+            name: "entry moved to another directory",
+            probe: "d1/x",
+            mount: Mount::Fails(libc::ENOENT),
+            cat: 4,
+            tamper: |o| fs::rename(&o.x, o.d2.join(o.x.file_name().unwrap())).unwrap(),
+        },
+        Case {
+            name: "directory IV copied from another directory",
+            probe: "d2/y",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                let iv = o.d2.join("veilfs.diriv");
+                fs::remove_file(&iv).unwrap();
+                fs::copy(o.d1.join("veilfs.diriv"), &iv).unwrap();
+            },
+        },
+        Case {
+            name: "symlink targets swapped",
+            probe: "s1",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                let (t1, t2) = (fs::read_link(&o.s1).unwrap(), fs::read_link(&o.s2).unwrap());
+                fs::remove_file(&o.s1).unwrap();
+                fs::remove_file(&o.s2).unwrap();
+                std::os::unix::fs::symlink(t2, &o.s1).unwrap();
+                std::os::unix::fs::symlink(t1, &o.s2).unwrap();
+            },
+        },
+        Case {
+            name: "file replaced by a directory",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                fs::remove_file(&o.a).unwrap();
+                fs::create_dir(&o.a).unwrap();
+            },
+        },
+        Case {
+            name: "hard link to another file under a file's name",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                fs::remove_file(&o.a).unwrap();
+                fs::hard_link(&o.b, &o.a).unwrap();
+            },
+        },
+        Case {
+            name: "forged duplicate entry, newer than the real one",
+            probe: "a",
+            mount: Mount::Reads,
+            cat: 0,
+            tamper: |o| {
+                let name = o.a.file_name().unwrap().to_str().unwrap();
+                let key = name.rsplit_once('.').unwrap().0;
+                let forged = o.cipher.join(format!("{key}.{}", "A".repeat(43)));
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                fs::copy(&o.b, forged).unwrap();
+            },
+        },
+    ]
+}
+
+fn encrypt_path(m: &Mounted, plain: &str) -> PathBuf {
+    let o = run(BIN, &["encrypt-path", m.cipher.to_str().unwrap(), plain, "--passfile", m.passfile.to_str().unwrap()]);
+    assert!(o.status.success(), "encrypt-path {plain}: {}", text(&o));
+    m.cipher.join(String::from_utf8_lossy(&o.stdout).trim())
+}
+
+#[test]
+fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
+    let Some(mut m) = Mounted::new("128m", &[]) else { return };
+    let (a, b) = ((0..10_000u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>(), vec![b'b'; 10_000]);
+    fs::write(m.m("a"), &a).unwrap();
+    fs::write(m.m("b"), &b).unwrap();
+    fs::create_dir(m.m("d1")).unwrap();
+    fs::create_dir(m.m("d2")).unwrap();
+    fs::write(m.m("d1/x"), b"x").unwrap();
+    fs::write(m.m("d2/y"), b"y").unwrap();
+    std::os::unix::fs::symlink("target-one", m.m("s1")).unwrap();
+    std::os::unix::fs::symlink("target-two", m.m("s2")).unwrap();
+    m.umount();
+    let o = Objects {
+        cipher: m.cipher.clone(),
+        a: encrypt_path(&m, "a"),
+        b: encrypt_path(&m, "b"),
+        d1: encrypt_path(&m, "d1"),
+        d2: encrypt_path(&m, "d2"),
+        x: encrypt_path(&m, "d1/x"),
+        s1: encrypt_path(&m, "s1"),
+        s2: encrypt_path(&m, "s2"),
+    };
+    let pristine = m.tmpfs.path.join("pristine");
+    assert!(run("cp", &["-a", m.cipher.to_str().unwrap(), pristine.to_str().unwrap()]).status.success());
+    let (cipher, pass) = (m.cipher.to_str().unwrap().to_string(), m.passfile.to_str().unwrap().to_string());
+    let out = m.tmpfs.path.join("out");
+    let mut verdicts = Vec::new();
+    for case in cases() {
+        fs::remove_dir_all(&m.cipher).unwrap();
+        assert!(run("cp", &["-a", pristine.to_str().unwrap(), &cipher]).status.success());
+        (case.tamper)(&o);
+        let _ = fs::remove_dir_all(&out);
+        let target = format!("{cipher}/{}", case.probe);
+        let cat_args: Vec<&str> = if case.probe.starts_with('s') {
+            vec!["ls", "-l", &cipher, "--passfile", &pass]
+        } else {
+            vec!["cat", &target, "--passfile", &pass]
+        };
+        let cat = run(BIN, &cat_args);
+        let export = run(BIN, &["export", &cipher, out.to_str().unwrap(), "--passfile", &pass]);
+        let fsck = run(BIN, &["fsck", &cipher, "--json", "--passfile", &pass]);
+        m.mount();
+        let probe = m.m(case.probe);
+        let mounted =
+            if case.probe.starts_with('s') { fs::read_link(&probe).map(|_| Vec::new()) } else { fs::read(&probe) };
+        m.umount();
+        let got_mount = match &mounted {
+            Ok(data) => {
+                assert_eq!(data, &a, "{}: the mount read the real a", case.name);
+                Mount::Reads
+            }
+            Err(e) => Mount::Fails(e.raw_os_error().unwrap_or(-1)),
+        };
+        if case.mount == Mount::Reads {
+            assert_eq!(cat.stdout, a, "{}: cat printed the real a", case.name);
+        }
+        let report: serde_json::Value = serde_json::from_slice(&fsck.stdout)
+            .unwrap_or_else(|e| panic!("{}: fsck --json: {e}: {}", case.name, text(&fsck)));
+        verdicts.push(format!(
+            "{}: mount {:?} (want {:?}), cat {:?} (want {}), export {:?}, fsck {:?} with {} problem(s)",
+            case.name,
+            got_mount,
+            case.mount,
+            cat.status.code(),
+            case.cat,
+            export.status.code(),
+            fsck.status.code(),
+            report["problems"].as_array().map_or(0, |p| p.len())
+        ));
+        let ok = got_mount == case.mount
+            && cat.status.code() == Some(case.cat)
+            && export.status.code() == Some(6)
+            && fsck.status.code() == Some(6)
+            && report["clean"] == false;
+        assert!(
+            ok,
+            "{}\ncat: {}\nexport: {}\nfsck: {}",
+            verdicts.last().unwrap(),
+            text(&cat),
+            text(&export),
+            text(&fsck)
+        );
+    }
+    eprintln!("{}", verdicts.join("\n"));
+}
