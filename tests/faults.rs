@@ -124,10 +124,11 @@ fn writer(p: &Path, flags: i32, data: &[u8], chunk: usize, sync_every: usize) ->
 /// size is at least `min` (exactly `exact` when given), and it starts with `data[..min]`.
 /// Then `veilfs export` of the vault must succeed.
 fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)]) {
-    m.remount();
+    umount_and_wait(m);
+    m.mount();
     for &(rel, data, min, exact) in files {
         let got = std::fs::read(m.m(rel)).unwrap_or_else(|e| {
-            m.umount();
+            umount_and_wait(m);
             let at = format!("{}/{rel}", m.cipher.display());
             let o = run(BIN, &["cat", &at, "--passfile", m.passfile.to_str().unwrap()]);
             let why = String::from_utf8_lossy(&o.stderr);
@@ -147,7 +148,7 @@ fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)
             "{rel}: bytes that are neither written nor zero"
         );
     }
-    m.umount();
+    umount_and_wait(m);
     let out = Tmpfs::new("160m");
     let o = run(
         BIN,
@@ -162,6 +163,19 @@ fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)
     );
     assert!(o.status.success(), "export after a full disk: {}", text(&o));
     m.mount();
+}
+
+/// Unmounts and waits for the daemon to exit: `veilfs umount` returns once the kernel has
+/// let go, but the daemon still declares the holes of files whose RELEASE the kernel dropped
+/// (at `destroy`); a mount or an offline reader started before that sees them undeclared.
+fn umount_and_wait(m: &mut Mounted) {
+    let pid = daemon_pid(&m.mnt);
+    m.umount();
+    let t = std::time::Instant::now();
+    while pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
+        assert!(t.elapsed().as_secs() < 20, "the daemon did not exit after unmount");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 fn assert_enospc(what: &str, t: &Told) {

@@ -75,6 +75,10 @@ impl VeilFs {
 }
 
 impl Filesystem for VeilFs {
+    fn destroy(&mut self) {
+        self.settle_open_files();
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let mut want = InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES

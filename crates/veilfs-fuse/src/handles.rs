@@ -77,6 +77,11 @@ impl Handles {
         self.files.lock().remove(&fh)
     }
 
+    /// Every open file handle (for the unmount).
+    pub fn open_files(&self) -> Vec<Arc<OpenFile>> {
+        self.files.lock().values().cloned().collect()
+    }
+
     /// Registers an open directory.
     pub fn add_dir(&self, node: Arc<Node>) -> u64 {
         let fh = (self.next.fetch_add(1, Ordering::Relaxed) + 1) | DIR_BIT;

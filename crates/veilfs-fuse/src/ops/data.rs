@@ -71,6 +71,18 @@ impl VeilFs {
         }
     }
 
+    /// At unmount: declares the holes of files still open. Their RELEASE may never come (the
+    /// kernel drops queued requests when the connection ends, and a file closed just before
+    /// `umount` is often still queued), and a hole left undeclared fails authentication after
+    /// a clean unmount.
+    pub(crate) fn settle_open_files(&self) {
+        for h in self.handles.open_files() {
+            if let Err(e) = h.crypt.settle() {
+                tracing::error!("{e}");
+            }
+        }
+    }
+
     /// The inode's open file, if some handle has it open (it stays usable after its last
     /// name is gone, like any open file).
     pub(crate) fn open_crypt(&self, node: &Node) -> Option<Arc<CryptFile>> {
