@@ -117,6 +117,7 @@ impl Exporter<'_> {
                 }
                 std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o700))?;
                 self.export_dir(&sub, out);
+                self.copy_xattrs(dir, e, out)?;
                 self.finish_meta(out, &st, true)?;
                 self.dir_times.push((out.to_path_buf(), st));
                 return Ok(());
