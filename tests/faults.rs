@@ -130,7 +130,7 @@ fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)
         let got = std::fs::read(m.m(rel)).unwrap_or_else(|e| {
             umount_and_wait(m);
             let at = format!("{}/{rel}", m.cipher.display());
-            let o = run(BIN, &["cat", &at, "--passfile", m.passfile.to_str().unwrap()]);
+            let o = run(&BIN, &["cat", &at, "--passfile", m.passfile.to_str().unwrap()]);
             let why = String::from_utf8_lossy(&o.stderr);
             panic!("{rel}: reading it whole after remount: {e}; veilfs cat: {why}")
         });
@@ -151,7 +151,7 @@ fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)
     umount_and_wait(m);
     let out = Tmpfs::new("160m");
     let o = run(
-        BIN,
+        &BIN,
         &[
             "export",
             m.cipher.to_str().unwrap(),
@@ -423,7 +423,7 @@ fn import_onto_a_full_disk() {
     std::fs::write(tree.join("big"), &big).unwrap();
     std::fs::write(tree.join("c-after"), &small).unwrap();
     let o = run(
-        BIN,
+        &BIN,
         &[
             "import",
             tree.to_str().unwrap(),

@@ -41,7 +41,7 @@ impl Link {
 
     /// `/usr/sbin/mount.fuse.veilfs` → the binary under test.
     fn helper() -> Link {
-        Link::set(HELPER, Some(BIN))
+        Link::set(HELPER, Some(&*BIN))
     }
 }
 
@@ -105,7 +105,7 @@ fn mount8_with_type_fuse_veilfs() {
     let err = std::fs::write(mnt.join("g"), "x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
     // `veilfs umount CIPHERDIR` finds the mount by its source.
-    let o = run(BIN, &["umount", s(&cipher)]);
+    let o = run(&BIN, &["umount", s(&cipher)]);
     assert!(o.status.success(), "veilfs umount CIPHERDIR: {}", text(&o));
     assert!(mount_entry(&mnt).is_none());
 }
@@ -121,7 +121,7 @@ fn mount_fuse3_runs_veilfs_from_path() {
     }
     let _l = machine_lock();
     let _helper = Link::set(HELPER, None);
-    let _bin = Link::set("/usr/local/bin/veilfs", Some(BIN));
+    let _bin = Link::set("/usr/local/bin/veilfs", Some(&*BIN));
     let fs = Tmpfs::new("64m");
     let (cipher, mnt, pass) = new_vault(&fs.path);
     let _u = UnmountOnDrop(mnt.clone());
@@ -149,20 +149,20 @@ fn veilfs_mount_dash_o() {
     let _u = UnmountOnDrop(mnt.clone());
     let generic = "rw,defaults,user,noauto,nofail,_netdev,dev,suid,exec,x-systemd.automount,x-systemd.idle-timeout=5";
     let opts = format!("{generic},passfile={},fsname=my\\,vault,shared_storage,attr_timeout=0,no_writeback", s(&pass));
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", &opts]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", &opts]);
     assert!(o.status.success(), "veilfs mount -o: {}", text(&o));
     let e = mount_entry(&mnt).expect("mounted");
     assert_eq!((e.fstype.as_str(), e.source.as_str()), ("fuse.veilfs", "my,vault"), "{e:?}");
-    let o = run(BIN, &["umount", s(&mnt)]);
+    let o = run(&BIN, &["umount", s(&mnt)]);
     assert!(o.status.success(), "veilfs umount: {}", text(&o));
 
     // No passfile: a prompt would fail (no terminal), so these must fail earlier.
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", "bogus"]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "bogus"]);
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("unknown mount option 'bogus'"), "{}", text(&o));
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", "remount,ro"]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "remount,ro"]);
     assert_eq!(code(&o), 8, "{}", text(&o));
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", "idle=soon"]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "idle=soon"]);
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(mount_entry(&mnt).is_none());
 }
@@ -428,7 +428,7 @@ fn notify_socket_ready_once_mounted() {
     let sock_path = fs.path.join("notify");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
 
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(&BIN)
         .args(["mount", "-f", s(&cipher), s(&mnt), "--passfile", s(&pass)])
         .env("NOTIFY_SOCKET", &sock_path)
         .stdin(Stdio::null())
@@ -459,7 +459,7 @@ fn notify_socket_ready_once_mounted() {
     assert!(mount_entry(&mnt).is_none());
 
     // Daemonized: the parent exits once mounted; the daemon names itself.
-    let o = Command::new(BIN)
+    let o = Command::new(&BIN)
         .args(["mount", s(&cipher), s(&mnt), "--passfile", s(&pass)])
         .env("NOTIFY_SOCKET", &sock_path)
         .stdin(Stdio::null())
@@ -469,7 +469,7 @@ fn notify_socket_ready_once_mounted() {
     let msg = recv(&sock, 10).expect("READY=1 from the daemon");
     let pid = daemon_pid(&mnt).expect("daemon");
     assert!(msg.lines().any(|l| l == "READY=1") && msg.contains(&format!("MAINPID={pid}\n")), "{msg} (daemon {pid})");
-    let o = run(BIN, &["umount", s(&mnt)]);
+    let o = run(&BIN, &["umount", s(&mnt)]);
     assert!(o.status.success(), "{}", text(&o));
 }
 
@@ -499,7 +499,7 @@ fn daemon_logs_to_the_journal_when_there() {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let _r = Remove(made);
     let journal = UnixDatagram::bind(path).unwrap();
-    let o = run(BIN, &["mount", "-v", s(&cipher), s(&mnt), "--passfile", s(&pass)]);
+    let o = run(&BIN, &["mount", "-v", s(&cipher), s(&mnt), "--passfile", s(&pass)]);
     assert!(o.status.success(), "{}", text(&o));
     let t = Instant::now();
     let mut seen = Vec::new();
@@ -516,7 +516,7 @@ fn daemon_logs_to_the_journal_when_there() {
     let field = |k: &str| entry.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     assert_eq!(field("SYSLOG_IDENTIFIER"), Some("veilfs"), "{entry:?}");
     assert_eq!(field("PRIORITY"), Some("5"), "info is notice (tracing-journald's mapping): {entry:?}");
-    let o = run(BIN, &["umount", s(&mnt)]);
+    let o = run(&BIN, &["umount", s(&mnt)]);
     assert!(o.status.success(), "{}", text(&o));
 
     // A foreground mount whose stderr is the journal's stream (JOURNAL_STREAM=DEV:INODE, as
@@ -524,7 +524,7 @@ fn daemon_logs_to_the_journal_when_there() {
     use std::os::unix::fs::MetadataExt;
     let stderr_file = std::fs::File::create(fs.path.join("stderr")).unwrap();
     let meta = stderr_file.metadata().unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(&BIN)
         .args(["mount", "-f", "-v", s(&cipher), s(&mnt), "--passfile", s(&pass)])
         .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
         .stdin(Stdio::null())
@@ -571,7 +571,7 @@ fn debian_package_installs_works_and_removes_cleanly() {
     let o = Command::new("bash")
         .arg(format!("{repo}/scripts/package-deb.sh"))
         .arg(&out)
-        .env("VEILFS_BIN", BIN)
+        .env("VEILFS_BIN", &BIN)
         .env("DEB_COMPRESSION", "gzip")
         .stdin(Stdio::null())
         .output()
@@ -656,7 +656,7 @@ fn debian_package_installs_works_and_removes_cleanly() {
     assert!(o.status.success(), "work/umount as user: {}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "doc\n");
     assert!(mount_entry(&m).is_none());
-    let o = run(BIN, &["cat", &format!("{}/note", s(&c)), "--passfile", &format!("{}/pass", s(&dir))]);
+    let o = run(&BIN, &["cat", &format!("{}/note", s(&c)), "--passfile", &format!("{}/pass", s(&dir))]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "doc\n", "{}", text(&o));
 
     let o = run("dpkg", &["-r", "veilfs"]);
