@@ -4,8 +4,9 @@
 //!
 //! These tests change machine-wide state — /etc/fstab, /etc/fuse.conf, /dev/fuse's mode,
 //! /usr/sbin/mount.fuse.veilfs, a test user, an installed package — so they take one lock,
-//! and every change is undone in a `Drop` (also when a test fails). Root and /dev/fuse are
-//! needed; without them they skip (fail under CI=true).
+//! and every change is undone in a `Drop` (also when a test fails). /dev/fuse is needed;
+//! without it they skip (fail under CI=true). Those that change the machine need root and,
+//! run as an ordinary user, report themselves not run (`root_only`).
 
 mod common;
 
@@ -67,6 +68,9 @@ fn code(o: &std::process::Output) -> i32 {
 /// remount is refused with a message and leaves the mount alone, `umount MNT` unmounts.
 #[test]
 fn mount8_with_type_fuse_veilfs() {
+    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
@@ -116,6 +120,9 @@ fn mount8_with_type_fuse_veilfs() {
 /// binary under test is linked as /usr/local/bin/veilfs for the test.
 #[test]
 fn mount_fuse3_runs_veilfs_from_path() {
+    if !root_only("links /usr/local/bin/veilfs") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
@@ -170,6 +177,9 @@ fn veilfs_mount_dash_o() {
 /// The fstab line of the issue, as root: `mount MNT`, `umount MNT`.
 #[test]
 fn fstab_line_as_root() {
+    if !root_only("edits /etc/fstab") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
@@ -197,6 +207,9 @@ fn fstab_line_as_root() {
 /// WHAT WHERE -t TYPE -o OPTIONS`) then mounts the vault.
 #[test]
 fn fstab_example_through_systemd_fstab_generator() {
+    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
+        return;
+    }
     let generator = "/lib/systemd/system-generators/systemd-fstab-generator";
     if !fuse_available() || !Path::new(generator).exists() {
         return;
@@ -261,6 +274,9 @@ fn user_dir(fs: &Tmpfs, user: &TestUser) -> PathBuf {
 /// user_allow_other in /etc/fuse.conf: a clear error without it, a working mount with it.
 #[test]
 fn non_root_user_mounts_through_fusermount3() {
+    if !root_only("makes a user (useradd) and edits /etc/fuse.conf") {
+        return;
+    }
     if !fuse_available() || !which("setfattr") {
         return;
     }
@@ -334,6 +350,9 @@ fn non_root_user_mounts_through_fusermount3() {
 /// as that user, which mounts through fusermount3), works in it, and `umount MNT`.
 #[test]
 fn non_root_fstab_user_mount() {
+    if !root_only("makes a user (useradd) and edits /etc/fstab") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
@@ -478,6 +497,9 @@ fn notify_socket_ready_once_mounted() {
 /// receives native-protocol entries with priority, identifier and message.
 #[test]
 fn daemon_logs_to_the_journal_when_there() {
+    if !root_only("binds /run/systemd/journal/socket") {
+        return;
+    }
     let path = Path::new("/run/systemd/journal/socket");
     if !fuse_available() || path.symlink_metadata().is_ok() {
         return;
@@ -551,6 +573,9 @@ fn daemon_logs_to_the_journal_when_there() {
 /// files `dpkg -L` listed. Skipped when a veilfs package is already installed.
 #[test]
 fn debian_package_installs_works_and_removes_cleanly() {
+    if !root_only("installs a package (dpkg -i)") {
+        return;
+    }
     if !fuse_available() || !which("dpkg-deb") {
         return;
     }
