@@ -70,6 +70,9 @@ done
 [[ -x $dir/bin/veilfs ]] || { echo "test-nonroot: cargo named no veilfs binary" >&2; exit 1; }
 chmod 0666 /dev/fuse
 
+# fsx's knobs (VEILFS_FSX_AS_USER=1, _SEED, _OPS) reach the tests; nothing else of root's.
+pass=()
+for v in $(compgen -e); do [[ $v == VEILFS_FSX_* ]] && pass+=("$v=${!v}"); done
 log="$dir/home/root-only.log"
 start=$SECONDS
 status=0
@@ -78,7 +81,7 @@ for b in "${bins[@]}"; do
   (cd "$dir/home" && setpriv --reuid="$uid" --regid="$gid" --init-groups \
     env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME="$dir/home" USER="$user" \
     TMPDIR="$dir/tmp" CI="${CI:-}" RUST_BACKTRACE=1 VEILFS_TEST_BIN="$dir/bin/veilfs" \
-    VEILFS_ROOT_ONLY_LOG="$log" "$dir/bin/$b" "$@") || status=$?
+    VEILFS_ROOT_ONLY_LOG="$log" "${pass[@]}" "$dir/bin/$b" "$@") || status=$?
 done
 n=0
 if [[ -s $log ]]; then
