@@ -1322,8 +1322,9 @@ fn fsx(test: &'static str, extra: &[&str]) {
     // still differs from a plain directory; VEILFS_FSX_AS_USER=1 runs it anyway.
     if std::env::var("VEILFS_FSX_AS_USER").as_deref() != Ok("1")
         && !root_only(
-            "known differences of a user's mount: a directory whose mode denies its owner r, w or x (rmdir gives \
-             EACCES, not ENOTEMPTY), set-id bits cleared, EIO at close of a file opened while read-only",
+            "known differences of a user's mount (README): directories whose mode denies their owner r, w or x \
+             (rmdir gives EACCES, not ENOTEMPTY; after a remount one went missing from its parent's listing), set-id \
+             bits cleared, EIO at a close, a readdir entry of the wrong type",
         )
     {
         return;
