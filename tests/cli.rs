@@ -791,7 +791,9 @@ fn vault_on_tmpfs() -> (common::Tmpfs, PathBuf) {
 
 #[test]
 fn umount_finds_a_mount_point_with_a_space_and_leaves_other_filesystems_alone() {
-    if !common::fuse_available() {
+    if !common::root_only("the other file system is the test's own tmpfs, which a user cannot mount")
+        || !common::fuse_available()
+    {
         return;
     }
     let (t, v) = vault_on_tmpfs();
@@ -851,7 +853,11 @@ fn mount_names_a_stale_mount_and_how_to_clear_it() {
 
 #[test]
 fn a_user_without_access_to_dev_fuse_is_told_so() {
-    if !common::fuse_available() || !common::which("unshare") || !common::which("setpriv") {
+    if !common::root_only("replaces /dev/fuse in a private mount namespace (unshare -m), then becomes nobody")
+        || !common::fuse_available()
+        || !common::which("unshare")
+        || !common::which("setpriv")
+    {
         return;
     }
     let (t, v) = vault_on_tmpfs();

@@ -191,7 +191,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn encrypt_path(m: &Mounted, plain: &str) -> PathBuf {
-    let o = run(BIN, &["encrypt-path", m.cipher.to_str().unwrap(), plain, "--passfile", m.passfile.to_str().unwrap()]);
+    let o = run(&BIN, &["encrypt-path", m.cipher.to_str().unwrap(), plain, "--passfile", m.passfile.to_str().unwrap()]);
     assert!(o.status.success(), "encrypt-path {plain}: {}", text(&o));
     m.cipher.join(String::from_utf8_lossy(&o.stdout).trim())
 }
@@ -235,9 +235,9 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         } else {
             vec!["cat", &target, "--passfile", &pass]
         };
-        let cat = run(BIN, &cat_args);
-        let export = run(BIN, &["export", &cipher, out.to_str().unwrap(), "--passfile", &pass]);
-        let fsck = run(BIN, &["fsck", &cipher, "--json", "--passfile", &pass]);
+        let cat = run(&BIN, &cat_args);
+        let export = run(&BIN, &["export", &cipher, out.to_str().unwrap(), "--passfile", &pass]);
+        let fsck = run(&BIN, &["fsck", &cipher, "--json", "--passfile", &pass]);
         m.mount();
         let probe = m.m(case.probe);
         let mounted =
