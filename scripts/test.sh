@@ -12,6 +12,9 @@ cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release "$@"
+# The crash matrix (issue 12) needs a build with crash points compiled in (tests/crash.rs):
+# the daemon dies at every named point and at random moments under load.
+cargo test --release --features failpoints --test crash
 # A few seconds of each fuzz target (fuzz/README.md), seeded with the committed corpus;
 # a crash, hang or OOM fails the suite.
 bash scripts/fuzz.sh --quick
