@@ -84,7 +84,20 @@ fn default_sigpipe() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
+/// Test builds with `--features failpoints`: arms the crash points named in `FAILPOINTS`
+/// (veilfs_core::crash) and makes any panic end the process at once, as `SIGKILL` would.
+#[cfg(feature = "failpoints")]
+fn arm_crash_points() -> fail::FailScenario<'static> {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("veilfs: crash point: {info}");
+        std::process::abort()
+    }));
+    fail::FailScenario::setup()
+}
+
 fn main() {
+    #[cfg(feature = "failpoints")]
+    let _crash_points = arm_crash_points();
     default_sigpipe();
     let cli = match mount_helper_args() {
         None => Cli::parse(),

@@ -13,7 +13,9 @@ use veilfs_core::fsck::{Checker, ProblemKind, Report};
 symlink, extended attribute and content block. Without --repair nothing is written, so it can run while the vault \
 is mounted. --repair fixes what a crash leaves behind (temporary names, duplicate entries for one name, orphaned \
 long-name side files, a missing veilfs.diriv) and moves damaged or stray objects into /lost+found in the vault, \
-where whatever still authenticates can be read again; it deletes no file data. Exit code 0: clean (or everything \
+where whatever still authenticates can be read again; it deletes no file data. A damaged file whose header still \
+authenticates (a write or truncate a crash cut short) is salvaged: a copy of every block that authenticates takes its \
+name, unreadable blocks inside become zeros and a torn end is cut off, and the report names the byte ranges lost. Exit code 0: clean (or everything \
 repaired); 6: problems remain.")]
 pub struct Args {
     /// The vault.

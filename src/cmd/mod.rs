@@ -215,7 +215,11 @@ pub fn summary(verb: &str, files: u64, bytes: u64, errors: &str) {
 
 /// "1 error", "3 errors".
 pub fn count(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+    match (n, what.strip_suffix('y')) {
+        (1, _) => format!("{n} {what}"),
+        (_, Some(stem)) => format!("{n} {stem}ies"),
+        _ => format!("{n} {what}s"),
+    }
 }
 
 /// Plaintext bytes of the regular files under the ciphertext directory `dir` (a cheap

@@ -164,6 +164,8 @@ pub struct Mounted {
     pub plain: PathBuf,
     pub passfile: PathBuf,
     pub extra: Vec<String>,
+    /// Environment variables for the mount daemon (e.g. `FAILPOINTS` in tests/crash.rs).
+    pub env: Vec<(String, String)>,
     mounted: bool,
     pub tmpfs: Tmpfs,
 }
@@ -184,6 +186,7 @@ impl Mounted {
             plain,
             passfile,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             mounted: false,
             tmpfs,
         };
@@ -212,7 +215,7 @@ impl Mounted {
             self.passfile.display().to_string(),
         ];
         args.extend(self.extra.iter().cloned());
-        Command::new(&BIN).args(&args).stdin(Stdio::null()).output().unwrap()
+        Command::new(&BIN).args(&args).envs(self.env.iter().cloned()).stdin(Stdio::null()).output().unwrap()
     }
 
     pub fn umount(&mut self) {

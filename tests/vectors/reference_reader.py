@@ -212,9 +212,9 @@ def cipher_size(p: int, B: int, O: int) -> int:
 
 def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
     """§5.3: (plaintext size, number of blocks), or IntegrityError for an impossible size."""
-    if c == 0:
-        return 0, 0
-    if c <= HEADER_LEN:
+    if c == 0 or c == HEADER_LEN:
+        return 0, 0  # a header alone is an empty file (a crash after a first write's header)
+    if c < HEADER_LEN:
         raise IntegrityError(f"ciphertext of {c} bytes has no block after the header (truncated)")
     body = c - HEADER_LEN
     k = -(-body // (B + O))
@@ -722,7 +722,8 @@ def run_vectors(path: str, t: Tally):
         for B, O in [(4096, 28), (512, 40), (1 << 20, 28)]:
             c = cipher_size(p, B, O)
             t.check(plain_size(c, B, O)[0] == p, f"layout p={p} B={B} O={O}")
-    for c in [1, 35, 36, 36 + 28, 36 + 4124 + 10]:
+    t.check(plain_size(36, 4096, 28) == (0, 0), "layout: a header alone is an empty file")
+    for c in [1, 35, 36 + 28, 36 + 4124 + 10]:
         try:
             plain_size(c, 4096, 28)
             t.check(False, f"layout: {c} bytes must be invalid")

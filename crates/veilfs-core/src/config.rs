@@ -416,6 +416,7 @@ impl VaultConfig {
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(&tmp)?;
             f.write_all(&body)?;
             f.sync_all()?;
+            crate::crash::point!("config.rewrite");
             std::fs::rename(&tmp, &path)?;
             std::fs::File::open(cipherdir)?.sync_all()
         };

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod content;
+pub mod crash;
 pub mod error;
 pub mod keys;
 pub mod names;

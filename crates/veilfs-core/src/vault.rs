@@ -12,6 +12,7 @@
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
+use crate::crash;
 use crate::error::{Error, IoContext, Result};
 use crate::file::{ContentCtx, CryptFile};
 use crate::kdf::Argon2Params;
@@ -563,7 +564,9 @@ impl Vault {
         let xc = crate::xattr::XattrCipher::new(&self.ctx.keys, self.ctx.cipher);
         let stored = xc.encrypt_name(&entry.identity, name)?;
         let blob = xc.encrypt_value(&entry.identity, &stored, value);
-        sys::XattrTarget::Handle(fd.as_fd()).set(stored.as_bytes(), &blob, 0).ctx(what)
+        sys::XattrTarget::Handle(fd.as_fd()).set(stored.as_bytes(), &blob, 0).ctx(what)?;
+        crash::point!("vault.xattr");
+        Ok(())
     }
 
     /// Computes the on-disk name of a new entry `name` of `kind` with `identity` in `dir`,
@@ -595,6 +598,7 @@ impl Vault {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(Error::io(dir.child_path(side), e)),
             }
+            crash::point!("vault.side_file");
         }
         Ok(key.entry_name(&s))
     }
@@ -611,6 +615,7 @@ impl Vault {
         let sub = Self::empty_dir(dir, on_disk)?;
         let tmp = crate::names::temp_name();
         sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
+        crash::point!("vault.remove_temp");
         // The IV file goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
         let _ = sys::privileged(|| sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false));
@@ -640,6 +645,7 @@ impl Vault {
     /// harmless and `fsck --repair` removes it.
     pub fn unlink_side_file(dir: &CipherDir, key: &NameKey) {
         if let Some(side) = &key.side_file {
+            crash::point!("vault.remove_side");
             let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
         }
     }
@@ -673,6 +679,7 @@ impl Vault {
         let what = dir.child_path(&on_disk);
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let fd = sys::openat(dir.fd(), on_disk.as_bytes(), flags, mode & 0o7777).ctx(|| what.clone())?;
+        crash::point!("vault.create");
         let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
         Ok((on_disk, id, file))
     }
@@ -746,9 +753,11 @@ impl Vault {
         let mode = mode & 0o7777;
         let direct = mode & 0o700 == 0o700;
         sys::mkdirat(dir.fd(), tmp.as_bytes(), if direct { mode } else { 0o700 }).ctx(|| dir.child_path(&tmp))?;
+        crash::point!("vault.mkdir_temp");
         let result = (|| {
             let fd = sys::open_dir_at(dir.fd(), tmp.as_bytes()).ctx(|| dir.child_path(&tmp))?;
             sys::write_new_file(fd.as_fd(), DIRIV_NAME.as_bytes(), &iv, 0o400).ctx(|| dir.child_path(&tmp))?;
+            crash::point!("vault.mkdir_diriv");
             if !direct {
                 sys::chmod_fd(fd.as_fd(), mode).ctx(|| dir.child_path(&tmp))?;
             }
@@ -891,6 +900,7 @@ impl Vault {
         let on_disk = self.entry_name_for(to, key, entry.kind, &entry.identity)?;
         sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
             .ctx(|| to.child_path(&on_disk))?;
+        crash::point!("vault.rename");
         if let Some(r) = replaced {
             if let Err(e) = self.remove_entry(to, &r.on_disk, r.kind, &r.identity) {
                 tracing::error!("rename: could not remove the replaced entry {}: {e}", to.child_path(&r.on_disk));
@@ -916,6 +926,7 @@ impl Vault {
                 .ctx(|| fd.child_path(old))
         };
         mv(b_dir, &b.on_disk, b_dir, &tmp)?;
+        crash::point!("vault.exchange");
         mv(a_dir, &a.on_disk, b_dir, &a_new)?;
         mv(b_dir, &tmp, a_dir, &b_new)?;
         Ok((a_new, b_new))
@@ -935,6 +946,7 @@ impl Vault {
     ) -> Result<String> {
         let on_disk = self.entry_name_for(to, key, kind, identity)?;
         sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        crash::point!("vault.link");
         Ok(on_disk)
     }
 
