@@ -490,6 +490,25 @@ impl ReverseVault {
     }
 }
 
+/// The derivations of a deterministic vault without a directory behind them: for the
+/// known-answer vectors (`tests/vectors.rs`).
+#[doc(hidden)]
+pub fn vector_parts(master: &MasterKey) -> ReverseVault {
+    let mut cfg = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[0; 16]).expect("valid block size");
+    cfg.seal(master);
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
+    let st: libc::stat = unsafe { std::mem::zeroed() };
+    ReverseVault::from_parts(Path::new("/nonexistent"), cfg, master.clone(), Vec::new(), st)
+}
+
+impl ReverseVault {
+    /// The identity key (known-answer vectors only).
+    #[doc(hidden)]
+    pub fn ids_key(&self) -> &[u8; 32] {
+        self.ids.expose()
+    }
+}
+
 fn not_found(path: &Path) -> Error {
     Error::io(path.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
 }
