@@ -67,7 +67,10 @@ fn assert_restored(plain: &Path, restored: &Path) {
     let o = run("diff", &["-r", "--no-dereference", "-x", ".veilfs.reverse.conf", "-x", "fifo", p, r]);
     assert!(o.status.success(), "diff -r: {}", text(&o));
     for rel in walk(plain) {
-        let (a, b) = (std::fs::symlink_metadata(plain.join(&rel)).unwrap(), std::fs::symlink_metadata(restored.join(&rel)).unwrap());
+        let (a, b) = (
+            std::fs::symlink_metadata(plain.join(&rel)).unwrap(),
+            std::fs::symlink_metadata(restored.join(&rel)).unwrap(),
+        );
         assert_eq!(a.mode(), b.mode(), "{}: mode", rel.display());
         // Files only: rsync (3.5.0 here) leaves a directory's mtime at the time it created
         // files in it, also when backing up a plain directory; the view's directory times
@@ -113,7 +116,10 @@ fn a_backup_of_the_view_restores_the_tree_and_rsync_sends_only_changes() {
         std::fs::read_dir(&rm.mnt).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     assert!(top.contains(&"veilfs.conf".into()) && top.contains(&"veilfs.diriv".into()), "{top:?}");
     assert!(!top.iter().any(|n| n.contains("reverse")), "{top:?}");
-    assert_eq!(std::fs::read(rm.mnt.join("veilfs.conf")).unwrap(), std::fs::read(plain.join(".veilfs.reverse.conf")).unwrap());
+    assert_eq!(
+        std::fs::read(rm.mnt.join("veilfs.conf")).unwrap(),
+        std::fs::read(plain.join(".veilfs.reverse.conf")).unwrap()
+    );
 
     let first = rsync(&rm.mnt, &backup);
     assert!(transferred(&first) > 10, "{first}");

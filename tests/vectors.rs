@@ -87,8 +87,10 @@ fn compute(config_vector: Value) -> Value {
     }
     let ids: Vec<Value> = [("Documents", EntryKind::Dir), ("hello.txt", EntryKind::File), ("link", EntryKind::Symlink)]
         .iter()
-        .map(|(name, kind)| json!({"parent_iv": hex(&root_iv), "name": name, "kind": *kind as u8,
-            "identity": hex(&rv.identity(&root_iv, name.as_bytes(), *kind))}))
+        .map(|(name, kind)| {
+            json!({"parent_iv": hex(&root_iv), "name": name, "kind": *kind as u8,
+            "identity": hex(&rv.identity(&root_iv, name.as_bytes(), *kind))})
+        })
         .collect();
     let link_id = rv.identity(&root_iv, b"link", EntryKind::Symlink);
     let deterministic = json!({

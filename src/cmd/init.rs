@@ -108,7 +108,12 @@ fn run_reverse(a: Args, kdf: veilfs_core::kdf::Argon2Params) -> Result<i32> {
     }
     let password = a.password.read_new("Choose a password")?;
     super::kdf_notice(kdf.memory_kib);
-    let opts = InitOptions { cipher: ContentCipher::Aes256GcmSiv, block_size: a.block_size, kdf, recovery_key: !a.no_recovery_key };
+    let opts = InitOptions {
+        cipher: ContentCipher::Aes256GcmSiv,
+        block_size: a.block_size,
+        kdf,
+        recovery_key: !a.no_recovery_key,
+    };
     let rk = veilfs_core::reverse::ReverseVault::create(&a.cipherdir, &password, &opts)?;
     if !crate::logging::quiet() {
         eprintln!(

@@ -249,7 +249,9 @@ pub fn run(mut a: Args) -> Result<i32> {
     }
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    serve(&a, &cipherdir, &mountpoint, ready, |cfg, activity| veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity))?;
+    serve(&a, &cipherdir, &mountpoint, ready, |cfg, activity| {
+        veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity)
+    })?;
     Ok(crate::exit::OK)
 }
 

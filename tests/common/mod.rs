@@ -415,7 +415,17 @@ impl ReverseMount {
         let p = passfile.to_str().unwrap();
         let o = run(
             BIN,
-            &["init", "--reverse", plain.to_str().unwrap(), "--passfile", p, "--kdf-memory", "8", "--kdf-iterations", "1"],
+            &[
+                "init",
+                "--reverse",
+                plain.to_str().unwrap(),
+                "--passfile",
+                p,
+                "--kdf-memory",
+                "8",
+                "--kdf-iterations",
+                "1",
+            ],
         );
         assert!(o.status.success(), "init --reverse: {}", text(&o));
         ReverseMount::existing(plain, mnt, passfile)

@@ -218,7 +218,8 @@ impl ReverseVault {
         }
         let master = cfg.unlock_with(secret, slot, &path, ceiling)?;
         let dirfd = sys::open_dir_path(plaindir).ctx(|| plaindir.display().to_string())?;
-        let config_stat = sys::fstatat(dirfd.as_fd(), REVERSE_CONFIG_NAME.as_bytes()).ctx(|| path.display().to_string())?;
+        let config_stat =
+            sys::fstatat(dirfd.as_fd(), REVERSE_CONFIG_NAME.as_bytes()).ctx(|| path.display().to_string())?;
         Ok(Self::from_parts(plaindir, cfg, master, bytes, config_stat))
     }
 
@@ -587,7 +588,8 @@ impl ViewFile {
             // Copy the part of this block inside [from, to).
             let boff = self.layout.block_offset(n);
             let (a, b) = (from.max(boff), to.min(boff + blk.len() as u64));
-            out[(a - from) as usize..(b - from) as usize].copy_from_slice(&blk[(a - boff) as usize..(b - boff) as usize]);
+            out[(a - from) as usize..(b - from) as usize]
+                .copy_from_slice(&blk[(a - boff) as usize..(b - boff) as usize]);
         }
         Ok(())
     }

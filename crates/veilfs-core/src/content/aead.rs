@@ -72,8 +72,8 @@ impl ContentCipher {
             }
             ContentCipher::XChaCha20Poly1305 => BlockKey::XChaCha(Box::new(XChaCha20Poly1305::new(key.into()))),
             ContentCipher::Aes256GcmSiv => {
-                let unbound = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM_SIV, key)
-                    .expect("32-byte AES key");
+                let unbound =
+                    aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM_SIV, key).expect("32-byte AES key");
                 BlockKey::Gcm(aws_lc_rs::aead::LessSafeKey::new(unbound))
             }
         }

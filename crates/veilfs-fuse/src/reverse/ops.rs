@@ -119,7 +119,9 @@ impl ReverseFs {
             }
         }
         let sub = match &item.kind {
-            ViewKind::Entry(e) if e.kind == EntryKind::Dir => Some(Arc::new(self.rv.open_subdir(dir, e).map_err(cerr)?)),
+            ViewKind::Entry(e) if e.kind == EntryKind::Dir => {
+                Some(Arc::new(self.rv.open_subdir(dir, e).map_err(cerr)?))
+            }
             _ => None,
         };
         let ino = self.next.fetch_add(1, Ordering::Relaxed);
@@ -246,7 +248,8 @@ impl ReverseFs {
         let dir = self.dir_of(ino)?;
         let items = self.rv.list(&dir).map_err(cerr)?;
         let known = self.by_name.lock();
-        let listed = items.into_iter().map(|i| (known.get(&(ino, i.on_disk.clone())).copied().unwrap_or(0), i)).collect();
+        let listed =
+            items.into_iter().map(|i| (known.get(&(ino, i.on_disk.clone())).copied().unwrap_or(0), i)).collect();
         drop(known);
         Ok(self.add_handle(Handle::Dir(listed)))
     }
