@@ -136,7 +136,7 @@ pub struct ViewEntry {
 #[derive(Clone, Debug)]
 pub enum ViewKind {
     /// A user entry.
-    Entry(ViewEntry),
+    Entry(Box<ViewEntry>),
     /// `veilfs.diriv`: the directory's IV.
     DirIv,
     /// `veilfs.conf` at the top: the reverse config's bytes.
@@ -331,7 +331,7 @@ impl ReverseVault {
             if let (Some(side), Some(contents)) = (e.key.side_file.clone(), e.key.side_file_contents()) {
                 out.push(ViewItem { on_disk: side, kind: ViewKind::SideFile(contents.into_bytes()) });
             }
-            out.push(ViewItem { on_disk, kind: ViewKind::Entry(e) });
+            out.push(ViewItem { on_disk, kind: ViewKind::Entry(Box::new(e)) });
         }
         Ok(out)
     }
@@ -350,7 +350,8 @@ impl ReverseVault {
                 let Ok(name) = self.vault.names().decrypt_name(&dir.iv, &d) else { return Ok(None) };
                 let Some(e) = self.entry(dir, &name)? else { return Ok(None) };
                 let shown = self.on_disk(dir, &e);
-                Ok((shown.as_bytes() == on_disk).then_some(ViewItem { on_disk: shown, kind: ViewKind::Entry(e) }))
+                Ok((shown.as_bytes() == on_disk)
+                    .then_some(ViewItem { on_disk: shown, kind: ViewKind::Entry(Box::new(e)) }))
             }
             // Long names and their side files are found by hash: list the directory.
             ParsedEntry::Long { .. } | ParsedEntry::Internal => {

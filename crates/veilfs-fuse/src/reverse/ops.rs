@@ -166,7 +166,7 @@ impl ReverseFs {
                 if now.kind != e.kind {
                     return Err(errno(libc::ENOENT));
                 }
-                ViewItem { on_disk: item.on_disk, kind: ViewKind::Entry(now) }
+                ViewItem { on_disk: item.on_disk, kind: ViewKind::Entry(Box::new(now)) }
             }
             _ => item,
         };
