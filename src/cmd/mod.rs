@@ -23,6 +23,7 @@ use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
 use veilfs_core::kdf::{Argon2Params, KdfCeiling};
 use veilfs_core::names;
+use veilfs_core::reverse::{ReverseVault, REVERSE_CONFIG_NAME};
 use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig};
 
 /// How to unlock an existing vault.
@@ -83,15 +84,13 @@ pub fn kdf_notice(memory_kib: u32) {
 }
 
 impl UnlockArgs {
-    /// Reads the secret and opens the vault. Everything that can be checked without the
-    /// secret (the config, `--slot`) is checked before asking for it.
-    pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
-        let cfg = VaultConfig::load(cipherdir)?;
+    /// Checks `--slot` against `cfg` and reads the secret (before any key is derived).
+    fn secret(&self, cfg: &VaultConfig) -> Result<Secret> {
         let want = if self.recovery_key { SlotKind::Recovery } else { SlotKind::Password };
         if let Some(id) = self.slot {
-            check_slot(&cfg, id, Some(want))?;
+            check_slot(cfg, id, Some(want))?;
         }
-        let secret = if self.recovery_key {
+        Ok(if self.recovery_key {
             let text = self.password.read("Recovery key")?;
             use secrecy::ExposeSecret;
             // A malformed key (a typo) is a wrong secret, not an error of the vault.
@@ -103,10 +102,32 @@ impl UnlockArgs {
                 kdf_notice(*memory_kib);
             }
             Secret::Password(password)
-        };
+        })
+    }
+
+    fn ceiling(&self) -> KdfCeiling {
+        if self.allow_slow_kdf {
+            KdfCeiling::UNLIMITED
+        } else {
+            KdfCeiling::DEFAULT
+        }
+    }
+
+    /// Reads the secret and opens the reverse vault of PLAINDIR (`--reverse`).
+    pub fn open_reverse(&self, plaindir: &Path) -> Result<ReverseVault> {
+        let cfg = VaultConfig::load_named(plaindir, REVERSE_CONFIG_NAME)?;
+        let secret = self.secret(&cfg)?;
+        ReverseVault::open_with(plaindir, &secret, self.slot, &self.ceiling())
+            .with_context(|| format!("cannot open the reverse vault of {}", plaindir.display()))
+    }
+
+    /// Reads the secret and opens the vault. Everything that can be checked without the
+    /// secret (the config, `--slot`) is checked before asking for it.
+    pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
+        let cfg = VaultConfig::load(cipherdir)?;
+        let secret = self.secret(&cfg)?;
         let t = std::time::Instant::now();
-        let ceiling = if self.allow_slow_kdf { KdfCeiling::UNLIMITED } else { KdfCeiling::DEFAULT };
-        let vault = Vault::open_with(cipherdir, &secret, self.slot, &ceiling)
+        let vault = Vault::open_with(cipherdir, &secret, self.slot, &self.ceiling())
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
         tracing::info!("unlocked {} in {:.2} s", cipherdir.display(), t.elapsed().as_secs_f64());
         tracing::debug!(

@@ -72,6 +72,18 @@ pub struct Args {
     /// that contains it).
     #[arg(long)]
     pub nonempty: bool,
+    /// Reverse mode: CIPHERDIR is a plaintext directory made a reverse vault by `veilfs init
+    /// --reverse`; show at MOUNTPOINT its deterministic, read-only encrypted view (a vault:
+    /// copy it anywhere, and `veilfs mount`/`export`/`fsck` of the copy restore the data).
+    #[arg(long)]
+    pub reverse: bool,
+    /// With --reverse: leave out plaintext paths matching PATTERN (gitignore syntax, relative
+    /// to PLAINDIR; repeatable).
+    #[arg(long, value_name = "PATTERN", requires = "reverse")]
+    pub exclude: Vec<String>,
+    /// With --reverse: read exclude patterns from FILE (one a line, gitignore syntax).
+    #[arg(long, value_name = "FILE", requires = "reverse")]
+    pub exclude_from: Vec<PathBuf>,
     /// Mount options as in fstab and mount(8), comma-separated: passfile=FILE, extpass=CMD,
     /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage,
     /// attr_timeout=SECS, threads=N, no_writeback, nonempty, fsname=NAME (the source shown
@@ -232,12 +244,27 @@ pub fn run(mut a: Args) -> Result<i32> {
     let mountpoint = check_mount_point(&a, &cipherdir)?;
     check_dev_fuse()?;
     check_allow_other(&a)?;
+    if a.reverse {
+        return run_reverse(&a, &cipherdir, &mountpoint);
+    }
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    match serve(&a, vault, &cipherdir, &mountpoint, ready) {
-        Ok(()) => Ok(crate::exit::OK),
-        Err(e) => Err(e),
-    }
+    serve(&a, &cipherdir, &mountpoint, ready, |cfg, activity| {
+        veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity)
+    })?;
+    Ok(crate::exit::OK)
+}
+
+/// `veilfs mount --reverse PLAINDIR MOUNTPOINT`: always read-only.
+fn run_reverse(a: &Args, plaindir: &Path, mountpoint: &Path) -> Result<i32> {
+    let excludes = veilfs_core::reverse::Excludes::new(plaindir, &a.exclude, &a.exclude_from)
+        .map_err(|e| Exit::new(crate::exit::USAGE, e))?;
+    let mut rv = a.unlock.open_reverse(plaindir)?;
+    rv.set_excludes(excludes);
+    let rv = Arc::new(rv);
+    let ready = if a.foreground { None } else { Some(daemonize()?) };
+    serve(a, plaindir, mountpoint, ready, |cfg, activity| veilfs_fuse::mount_reverse(rv, mountpoint, cfg, activity))?;
+    Ok(crate::exit::OK)
 }
 
 /// Forks. The parent waits for the child's report and exits; the child gets the pipe's
@@ -274,12 +301,13 @@ fn daemonize() -> Result<OwnedFd> {
     }
 }
 
-fn serve(
+/// Mounts with `mount` (the forward or the reverse front end) and serves until unmounted.
+fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     a: &Args,
-    vault: Arc<veilfs_core::Vault>,
     cipherdir: &Path,
     mountpoint: &Path,
     ready: Option<OwnedFd>,
+    mount: impl FnOnce(&veilfs_fuse::MountConfig, Arc<veilfs_fuse::Activity>) -> std::io::Result<fuser::Session<FS>>,
 ) -> Result<()> {
     let report = |ready: &Option<OwnedFd>, msg: &str| {
         if let Some(w) = ready {
@@ -305,7 +333,7 @@ fn serve(
     let ttl = Duration::from_secs_f64(if a.shared_storage { 0.0 } else { a.attr_timeout.max(0.0) });
     let cfg = veilfs_fuse::MountConfig {
         fs: veilfs_fuse::FsOptions {
-            read_only: a.read_only,
+            read_only: a.read_only || a.reverse,
             shared_storage: a.shared_storage,
             ttl,
             negative_ttl: ttl,
@@ -315,7 +343,7 @@ fn serve(
         threads: a.threads,
         fsname: fsname_option(a.fsname.clone().unwrap_or_else(|| cipherdir.display().to_string())),
     };
-    let session = match veilfs_fuse::mount(vault, mountpoint, &cfg, activity.clone()) {
+    let session = match mount(&cfg, activity.clone()) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {} on {}: {e}", cipherdir.display(), mountpoint.display());

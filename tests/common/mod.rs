@@ -478,3 +478,102 @@ pub fn new_vault(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     assert!(o.status.success(), "init: {}", text(&o));
     (cipher, mnt, pass)
 }
+
+/// Every name, file's bytes and symlink target under `p`, in sorted order (so two trees with
+/// the same contents dump equal whatever their readdir order).
+pub fn dump_tree(p: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut names: Vec<_> = std::fs::read_dir(p).unwrap().flatten().collect();
+    names.sort_by_key(|e| e.file_name());
+    for e in names {
+        out.extend_from_slice(e.file_name().as_bytes());
+        out.push(b'\n');
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.extend(dump_tree(&e.path()));
+        } else if ft.is_file() {
+            out.extend(std::fs::read(e.path()).unwrap());
+        } else if ft.is_symlink() {
+            out.extend_from_slice(std::fs::read_link(e.path()).unwrap().as_os_str().as_bytes());
+        }
+    }
+    out
+}
+
+/// A reverse vault over a plaintext directory (`veilfs init --reverse`), mounted with
+/// `veilfs mount --reverse` while `mounted`; unmounted on drop.
+pub struct ReverseMount {
+    pub plain: PathBuf,
+    pub mnt: PathBuf,
+    pub passfile: PathBuf,
+    pub extra: Vec<String>,
+    mounted: bool,
+}
+
+impl ReverseMount {
+    /// Makes `plain` (existing) a reverse vault with a cheap KDF; `mnt` is created. Not mounted.
+    pub fn init(plain: &Path, mnt: &Path, passfile: &Path) -> ReverseMount {
+        std::fs::create_dir_all(mnt).unwrap();
+        std::fs::write(passfile, format!("{PASSWORD}\n")).unwrap();
+        let p = passfile.to_str().unwrap();
+        let o = run(
+            &BIN,
+            &[
+                "init",
+                "--reverse",
+                plain.to_str().unwrap(),
+                "--passfile",
+                p,
+                "--kdf-memory",
+                "8",
+                "--kdf-iterations",
+                "1",
+            ],
+        );
+        assert!(o.status.success(), "init --reverse: {}", text(&o));
+        ReverseMount::existing(plain, mnt, passfile)
+    }
+
+    /// An already made reverse vault in `plain`.
+    pub fn existing(plain: &Path, mnt: &Path, passfile: &Path) -> ReverseMount {
+        std::fs::create_dir_all(mnt).unwrap();
+        ReverseMount {
+            plain: plain.to_path_buf(),
+            mnt: mnt.to_path_buf(),
+            passfile: passfile.to_path_buf(),
+            extra: Vec::new(),
+            mounted: false,
+        }
+    }
+
+    pub fn mount(&mut self) {
+        let mut args = vec![
+            "mount".to_string(),
+            "--reverse".into(),
+            self.plain.display().to_string(),
+            self.mnt.display().to_string(),
+            "--passfile".into(),
+            self.passfile.display().to_string(),
+        ];
+        args.extend(self.extra.iter().cloned());
+        let o = Command::new(&BIN).args(&args).stdin(Stdio::null()).output().unwrap();
+        assert!(o.status.success(), "veilfs mount --reverse: {}", text(&o));
+        self.mounted = true;
+    }
+
+    pub fn umount(&mut self) {
+        if self.mounted {
+            let o = run(&BIN, &["umount", self.mnt.to_str().unwrap()]);
+            if !o.status.success() {
+                let _ = run("fusermount3", &["-uz", self.mnt.to_str().unwrap()]);
+            }
+            self.mounted = false;
+        }
+    }
+}
+
+impl Drop for ReverseMount {
+    fn drop(&mut self) {
+        self.umount();
+    }
+}

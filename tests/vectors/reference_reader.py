@@ -31,7 +31,7 @@ import tempfile
 try:
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESSIV, ChaCha20Poly1305
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV, AESSIV, ChaCha20Poly1305
     from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 except ImportError as e:  # pragma: no cover
@@ -124,18 +124,20 @@ def hchacha20(key: bytes, nonce16: bytes) -> bytes:
 
 
 class ContentAead:
-    """The two content AEADs of §1, with their nonce lengths."""
+    """The content AEADs of §1 and §17 (AES-256-GCM-SIV), with their nonce lengths."""
 
     def __init__(self, name: str):
-        if name not in ("AES-256-GCM", "XChaCha20-Poly1305"):
+        if name not in ("AES-256-GCM", "XChaCha20-Poly1305", "AES-256-GCM-SIV"):
             raise ConfigError(f"unknown cipher {name!r}")
         self.name = name
-        self.nonce_len = 12 if name == "AES-256-GCM" else 24
+        self.nonce_len = 24 if name == "XChaCha20-Poly1305" else 12
         self.overhead = self.nonce_len + 16
 
     def _seal_or_open(self, key: bytes, nonce: bytes, aad: bytes, data: bytes, seal: bool) -> bytes:
         if self.name == "AES-256-GCM":
             c, n = AESGCM(key), nonce
+        elif self.name == "AES-256-GCM-SIV":
+            c, n = AESGCMSIV(key), nonce
         else:
             c, n = ChaCha20Poly1305(hchacha20(key, nonce[:16])), b"\0\0\0\0" + nonce[16:24]
         return c.encrypt(n, data, aad) if seal else c.decrypt(n, data, aad)
@@ -393,8 +395,12 @@ def parse_config(text: bytes) -> dict:
     # §3.3 structural checks.
     if cfg["format"] != "veilfs" or cfg["version"] != 1:
         raise ConfigError(f"format {cfg['format']!r} version {cfg['version']} is not veilfs v1")
-    if set(cfg["features"]) != FEATURES_V1:
+    # §17: "deterministic" is the one optional feature, and goes with AES-256-GCM-SIV.
+    det = "deterministic" in cfg["features"]
+    if set(cfg["features"]) - {"deterministic"} != FEATURES_V1 or len(cfg["features"]) != len(set(cfg["features"])):
         raise ConfigError(f"feature set {cfg['features']} is not the v1 set")
+    if det != (cfg["cipher"] == "AES-256-GCM-SIV"):
+        raise ConfigError("cipher AES-256-GCM-SIV and feature deterministic must go together")
     B = cfg["block_size"]
     if not (512 <= B <= 1 << 20) or B & (B - 1):
         raise ConfigError(f"invalid block size {B}")
@@ -696,6 +702,27 @@ def run_vectors(path: str, t: Tally):
                 t.check(True, "")
         cls_ = classify(entry.encode())
         t.check(cls_[0] == ("long" if side else "short"), f"{what}: classified as {cls_[0]}")
+    # §17: deterministic vaults. Identities, derived nonces, GCM-SIV blocks, a symlink blob.
+    det = v["deterministic"]
+    ids_key = hkdf(b"veilfs v1", master, b"deterministic-ids", 32)
+    t.check(ids_key.hex() == det["ids_key"], "deterministic: identity key")
+    for i in det["identities"]:
+        ident = hmac256(ids_key, b"veilfs v1 reverse id\0" + bytes([i["kind"]]) + hx(i["parent_iv"]) + i["name"].encode())[:16]
+        t.check(ident.hex() == i["identity"], f"deterministic: identity of {i['name']!r}")
+    for c in det["content"]:
+        what = f"deterministic block {c['block']}"
+        nonce = struct.pack(">Q", c["block"]) + bytes([1 if c["last"] else 0]) + b"\0\0\0"
+        t.check(nonce.hex() == c["nonce"], f"{what}: derived nonce")
+        aead = ContentAead(c["cipher"])
+        aad = block_aad(hx(c["file_id"]), c["block"], c["last"])
+        t.check(file_key(keys, hx(c["file_id"])).hex() == c["file_key"], f"{what}: file key")
+        t.check(aead.seal(hx(c["file_key"]), nonce, aad, hx(c["plaintext"])).hex() == c["on_disk"], f"{what}: seal")
+        t.check(aead.open(hx(c["file_key"]), aad, hx(c["on_disk"])).hex() == c["plaintext"], f"{what}: open")
+    sl = det["symlink"]
+    sid = hx(sl["identity"])
+    blob = sid + ContentAead("AES-256-GCM-SIV").seal(file_key(keys, sid), struct.pack(">Q", 0) + b"\1\0\0\0",
+                                                      block_aad(sid, 0, True), sl["target"].encode())
+    t.check(b64(blob) == sl["stored"], "deterministic: symlink blob")
     rk = v["recovery_key"]
     t.check(recovery_display(hx(rk["bytes"])) == rk["display"], "recovery key display")
     t.check(recovery_parse(rk["display"]) == hx(rk["bytes"]), "recovery key parse")

@@ -18,6 +18,7 @@ pub mod file;
 pub mod fsck;
 pub mod kdf;
 pub mod recovery;
+pub mod reverse;
 pub mod sys;
 pub mod vault;
 pub mod xattr;

@@ -30,7 +30,8 @@
 //! `ops/data.rs`, `ops/readdir.rs`, `ops/entries.rs`, `ops/rename.rs`, `ops/attrs.rs`,
 //! `ops/xattrs.rs`); `fs` is the fuser `Filesystem` shell; `inodes` the node table and each
 //! file's shared state; `dirs` each directory's fd, IV and name index; `handles`; `rangelock`;
-//! `attr` (stat conversion); `tests` drives `ops` on a temporary vault without /dev/fuse.
+//! `attr` (stat conversion); `reverse` the read-only view of `veilfs mount --reverse`, a
+//! front end of its own over `veilfs_core::reverse`; `tests` drives `ops` on a temporary vault without /dev/fuse.
 
 #![warn(missing_docs)]
 
@@ -41,11 +42,13 @@ mod handles;
 mod inodes;
 mod ops;
 mod rangelock;
+pub mod reverse;
 #[cfg(test)]
 mod tests;
 
 pub use fs::MAX_WRITE;
 pub use ops::{Activity, FsOptions, VeilFs};
+pub use reverse::{mount_reverse, ReverseFs};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -124,7 +124,7 @@ impl Activity {
         }
     }
 
-    fn set_ended(&self) {
+    pub(crate) fn set_ended(&self) {
         *self.ended.lock() = true;
         self.ended_cv.notify_all();
     }
