@@ -521,7 +521,7 @@ fn exit_codes_follow_the_documented_table() {
     // The documented table: --help and the README list the same codes and meanings.
     let help = out(&veilfs(&["--help"]));
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    for (code, _) in (0..=8).map(|c| (c, ())) {
+    for (code, _) in (0..=9).map(|c| (c, ())) {
         assert!(help.lines().any(|l| l.starts_with(&format!("  {code}  "))), "code {code} in --help:\n{help}");
         assert!(readme.lines().any(|l| l.starts_with(&format!("| {code} | "))), "code {code} in README");
     }
@@ -958,4 +958,134 @@ fn import_and_export_keep_user_xattrs_and_withhold_set_id_bits() {
     let o = f.run(&["export", f.v(), again.to_str().unwrap(), "--preserve-special"]);
     assert_eq!(code(&o), 0, "{}", err(&o));
     assert_eq!(std::fs::metadata(again.join("suid")).unwrap().permissions().mode() & 0o7777, 0o4755);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 12: one writer at a time (the vault lock).
+// ---------------------------------------------------------------------------------------
+
+/// Runs `veilfs ARGS --passfile PASSFILE` for a `common::Mounted` vault.
+fn with_pass(m: &common::Mounted, args: &[&str]) -> Output {
+    veilfs(&[args, &["--passfile", m.passfile.to_str().unwrap()]].concat())
+}
+
+/// A mount locks its vault: the commands that write it and a second mount are refused with
+/// exit code 9 and a message naming the daemon; the reading ones work; the lock file goes
+/// at unmount. (The issue's case: `import` into a mounted vault used to exit 0, and the
+/// file never appeared in the mount.)
+#[test]
+fn a_mount_locks_its_vault_against_other_writers() {
+    let Some(mut m) = common::Mounted::new("64m", &[]) else { return };
+    let v = m.cipher.to_str().unwrap().to_string();
+    let pid = common::daemon_pid(&m.mnt).expect("the daemon's pid");
+    let lock = std::fs::read_to_string(m.cipher.join("veilfs.lock")).unwrap();
+    assert!(lock.contains(&format!("pid={pid}\n")) && lock.contains("command=mount\n"), "{lock}");
+    std::fs::write(m.m("inside"), "written through the mount").unwrap();
+    let src = m.tmpfs.path.join("new-file");
+    std::fs::write(&src, "imported").unwrap();
+    let holder = format!("{v} is mounted by pid {pid} on host ");
+    let refused = [
+        with_pass(&m, &["import", src.to_str().unwrap(), &v]),
+        with_pass(&m, &["passwd", &v, "--new-passfile", m.passfile.to_str().unwrap()]),
+        with_pass(&m, &["fsck", "--repair", &v]),
+    ];
+    for o in &refused {
+        assert_eq!(code(o), 9, "{}", err(o));
+        assert!(err(o).contains(&holder) && err(o).contains("unmount it first, or use --shared-storage"), "{}", err(o));
+        assert_eq!(err(o).lines().count(), 1, "one clear message: {}", err(o));
+    }
+    assert!(!m.m("new-file").exists(), "nothing was imported");
+    let second = m.tmpfs.path.join("second");
+    std::fs::create_dir(&second).unwrap();
+    let o = m.mount_cmd(&second);
+    assert_eq!(code(&o), 9, "a second mount: {}", err(&o));
+    assert!(err(&o).contains(&format!("is mounted by pid {pid} on host ")), "{}", err(&o));
+    // Reading works while mounted.
+    assert_eq!(out(&with_pass(&m, &["cat", &format!("{v}/inside")])), "written through the mount");
+    assert!(out(&with_pass(&m, &["ls", &v])).contains("inside"));
+    let dest = m.tmpfs.path.join("exported");
+    for o in
+        [with_pass(&m, &["export", &v, dest.to_str().unwrap()]), with_pass(&m, &["fsck", &v]), veilfs(&["info", &v])]
+    {
+        assert_eq!(code(&o), 0, "{}", err(&o));
+    }
+    m.umount();
+    assert!(!m.cipher.join("veilfs.lock").exists(), "the lock file is removed at unmount");
+    let o = with_pass(&m, &["import", src.to_str().unwrap(), &v]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    m.mount();
+    assert_eq!(std::fs::read_to_string(m.m("new-file")).unwrap(), "imported");
+    // fusermount3 -u returns before the daemon has let go of the lock: a writer right after
+    // it waits for that instead of refusing.
+    assert_eq!(code(&common::run("fusermount3", &["-u", m.mnt.to_str().unwrap()])), 0);
+    let o = with_pass(&m, &["import", src.to_str().unwrap(), &format!("{v}/again")]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+}
+
+/// A daemon killed with SIGKILL leaves its lock file; its OS lock died with it, so the next
+/// mount takes the lock over, saying so.
+#[test]
+fn a_killed_daemons_lock_is_taken_over() {
+    let Some(mut m) = common::Mounted::new("64m", &[]) else { return };
+    let pid = common::daemon_pid(&m.mnt).expect("the daemon's pid");
+    assert_eq!(code(&common::run("kill", &["-KILL", &pid.to_string()])), 0);
+    let t = std::time::Instant::now();
+    while common::daemon_pid(&m.mnt).is_some() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the daemon did not die");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(code(&common::run("fusermount3", &["-uz", m.mnt.to_str().unwrap()])), 0);
+    assert!(m.cipher.join("veilfs.lock").exists(), "a killed daemon cannot remove its lock file");
+    let o = m.mount_output();
+    assert!(err(&o).contains(&format!("taking over the lock of a mount (pid {pid} on host ")), "{}", err(&o));
+    assert!(err(&o).contains("that process is gone"), "{}", err(&o));
+    let new_pid = common::daemon_pid(&m.mnt).expect("the new daemon's pid");
+    let lock = std::fs::read_to_string(m.cipher.join("veilfs.lock")).unwrap();
+    assert!(lock.contains(&format!("pid={new_pid}\n")), "the new daemon names itself: {lock}");
+}
+
+/// `--shared-storage` takes no lock: the vault mounts twice, and an offline import shows up
+/// in both mounts at once.
+#[test]
+fn shared_storage_mounts_take_no_lock_and_see_an_import() {
+    let Some(m) = common::Mounted::new("64m", &["--shared-storage"]) else { return };
+    assert!(!m.cipher.join("veilfs.lock").exists());
+    let second = m.tmpfs.path.join("second");
+    std::fs::create_dir(&second).unwrap();
+    let _guard = common::UnmountOnDrop(second.clone());
+    let o = m.mount_cmd(&second);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let src = m.tmpfs.path.join("imported");
+    std::fs::write(&src, "from import").unwrap();
+    let o = with_pass(&m, &["import", src.to_str().unwrap(), m.cipher.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(std::fs::read_to_string(m.m("imported")).unwrap(), "from import");
+    assert_eq!(std::fs::read_to_string(second.join("imported")).unwrap(), "from import");
+    // fsck --repair still refuses a mounted vault (the mount table names it).
+    let o = with_pass(&m, &["fsck", "--repair", m.cipher.to_str().unwrap()]);
+    assert_eq!(code(&o), 9, "{}", err(&o));
+    assert_eq!(code(&common::run(BIN, &["umount", second.to_str().unwrap()])), 0);
+}
+
+/// A lock file of another machine (CIPHERDIR synced from there) is refused naming that host
+/// and the way out; `--break-lock` takes it over, and the lock file goes afterwards.
+#[test]
+fn another_machines_lock_is_refused_until_broken() {
+    let f = Fixture::new();
+    std::fs::write(f.vault.join("veilfs.lock"), "pid=4242\nhost=laptop.example\nsince=1700000000\ncommand=mount\n")
+        .unwrap();
+    let src = f.dir.join("file");
+    std::fs::write(&src, "x").unwrap();
+    let o = f.run(&["import", src.to_str().unwrap(), f.v()]);
+    assert_eq!(code(&o), 9, "{}", err(&o));
+    let e = err(&o);
+    assert!(e.contains("is mounted by pid 4242 on host laptop.example since 2023-11-14 22:13:20 UTC"), "{e}");
+    assert!(e.contains("--break-lock") && e.contains("veilfs.lock"), "{e}");
+    let o = f.run(&["passwd", f.v(), "--new-passfile", f.pf.to_str().unwrap(), "--break-lock"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains("taking over the lock of a mount (pid 4242 on host laptop.example"), "{}", err(&o));
+    assert!(!f.vault.join("veilfs.lock").exists());
+    // The lock file is the vault's own: no listing shows it and fsck does not report it.
+    let o = f.run(&["fsck", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
 }

@@ -14,7 +14,7 @@ use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 #[command(after_help = "Like `cp -a SRC DEST`: if DEST is an existing directory of the vault, SRC is copied into it \
 under its own name; otherwise DEST names the copy. A SRC ending in `/.` copies the contents of SRC. \
 Existing entries are never overwritten (reported, skipped). Modes, times, symlinks and hard links are kept; \
-owners too when run as root.")]
+owners too when run as root. The vault must not be mounted (exit code 9), unless with --shared-storage.")]
 pub struct Args {
     /// Plaintext file or directory to encrypt.
     pub src: PathBuf,
@@ -22,6 +22,8 @@ pub struct Args {
     pub dest: PathBuf,
     #[command(flatten)]
     pub unlock: UnlockArgs,
+    #[command(flatten)]
+    pub lock: super::LockArgs,
 }
 
 struct Importer<'a> {
@@ -190,6 +192,7 @@ impl Importer<'_> {
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.dest)?;
     std::fs::symlink_metadata(&a.src).with_context(|| format!("{}", a.src.display()))?;
+    let _lock = a.lock.take(&t.cipherdir, "import")?;
     let vault = a.unlock.open(&t.cipherdir)?;
     let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
     let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.dest))?;

@@ -22,8 +22,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
 use veilfs_core::kdf::{Argon2Params, KdfCeiling};
+use veilfs_core::lock::Holder;
 use veilfs_core::names;
-use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig};
+use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig, VaultLock};
 
 /// How to unlock an existing vault.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -41,6 +42,34 @@ pub struct UnlockArgs {
     /// skipped, so a forged slot cannot make unlocking take minutes.
     #[arg(long)]
     pub allow_slow_kdf: bool,
+}
+
+/// The vault lock option of every command that writes a vault (mount, import, passwd,
+/// fsck --repair).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LockArgs {
+    /// Take over the vault lock of another machine: only when nothing there uses the vault
+    /// any more (CIPHERDIR was copied or synced from there, or that machine crashed). A lock
+    /// of this machine needs no help: it is taken over once its holder is gone.
+    #[arg(long)]
+    pub break_lock: bool,
+}
+
+impl LockArgs {
+    /// Takes the lock of the vault in `cipherdir` for `command` (see `veilfs_core::lock`):
+    /// before any password is asked for, so a vault in use is refused at once. A holder that
+    /// is a mount of this machine no longer in the mount table is unmounting: it is waited
+    /// for a moment (`fusermount3 -u` returns before the daemon lets go of the lock).
+    pub fn take(&self, cipherdir: &Path, command: &str) -> Result<VaultLock> {
+        VaultConfig::load(cipherdir)?;
+        let source = cipherdir.canonicalize().unwrap_or_else(|_| cipherdir.to_path_buf());
+        let ending = |h: &Holder| {
+            h.command == "mount"
+                && h.is_this_host()
+                && matches!(crate::mountinfo::find_veilfs_source(&source), Ok(None))
+        };
+        Ok(VaultLock::acquire(cipherdir, command, self.break_lock, &ending)?)
+    }
 }
 
 /// "Slot N" in user terms.

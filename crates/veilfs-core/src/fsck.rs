@@ -451,7 +451,7 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, kind: EntryKi
     }
 }
 
-/// The mount's lock file (issue 12), if present: not part of the tree.
+/// The vault lock (issue 12), if present: not part of the tree.
 fn is_lock_file(name: &str) -> bool {
-    name == "veilfs.lock"
+    name == crate::names::LOCK_NAME
 }

@@ -228,6 +228,9 @@ fn ascii(s: &[u8]) -> &str {
 /// directory or exchanges two entries (and that `fsck --repair` cleans up after a crash).
 pub const TEMP_PREFIX: &str = "veilfs.tmp.";
 
+/// The vault lock (top directory only; see [`crate::lock`]).
+pub const LOCK_NAME: &str = "veilfs.lock";
+
 /// A fresh temporary name (`veilfs.tmp.` and 96 random bits).
 pub fn temp_name() -> String {
     format!("{TEMP_PREFIX}{}", b64_encode(&crate::random::bytes::<12>()))
