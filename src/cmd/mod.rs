@@ -234,11 +234,36 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 }
 
 /// The line that ends an import or export, e.g. "veilfs: exported 12 files (3538 bytes,
-/// 3.5K), 0 errors". Not shown under `-q`.
-pub fn summary(verb: &str, files: u64, bytes: u64, errors: &str) {
+/// 3.5K), skipped 0 identical, 0 conflicts, 0 errors". Not shown under `-q`.
+pub fn summary(verb: &str, files: u64, bytes: u64, skipped: usize, conflicts: usize, errors: &str) {
     if !crate::logging::quiet() {
         let s = if files == 1 { "" } else { "s" };
-        eprintln!("veilfs: {verb} {files} file{s} ({bytes} bytes, {}), {errors}", human_size(bytes));
+        eprintln!(
+            "veilfs: {verb} {files} file{s} ({bytes} bytes, {}), skipped {skipped} identical, {}, {errors}",
+            human_size(bytes),
+            count(conflicts, "conflict")
+        );
+    }
+}
+
+/// An existing entry that differs from its source and is kept (`import`, `export` without
+/// `--overwrite`): counted apart from errors.
+#[derive(Debug)]
+pub struct Conflict(pub &'static str);
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Conflict {}
+
+/// After an import or export that a signal interrupted: says how to resume (`main` then
+/// dies of that signal, once everything is dropped: the vault lock is released).
+pub fn say_if_interrupted(what: &str) {
+    if crate::interrupt::requested() {
+        eprintln!("veilfs: {what} interrupted; run the same command again to resume");
     }
 }
 
