@@ -3,6 +3,7 @@
 mod cmd;
 mod exit;
 mod helper;
+mod interrupt;
 mod logging;
 mod mountinfo;
 mod password;
@@ -131,6 +132,8 @@ fn main() {
         Command::Speed(a) => cmd::speed::run(a),
         Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
     };
+    // An import or export stopped by Ctrl-C ends by that signal, as the shell expects.
+    interrupt::die_if_interrupted();
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -31,8 +31,12 @@ veilfs umount ~/private                          (or: fusermount3 -u ~/private)\
 mount -t fuse.veilfs ~/vault ~/private -o passfile=/etc/veilfs/pw,allow_other\n\n\
 An fstab line (then `mount MOUNTPOINT` and `umount MOUNTPOINT`, as a user too with `user`):\n  \
 /home/me/vault /home/me/private fuse.veilfs noauto,user,passfile=/home/me/.vault-pw 0 0\n\n\
-Use --shared-storage when another mount or a sync tool may change CIPHERDIR while mounted: \
-caching is then off (slower, but never stale).")]
+A mount locks its vault (the file veilfs.lock in CIPHERDIR, removed at unmount): a second mount and \
+the commands that write it (import, passwd, fsck --repair) are refused with exit code 9, naming the process that \
+holds it; reading commands (cat, ls, export, info, fsck) work. The lock of a daemon that died is taken over with a \
+warning; that of another machine (CIPHERDIR synced from there) only with --break-lock. Use --shared-storage when \
+several writers share CIPHERDIR (mounts on several machines, or a mount and offline imports): such a mount takes \
+no lock and caches nothing (slower, but never stale); every mount of the vault should then use it.")]
 pub struct Args {
     /// The vault.
     pub cipherdir: PathBuf,
@@ -54,9 +58,14 @@ pub struct Args {
     /// 1h30m; a bare number is seconds).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle: Option<Duration>,
-    /// CIPHERDIR may change underneath (another mount, a sync tool): no caching.
+    /// Several writers at once: CIPHERDIR may change underneath (another mount, an offline
+    /// `veilfs import`, a sync tool). Takes no vault lock and caches nothing (slower, never
+    /// stale). Without it a mount locks the vault: a second mount and the commands that
+    /// write (import, passwd, fsck --repair) are refused while it is mounted.
     #[arg(long)]
     pub shared_storage: bool,
+    #[command(flatten)]
+    pub lock: super::LockArgs,
     /// Seconds the kernel may cache attributes and names.
     #[arg(long, default_value_t = 1.0, value_name = "SECS")]
     pub attr_timeout: f64,
@@ -85,7 +94,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE", requires = "reverse")]
     pub exclude_from: Vec<PathBuf>,
     /// Mount options as in fstab and mount(8), comma-separated: passfile=FILE, extpass=CMD,
-    /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage,
+    /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage, break_lock,
     /// attr_timeout=SECS, threads=N, no_writeback, nonempty, fsname=NAME (the source shown
     /// in the mount table; default CIPHERDIR). mount(8)'s own options (user, noauto, nofail,
     /// _netdev, x-systemd.*, rw, defaults, …) are ignored; remount is refused.
@@ -245,11 +254,17 @@ pub fn run(mut a: Args) -> Result<i32> {
     check_dev_fuse()?;
     check_allow_other(&a)?;
     if a.reverse {
+        // A reverse view writes nothing into PLAINDIR: no vault lock.
         return run_reverse(&a, &cipherdir, &mountpoint);
     }
+    let mut lock = take_lock(&a, &cipherdir)?;
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    serve(&a, &cipherdir, &mountpoint, ready, |cfg, activity| {
+    if let Some(l) = &mut lock {
+        // The daemon holds the OS lock now (the open file came along): it names itself.
+        l.now_held_by_this_process()?;
+    }
+    serve(&a, &cipherdir, &mountpoint, ready, lock, |cfg, activity| {
         veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity)
     })?;
     Ok(crate::exit::OK)
@@ -263,8 +278,26 @@ fn run_reverse(a: &Args, plaindir: &Path, mountpoint: &Path) -> Result<i32> {
     rv.set_excludes(excludes);
     let rv = Arc::new(rv);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    serve(a, plaindir, mountpoint, ready, |cfg, activity| veilfs_fuse::mount_reverse(rv, mountpoint, cfg, activity))?;
+    serve(a, plaindir, mountpoint, ready, None, |cfg, activity| {
+        veilfs_fuse::mount_reverse(rv, mountpoint, cfg, activity)
+    })?;
     Ok(crate::exit::OK)
+}
+
+/// The vault lock for this mount; none for `--shared-storage`, which only warns when a
+/// mount that caches holds the vault.
+fn take_lock(a: &Args, cipherdir: &Path) -> Result<Option<veilfs_core::VaultLock>> {
+    if !a.shared_storage {
+        return a.lock.take(cipherdir, "mount").map(Some);
+    }
+    if let Some(h) = veilfs_core::lock::holder(cipherdir) {
+        tracing::warn!(
+            "{} is {}, without --shared-storage: that holder may not see this mount's changes",
+            cipherdir.display(),
+            h.describe()
+        );
+    }
+    Ok(None)
 }
 
 /// Forks. The parent waits for the child's report and exits; the child gets the pipe's
@@ -307,6 +340,7 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     cipherdir: &Path,
     mountpoint: &Path,
     ready: Option<OwnedFd>,
+    lock: Option<veilfs_core::VaultLock>,
     mount: impl FnOnce(&veilfs_fuse::MountConfig, Arc<veilfs_fuse::Activity>) -> std::io::Result<fuser::Session<FS>>,
 ) -> Result<()> {
     let report = |ready: &Option<OwnedFd>, msg: &str| {
@@ -347,6 +381,7 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {} on {}: {e}", cipherdir.display(), mountpoint.display());
+            drop(lock);
             if ready.is_some() {
                 // The parent prints it: once.
                 report(&ready, &msg);
@@ -383,6 +418,8 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     let bg = session.spawn().map_err(|e| mount_err(format!("cannot start the FUSE session: {e}")))?;
     activity.wait_ended();
     std::mem::forget(bg);
+    // The filesystem is torn down (destroy ran, the keys are gone): the vault is free again.
+    drop(lock);
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
@@ -511,6 +548,19 @@ fn spawn_idle_thread(idle: Duration, activity: Arc<veilfs_fuse::Activity>, mount
     });
 }
 
+/// After an unmount: waits (up to 5 s) until the daemon has let go of the vault lock, so the
+/// vault is free when `veilfs umount` returns (the kernel ends the mount before the daemon
+/// has finished; `fusermount3 -u` does not wait, and a new writer waits for it instead).
+fn wait_for_lock_release(cipherdir: &Path) {
+    let t = std::time::Instant::now();
+    while veilfs_core::lock::holder(cipherdir).is_some_and(|h| h.command == "mount" && h.is_this_host()) {
+        if t.elapsed() > Duration::from_secs(5) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Arguments of `veilfs umount`.
 #[derive(clap::Args, Debug)]
 pub struct UmountArgs {
@@ -563,6 +613,9 @@ pub fn umount(a: UmountArgs) -> Result<i32> {
     let flags = if a.lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: valid C string.
     if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        if !a.lazy {
+            wait_for_lock_release(&m.source);
+        }
         return Ok(crate::exit::OK);
     }
     let err = std::io::Error::last_os_error();
@@ -576,6 +629,9 @@ pub fn umount(a: UmountArgs) -> Result<i32> {
         .status()
         .map_err(|e| anyhow::anyhow!("cannot unmount {}: {err}; fusermount3: {e}", mp.display()))?;
     if st.success() {
+        if !a.lazy {
+            wait_for_lock_release(&m.source);
+        }
         Ok(crate::exit::OK)
     } else {
         anyhow::bail!("cannot unmount {}: {err}", mp.display())

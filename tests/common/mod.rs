@@ -205,6 +205,14 @@ impl Mounted {
         assert!(e.super_opts.split(',').any(|o| o == owner), "{owner} not in {e:?}");
     }
 
+    /// Mounts again and returns what `veilfs mount` said (it must succeed).
+    pub fn mount_output(&mut self) -> Output {
+        let o = self.mount_cmd(&self.mnt.clone());
+        assert!(o.status.success(), "veilfs mount: {}", text(&o));
+        self.mounted = true;
+        o
+    }
+
     /// Runs `veilfs mount` of this vault at `at` (for second mounts).
     pub fn mount_cmd(&self, at: &Path) -> Output {
         let mut args = vec![

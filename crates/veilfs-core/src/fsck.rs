@@ -7,8 +7,8 @@
 //! damaged or stray object into a `lost+found` directory at the top of the vault, bound there
 //! under a new name with the identity it carries (a file's header ID, a directory's IV, a
 //! symlink's ID), so whatever still authenticates can be read again. It deletes no user data:
-//! the only things it removes are orphaned side files (an encrypted name nothing refers to)
-//! and the config's own temporary copy.
+//! the only things it removes are orphaned side files (an encrypted name nothing refers to),
+//! the config's own temporary copy and the partial copies an interrupted import left.
 
 use crate::content::header::{FileHeader, HEADER_LEN};
 use crate::error::{Error, IoContext, Result};
@@ -216,6 +216,23 @@ impl<'a> Checker<'a> {
                     let r = sys::unlinkat(dir.fd(), &r.name, false)
                         .ctx(|| dir.child_path(&name))
                         .map(|()| "removed".into());
+                    self.repaired(i, r);
+                }
+                continue;
+            }
+            if name.starts_with(crate::names::PART_PREFIX) {
+                // A file `veilfs import` was still writing: a partial copy of a file that is
+                // outside the vault, not vault data (import removes these itself on a re-run).
+                let i = self.problem(
+                    ProblemKind::TempName,
+                    dir.path.join(&name),
+                    Some(&plain),
+                    "an interrupted import left a partial copy".into(),
+                );
+                if self.repair {
+                    let r = sys::unlinkat(dir.fd(), &r.name, false)
+                        .ctx(|| dir.child_path(&name))
+                        .map(|()| "removed (an unfinished copy; import it again)".into());
                     self.repaired(i, r);
                 }
                 continue;
@@ -516,7 +533,7 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, kind: EntryKi
     }
 }
 
-/// The mount's lock file (issue 12), if present: not part of the tree.
+/// The vault lock (issue 12), if present: not part of the tree.
 fn is_lock_file(name: &str) -> bool {
-    name == "veilfs.lock"
+    name == crate::names::LOCK_NAME
 }

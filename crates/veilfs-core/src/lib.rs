@@ -17,6 +17,7 @@ pub mod config;
 pub mod file;
 pub mod fsck;
 pub mod kdf;
+pub mod lock;
 pub mod recovery;
 pub mod reverse;
 pub mod sys;
@@ -25,6 +26,7 @@ pub mod xattr;
 
 pub use config::{Secret, VaultConfig};
 pub use file::{ContentCtx, CryptFile};
+pub use lock::VaultLock;
 pub use names::{DirIv, EntryKind, Identity, NameCipher};
 pub use recovery::RecoveryKey;
 pub use vault::{CipherDir, Entry, InitOptions, Vault};

@@ -98,6 +98,16 @@ pub struct Entry {
     pub stat: libc::stat,
 }
 
+/// A regular file being written under an internal name until it is complete (see
+/// [`Vault::create_partial`]).
+#[derive(Debug)]
+pub struct PartialFile {
+    /// The entry it will become, naming the partial file on disk for now.
+    pub entry: Entry,
+    /// The file, open for writing.
+    pub file: CryptFile,
+}
+
 /// A listing problem: an on-disk entry that is not a valid entry of this directory.
 #[derive(Debug)]
 pub struct BadEntry {
@@ -682,6 +692,59 @@ impl Vault {
         crash::point!("vault.create");
         let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
         Ok((on_disk, id, file))
+    }
+
+    /// Starts a regular file that becomes entry `name` of `dir` only once complete: it is
+    /// written under an internal name (`veilfs.part.<random>`, F§7.2), which no listing
+    /// shows, and [`commit_partial`](Self::commit_partial) renames it into place. So an
+    /// interrupted writer (`veilfs import`) never leaves a cut-off file under its final name,
+    /// where it would look complete. The returned entry names the partial file but has `name`'s
+    /// key, so its attributes can be set ([`set_attrs`](Self::set_attrs),
+    /// [`set_xattr`](Self::set_xattr)) before it appears.
+    pub fn create_partial(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<PartialFile> {
+        let key = self.names.name_key(&dir.iv, name)?;
+        let id: Identity = crate::random::bytes();
+        let on_disk = crate::names::part_name();
+        let what = dir.child_path(&on_disk);
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), flags, mode & 0o7777).ctx(|| what.clone())?;
+        let stat = sys::fstat(fd.as_fd()).ctx(|| what.clone())?;
+        let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        let entry = Entry { name: name.to_vec(), on_disk, key, kind: EntryKind::File, identity: id, stat };
+        Ok(PartialFile { entry, file })
+    }
+
+    /// Puts a complete partial file in place under its name, replacing `replaced` (the
+    /// existing entry of that name, found by the caller) if given; fails with EEXIST if
+    /// another entry has taken the name meanwhile. See [`rename_at`](Self::rename_at).
+    pub fn commit_partial(&self, dir: &CipherDir, p: PartialFile, replaced: Option<&Entry>) -> Result<Entry> {
+        let PartialFile { entry, file } = p;
+        drop(file);
+        let on_disk = self.rename_at(dir, &entry, dir, &entry.key, replaced)?;
+        let stat = sys::fstatat(dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        Ok(Entry { on_disk, stat, ..entry })
+    }
+
+    /// Removes a partial file that will not be completed.
+    pub fn discard_partial(&self, dir: &CipherDir, p: PartialFile) -> Result<()> {
+        drop(p.file);
+        sys::unlinkat(dir.fd(), p.entry.on_disk.as_bytes(), false).ctx(|| dir.child_path(&p.entry.on_disk))
+    }
+
+    /// Removes the partial files an interrupted writer left in `dir` (only under the vault
+    /// lock, where no other writer can be making one); returns how many.
+    pub fn remove_partials(&self, dir: &CipherDir) -> Result<usize> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let mut n = 0;
+        for r in raw.iter().filter(|r| r.name.starts_with(crate::names::PART_PREFIX.as_bytes())) {
+            let what = || dir.child_path(&String::from_utf8_lossy(&r.name));
+            let st = sys::fstatat(dir.fd(), &r.name).ctx(what)?;
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                sys::unlinkat(dir.fd(), &r.name, false).ctx(what)?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// The key of `name` in `dir`, or EEXIST if an entry has that name (lists the directory).
