@@ -335,11 +335,13 @@ impl Filesystem for VeilFs {
                 1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
                 _ => match entries.get(i - 2) {
                     None => break,
-                    Some(e) => {
-                        let kind = attr::kind_from_dtype(e.d_type).unwrap_or(FileType::RegularFile);
-                        // READDIR only needs a hint for the inode number; LOOKUP gives the real one.
-                        reply.add(INodeNo(u64::MAX), (i + 1) as u64, kind, OsStr::from_bytes(&e.name))
-                    }
+                    Some(e) => match self.entry_ino(&node, e) {
+                        Ok(ino) => {
+                            let kind = attr::kind_from_dtype(e.d_type).unwrap_or(FileType::RegularFile);
+                            reply.add(INodeNo(ino), (i + 1) as u64, kind, OsStr::from_bytes(&e.name))
+                        }
+                        Err(_) => false, // vanished or damaged (logged): skipped, as by READDIRPLUS
+                    },
                 },
             };
             if full {
