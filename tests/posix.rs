@@ -69,3 +69,103 @@ fn readdir_inode_numbers_are_the_stat_inode_numbers() {
     let (_, bad) = dino_mismatches(&m.m("d"));
     assert!(bad.is_empty(), "after lookups: {} entries with another d_ino: {:?}", bad.len(), &bad[..bad.len().min(3)]);
 }
+
+/// What the set-id test does to one file: who owns it, its mode, and the change.
+struct SetIdCase {
+    name: String,
+    owner: (u32, u32),
+    mode: u32,
+    /// A shell command the test user runs on the file (`F`), or `None` for the root changes.
+    user_cmd: Option<String>,
+}
+
+/// The set-id cases: files of the user changed by the user in every way that may clear set-id
+/// bits, files of root (the user not in their group, or in it through a supplementary group)
+/// written by the user, and files root writes or gives away.
+fn setid_cases(uid: u32, gid: u32, other_gid: u32) -> Vec<SetIdCase> {
+    let ops = [
+        ("write", "printf x >> F"),
+        ("ftruncate", "truncate -s 1 F"),
+        ("truncate", "perl -e 'truncate($ARGV[0], 1) or die $!' F"),
+        ("fallocate", "fallocate -l 8192 F"),
+        ("fallocate-keep-size", "fallocate -n -l 65536 F"),
+        ("open-trunc", ": > F"),
+    ];
+    let mut cases = Vec::new();
+    let mut add = |name: String, owner, mode, user_cmd: Option<String>| {
+        cases.push(SetIdCase { name, owner, mode, user_cmd });
+    };
+    for mode in [0o6755, 0o6745, 0o2755, 0o2745, 0o4755] {
+        for (op, cmd) in ops.iter().chain(&[("chgrp", "chgrp GROUP F")]) {
+            let cmd = cmd.replace("GROUP", &gid.to_string());
+            add(format!("own-{op}-{mode:o}"), (uid, gid), mode, Some(cmd));
+        }
+    }
+    for mode in [0o6777, 0o2777, 0o2767] {
+        for (op, cmd) in &ops {
+            add(format!("root-{op}-{mode:o}"), (0, 0), mode, Some(cmd.to_string()));
+        }
+        add(format!("group-write-{mode:o}"), (0, other_gid), mode, Some("printf x >> F".into()));
+    }
+    for mode in [0o6755, 0o2755, 0o2745] {
+        add(format!("by-root-write-{mode:o}"), (0, 0), mode, None);
+        add(format!("by-root-chown-{mode:o}"), (0, 0), mode, None);
+    }
+    cases
+}
+
+/// Runs the set-id cases in `dir`; returns each file's mode after its change.
+fn setid_run(dir: &Path, cases: &[SetIdCase], user: &TestUser, other_gid: u32) -> Vec<(String, String)> {
+    let path = |c: &SetIdCase| dir.join(&c.name);
+    for c in cases {
+        fs::write(path(c), b"0123456789").unwrap();
+        std::os::unix::fs::chown(path(c), Some(c.owner.0), Some(c.owner.1)).unwrap();
+        fs::set_permissions(path(c), fs::Permissions::from_mode(c.mode)).unwrap();
+    }
+    let script: String = cases
+        .iter()
+        .filter_map(|c| {
+            c.user_cmd.as_ref().map(|cmd| format!("{} || exit 1\n", cmd.replace('F', &path(c).display().to_string())))
+        })
+        .collect();
+    let o = user.sh_in_groups(30, &[other_gid], &format!("set -e\n{script}"));
+    assert!(o.status.success(), "the user's changes in {}: {}", dir.display(), text(&o));
+    for c in cases.iter().filter(|c| c.user_cmd.is_none()) {
+        if c.name.starts_with("by-root-write") {
+            use std::io::Write;
+            fs::OpenOptions::new().append(true).open(path(c)).unwrap().write_all(b"x").unwrap();
+        } else {
+            std::os::unix::fs::chown(path(c), Some(user.uid), None).unwrap();
+        }
+    }
+    // Read at once: the attribute cache must already hold the new mode.
+    cases.iter().map(|c| (c.name.clone(), format!("{:o}", fs::metadata(path(c)).unwrap().mode() & 0o7777))).collect()
+}
+
+/// Set-user-id and set-group-id bits are cleared by a write, truncate (by path and by fd),
+/// fallocate, `O_TRUNC` open and chown exactly as tmpfs clears them — set-group-id without
+/// group-execute kept for the file's group only — and the mode `stat` shows is the new one
+/// at once, not after the attribute cache expires. The writer is an unprivileged user of a
+/// root `--allow-other` mount; root's own writes keep the bits.
+#[test]
+fn set_id_bits_are_cleared_as_tmpfs_clears_them() {
+    let Some(m) = Mounted::new("64m", &["--allow-other"]) else { return };
+    let user = TestUser::new("vfpsx");
+    let other = TestUser::new("vfpsg");
+    let cases = setid_cases(user.uid, user.uid, other.uid);
+    let tmpfs = setid_run(&m.plain, &cases, &user, other.uid);
+    let veilfs = setid_run(&m.mnt, &cases, &user, other.uid);
+    let find = |name: &str| tmpfs.iter().find(|(n, _)| n == name).map(|(_, m)| m.as_str());
+    // The reference did what it should (the changes ran).
+    assert_eq!(find("own-write-6755"), Some("755"));
+    assert_eq!(find("own-write-2745"), Some("2745"));
+    assert_eq!(find("root-write-2767"), Some("767"));
+    assert_eq!(find("by-root-write-6755"), Some("6755"));
+    let differ: Vec<String> = tmpfs
+        .iter()
+        .zip(&veilfs)
+        .filter(|(a, b)| a != b)
+        .map(|((n, t), (_, v))| format!("{n}: tmpfs {t}, veilfs {v}"))
+        .collect();
+    assert!(differ.is_empty(), "{} of {} cases differ: {differ:#?}", differ.len(), cases.len());
+}

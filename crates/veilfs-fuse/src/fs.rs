@@ -233,9 +233,9 @@ impl Filesystem for VeilFs {
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.touch();
-        match self.do_open(ino.0, flags.0) {
+        match self.do_open(ino.0, flags.0, caller(req)) {
             Ok(fh) => reply.opened(FileHandle(fh), self.keep_cache()),
             Err(e) => reply.error(e.into()),
         }
@@ -261,7 +261,7 @@ impl Filesystem for VeilFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -272,8 +272,8 @@ impl Filesystem for VeilFs {
         reply: ReplyWrite,
     ) {
         self.touch();
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.do_write(fh.0, offset, data, kill) {
+        let unprivileged = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID).then(|| caller(req));
+        match self.do_write(fh.0, offset, data, unprivileged) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e.into()),
         }
@@ -469,7 +469,8 @@ impl Filesystem for VeilFs {
         reply: ReplyCreate,
     ) {
         self.touch();
-        match self.acting(caller(req)).and_then(|_as| self.do_create(parent.0, name.as_bytes(), mode, flags)) {
+        let c = caller(req);
+        match self.acting(c).and_then(|_as| self.do_create(parent.0, name.as_bytes(), mode, flags, c)) {
             Ok((node, st, fh)) => {
                 reply.created(&self.opts.ttl, &self.attr_of(&node, &st), GEN, FileHandle(fh), self.keep_cache())
             }
@@ -479,7 +480,7 @@ impl Filesystem for VeilFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -488,7 +489,7 @@ impl Filesystem for VeilFs {
         reply: ReplyEmpty,
     ) {
         self.touch();
-        empty(reply, self.do_fallocate(fh.0, offset, length, mode));
+        empty(reply, self.do_fallocate(fh.0, offset, length, mode, caller(req)));
     }
 
     fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {

@@ -72,6 +72,7 @@ pub fn mount(
     activity: Arc<Activity>,
 ) -> std::io::Result<fuser::Session<VeilFs>> {
     let fs = VeilFs::new(vault, cfg.fs.clone(), activity)?;
+    let notifier = fs.notifier.clone();
     let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),
         // Not MountOption::Subtype: fuser's own mount(2) (root) drops it and the mount shows
@@ -89,5 +90,7 @@ pub fn mount(
     config.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    fuser::Session::new(fs, mountpoint, &config)
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
+    Ok(session)
 }

@@ -152,6 +152,9 @@ pub struct VeilFs {
     pub(crate) writeback: bool,
     pub(crate) euid: u32,
     pub(crate) activity: Arc<Activity>,
+    /// Tells the kernel of changes it cannot see in replies; set once the session is
+    /// mounted (empty when the operations are driven without a kernel).
+    pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 pub(crate) fn errno(n: i32) -> io::Error {
@@ -209,6 +212,7 @@ impl VeilFs {
             euid,
             opts,
             activity,
+            notifier: Arc::default(),
         };
         Ok(fs)
     }
@@ -237,6 +241,17 @@ impl VeilFs {
             Err(errno(libc::EROFS))
         } else {
             Ok(())
+        }
+    }
+
+    /// Has the kernel drop the attributes it caches for node `ino` (a mode cleared by a
+    /// request whose reply carries none). Not while unmounting or for a node it forgot
+    /// (ENOENT): then there is nothing cached.
+    pub(crate) fn invalidate_attr(&self, ino: u64) {
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), -1, 0) {
+                tracing::debug!("node {ino}: attribute invalidation: {e}");
+            }
         }
     }
 
