@@ -169,3 +169,78 @@ fn set_id_bits_are_cleared_as_tmpfs_clears_them() {
         .collect();
     assert!(differ.is_empty(), "{} of {} cases differ: {differ:#?}", differ.len(), cases.len());
 }
+
+/// A buffer of `len` bytes of `byte` at a 4 KiB-aligned address (for O_DIRECT).
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize, byte: u8) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a non-zero size; freed with the same layout in Drop.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null());
+        // SAFETY: `ptr` points to `len` writable bytes.
+        unsafe { std::ptr::write_bytes(ptr, byte, len) };
+        Aligned { ptr, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align(self.len, 4096).unwrap()) };
+    }
+}
+
+/// What a buffered reader of `path` sees after another descriptor overwrote the file with
+/// O_DIRECT (and, second, after a buffered write through a third one, read back with
+/// O_DIRECT): (the bytes read buffered, the bytes read direct).
+fn direct_and_buffered(path: &Path) -> (Vec<u8>, Vec<u8>) {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const LEN: usize = 64 * 1024;
+    fs::write(path, vec![b'a'; LEN]).unwrap();
+    let mut reader = fs::File::open(path).unwrap();
+    let mut before = Vec::new();
+    reader.read_to_end(&mut before).unwrap();
+    assert_eq!(before, vec![b'a'; LEN], "first read of {}", path.display());
+    let direct = fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path).unwrap();
+    direct.write_all_at(Aligned::new(LEN, b'b').bytes(), 0).unwrap();
+    let mut seen = Vec::new();
+    reader.seek(std::io::SeekFrom::Start(0)).unwrap();
+    reader.read_to_end(&mut seen).unwrap();
+    // The other way round: a buffered write (through the page cache), read with O_DIRECT.
+    let mut writer = fs::OpenOptions::new().write(true).open(path).unwrap();
+    writer.write_all(&vec![b'c'; LEN]).unwrap();
+    let buf = Aligned::new(LEN, 0);
+    // SAFETY: `buf` owns LEN writable bytes at an aligned address.
+    let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&direct), buf.ptr.cast(), LEN, 0) };
+    assert_eq!(n, LEN as isize, "O_DIRECT read of {}: {}", path.display(), std::io::Error::last_os_error());
+    (seen, buf.bytes().to_vec())
+}
+
+/// A file written with O_DIRECT through one descriptor reads back new through another that
+/// read it buffered before (the kept page cache is dropped), and a buffered write is seen by
+/// an O_DIRECT read — as on tmpfs. With and without the writeback cache.
+#[test]
+fn o_direct_and_buffered_io_see_each_other() {
+    for extra in [&[][..], &["--no-writeback"][..]] {
+        let Some(m) = Mounted::new("64m", extra) else { return };
+        let summary = |(seen, direct): (Vec<u8>, Vec<u8>)| {
+            let first = |v: &[u8], b: u8| v.iter().position(|&x| x != b);
+            (seen.len(), first(&seen, b'b'), direct.len(), first(&direct, b'c'))
+        };
+        let tmpfs = summary(direct_and_buffered(&m.plain.join("f")));
+        assert_eq!(tmpfs, (65536, None, 65536, None), "tmpfs");
+        let veilfs = summary(direct_and_buffered(&m.m("f")));
+        assert_eq!(veilfs, tmpfs, "veilfs {extra:?}: (length, first stale byte) of the buffered and the direct read");
+    }
+}
