@@ -244,3 +244,92 @@ fn o_direct_and_buffered_io_see_each_other() {
         assert_eq!(veilfs, tmpfs, "veilfs {extra:?}: (length, first stale byte) of the buffered and the direct read");
     }
 }
+
+/// Sets the access and modification times of `p` to `secs` seconds from now.
+fn set_times(p: &Path, atime: i64, mtime: i64) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let t = |d: i64| libc::timespec { tv_sec: now + d, tv_nsec: 0 };
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a two-element timespec array.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t(atime), t(mtime)].as_ptr(), 0) };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+/// A sequence of reads, writes and time changes on a file in `dir`: after each step, whether
+/// its access time moved.
+fn atime_steps(dir: &Path) -> Vec<(&'static str, bool)> {
+    use std::io::Write;
+    let f = dir.join("atime");
+    let atime = || {
+        let m = fs::metadata(&f).unwrap();
+        (m.atime(), m.atime_nsec())
+    };
+    let append = || fs::OpenOptions::new().append(true).open(&f).unwrap().write_all(b"more").unwrap();
+    let read = || assert!(!fs::read(&f).unwrap().is_empty());
+    fs::write(&f, b"hello").unwrap();
+    set_times(&f, -100, -50);
+    let steps: [(&str, &dyn Fn()); 8] = [
+        ("read, atime older than mtime", &read),
+        ("read again", &read),
+        ("set atime a day old", &|| set_times(&f, -90_000, -95_000)),
+        ("read, atime older than ctime", &read),
+        ("read again", &read),
+        ("append", &append),
+        ("open and close, no read", &|| drop(fs::File::open(&f).unwrap())),
+        ("read after the append", &read),
+    ];
+    let ctime = || fs::metadata(&f).map(|m| (m.ctime(), m.ctime_nsec())).unwrap();
+    let mut out = Vec::new();
+    for (what, step) in steps {
+        let (before, ctime_before) = (atime(), ctime());
+        step();
+        out.push((what, atime() != before));
+        if what.starts_with("read") || what.starts_with("open") {
+            assert_eq!(ctime(), ctime_before, "{}: {what} moved the change time", dir.display());
+        }
+    }
+    out
+}
+
+/// Access times as Linux's `relatime` keeps them by default (a read moves the access time when
+/// it is not newer than the last modification or change), whatever the backing filesystem's
+/// own option; never moved by reads with `--noatime` — each compared with a tmpfs mounted the
+/// same way.
+#[test]
+fn access_times_follow_relatime_and_noatime_as_on_tmpfs() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    assert!(mount_entry(&m.mnt).unwrap().mount_opts.contains("relatime"));
+    let relatime = atime_steps(&m.plain);
+    assert_eq!(relatime[0], ("read, atime older than mtime", true), "tmpfs relatime: {relatime:?}");
+    assert_eq!(relatime[1], ("read again", false), "tmpfs relatime: {relatime:?}");
+    assert_eq!(atime_steps(&m.mnt), relatime, "veilfs (default) against tmpfs relatime");
+
+    // A backing store mounted strictatime adds nothing: the daemon's own reads of the
+    // ciphertext (headers, blocks) never move access times.
+    let remount = |opt: &str| {
+        let o = run("mount", &["-o", &format!("remount,{opt}"), m.tmpfs.path.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    remount("strictatime");
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), relatime, "veilfs (default) on a strictatime backing store");
+
+    remount("noatime");
+    let noatime = atime_steps(&m.plain);
+    assert!(noatime.iter().all(|(what, moved)| !moved || what.starts_with("set")), "tmpfs noatime: {noatime:?}");
+    // The access time moves by a read of the backing file (setting it would move the change
+    // time too), so on a noatime backing store the mount is noatime whatever it asks for.
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), noatime, "veilfs (default) on a noatime backing store");
+    remount("relatime");
+    m.extra = vec!["--noatime".into()];
+    m.remount();
+    assert!(mount_entry(&m.mnt).unwrap().mount_opts.contains("noatime"));
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), noatime, "veilfs --noatime against tmpfs noatime");
+    // -o noatime is the same option.
+    m.extra = vec!["-o".into(), "noatime".into()];
+    m.remount();
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), noatime, "veilfs -o noatime");
+}

@@ -380,6 +380,29 @@ pub fn futimens(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<(
     check(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) }).map(drop)
 }
 
+/// Adds `O_NOATIME` to an open file's flags, so reading it leaves its access time alone
+/// (EPERM for a process that neither owns the file nor holds `CAP_FOWNER`).
+pub fn set_noatime(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl F_GETFL/F_SETFL on a valid fd, no pointers.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NOATIME) }).map(drop)
+}
+
+/// Reads a byte of `fd` with `O_NOATIME` lifted for that read, so that the file's own
+/// filesystem moves its access time by its mount's rule — without moving the change time, as
+/// setting the time with `futimens` would.
+pub fn read_for_atime(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl F_GETFL/F_SETFL on a valid fd, no pointers.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NOATIME) })?;
+    let r = pread_full(fd.as_raw_fd(), &mut [0u8; 1], 0);
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
+    r.map(drop)
+}
+
 /// `fstatvfs`.
 pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs> {
     // SAFETY: zeroed statvfs is a valid out-buffer.

@@ -236,7 +236,7 @@ impl Filesystem for VeilFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.touch();
         match self.do_open(ino.0, flags.0, caller(req)) {
-            Ok(fh) => reply.opened(FileHandle(fh), self.keep_cache()),
+            Ok((fh, keep)) => reply.opened(FileHandle(fh), if keep { self.keep_cache() } else { FopenFlags::empty() }),
             Err(e) => reply.error(e.into()),
         }
     }

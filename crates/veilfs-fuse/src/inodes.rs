@@ -35,6 +35,8 @@ pub struct FileState {
     size: AtomicU64,
     size_lock: RwLock<()>,
     ranges: crate::rangelock::RangeLock,
+    /// The next READ must check whether the access time is due (see `ops/atime.rs`).
+    pub atime_due: std::sync::atomic::AtomicBool,
 }
 
 impl FileState {

@@ -80,10 +80,13 @@ pub fn mount(
         // fusermount3 (non-root) gets the same `subtype=veilfs` text either way.
         fuser::MountOption::CUSTOM("subtype=veilfs".into()),
         fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoAtime,
     ];
     if cfg.fs.read_only {
         options.push(fuser::MountOption::RO);
+    }
+    if cfg.fs.noatime {
+        // Shown in the mount table; the daemon keeps access times (FUSE inodes are S_NOATIME).
+        options.push(fuser::MountOption::NoAtime);
     }
     let mut config = fuser::Config::default();
     config.mount_options = options;

@@ -22,6 +22,7 @@ fn fs() -> (tempfile::TempDir, VeilFs) {
         ttl: Duration::from_secs(1),
         negative_ttl: Duration::ZERO,
         writeback: false,
+        noatime: false,
     };
     let fs = VeilFs::new(Arc::new(vault), opts, Arc::new(Activity::default())).unwrap();
     (t, fs)
@@ -36,7 +37,7 @@ fn write(fs: &VeilFs, parent: u64, name: &str, data: &[u8]) -> u64 {
 
 fn read(fs: &VeilFs, parent: u64, name: &str) -> std::io::Result<Vec<u8>> {
     let (node, _) = fs.do_lookup(parent, name.as_bytes())?;
-    let fh = fs.do_open(node.id, libc::O_RDONLY, ME)?;
+    let (fh, _) = fs.do_open(node.id, libc::O_RDONLY, ME)?;
     let mut out = Err(std::io::Error::from_raw_os_error(libc::EIO));
     fs.do_read(fh, 0, 1 << 20, |r| out = r.map(|d| d.to_vec()));
     fs.do_release(fh);

@@ -95,6 +95,7 @@ impl VeilFs {
         }
         if a.atime.is_some() || a.mtime.is_some() {
             sys::utimens_fd(fd, &a.times())?;
+            self.atime_recheck(node);
         }
         Ok(self.attr_of(node, &sys::fstat(fd)?))
     }

@@ -14,6 +14,8 @@ impl VeilFs {
         dir: &DirState,
         on_disk: &str,
     ) -> io::Result<CryptFile> {
+        // Before the header is read.
+        no_backing_atime(fd.as_fd());
         let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), identity, dir.cd.child_path(on_disk))
             .map_err(cerr)?;
         // Only this process writes the file: holes left by out-of-order write-back can wait
@@ -99,8 +101,9 @@ impl VeilFs {
         }
     }
 
-    /// OPEN (by `caller`): returns the handle.
-    pub(crate) fn do_open(&self, ino: u64, flags: i32, caller: Caller) -> io::Result<u64> {
+    /// OPEN (by `caller`): returns the handle, and whether the kernel may keep the file's
+    /// cached pages (not when a read is to update the access time, see `atime.rs`).
+    pub(crate) fn do_open(&self, ino: u64, flags: i32, caller: Caller) -> io::Result<(u64, bool)> {
         let node = self.nodes.get(ino)?;
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             self.check_writable()?;
@@ -123,8 +126,9 @@ impl VeilFs {
                 }
             }
         }
+        let keep = !self.atime_due_at_open(&node, &crypt, flags);
         self.activity.open_files.fetch_add(1, Ordering::Relaxed);
-        Ok(self.handles.add_file(OpenFile { node, crypt }))
+        Ok((self.handles.add_file(OpenFile { node, crypt }), keep))
     }
 
     /// RELEASE.
@@ -154,6 +158,7 @@ impl VeilFs {
                 }
                 h.crypt.read_at(&mut buf[..len as usize], off, cur).map_err(cerr)
             })
+            .inspect(|_| self.atime_after_read(f, &h.crypt))
         })();
         match res {
             Ok(0) => reply(Ok(&[])),
@@ -174,6 +179,7 @@ impl VeilFs {
             }
         }
         let end = off.checked_add(data.len() as u64).ok_or_else(|| errno(libc::EFBIG))?;
+        self.atime_recheck(&h.node);
         {
             // Inside the current size: only the touched blocks are locked, so writers to
             // different blocks of one file run in parallel.
@@ -206,6 +212,7 @@ impl VeilFs {
         let cur = self.current_size(f, crypt)?;
         crypt.truncate(size, cur).map_err(cerr)?;
         f.set_size(size);
+        self.atime_recheck(node);
         self.drop_setid(node, crypt, caller, false).map(drop)
     }
 
@@ -228,6 +235,7 @@ impl VeilFs {
             h.crypt.truncate(end, cur).map_err(cerr)?;
             f.set_size(end);
         }
+        self.atime_recheck(&h.node);
         if self.drop_setid(&h.node, &h.crypt, caller, false)? {
             self.invalidate_attr(h.node.id);
         }
@@ -308,5 +316,14 @@ impl VeilFs {
             }
             _ => Err(errno(libc::EINVAL)),
         }
+    }
+}
+
+/// Reads of the backing file leave its access time alone (`O_NOATIME`): the mount keeps it
+/// by its own rule (`atime.rs`), whatever the backing filesystem's option. Best effort: a
+/// daemon may not set it on a file it does not own.
+pub(super) fn no_backing_atime(fd: std::os::fd::BorrowedFd<'_>) {
+    if let Err(e) = sys::set_noatime(fd) {
+        tracing::debug!("O_NOATIME: {e}");
     }
 }

@@ -42,11 +42,12 @@ impl VeilFs {
                 return Err(errno(libc::EEXIST));
             }
             let (node, st) = self.do_lookup(parent, name)?;
-            let fh = self.do_open(node.id, flags, caller)?;
+            let (fh, _) = self.do_open(node.id, flags, caller)?;
             return Ok((node, st, fh));
         }
         let (on_disk, _, crypt) = self.vault.create_file_at(&dir.cd, &key, mode).map_err(cerr)?;
         crypt.set_defer_sparse(!self.opts.shared_storage);
+        data::no_backing_atime(crypt.backing().as_fd());
         let crypt = Arc::new(crypt);
         let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
         drop(guard);

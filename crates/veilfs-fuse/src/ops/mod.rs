@@ -21,6 +21,7 @@ use veilfs_core::names::NameKey;
 use veilfs_core::xattr::XattrCipher;
 use veilfs_core::{sys, ContentCtx, CryptFile, Entry, EntryKind, Identity, NameCipher, Vault};
 
+mod atime;
 mod attrs;
 mod data;
 mod entries;
@@ -44,6 +45,9 @@ pub struct FsOptions {
     pub negative_ttl: Duration,
     /// Ask for the kernel writeback cache.
     pub writeback: bool,
+    /// Reads never change access times (`noatime`); otherwise they do as with Linux's
+    /// `relatime` (see `ops/atime.rs`).
+    pub noatime: bool,
 }
 
 /// What a SETATTR asks to change (`None`: leave as is).
