@@ -270,13 +270,10 @@ impl VeilFs {
         if privileged {
             return Ok(false);
         }
+        let in_group = || caller.gid == st.st_gid || creds().as_ref().is_some_and(|c| c.groups.contains(&st.st_gid));
         let mut drop = mode & libc::S_ISUID;
-        if mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP != 0 {
+        if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !in_group()) {
             drop |= libc::S_ISGID;
-        } else if mode & libc::S_ISGID != 0 && caller.gid != st.st_gid {
-            if !creds().as_ref().is_some_and(|c| c.groups.contains(&st.st_gid)) {
-                drop |= libc::S_ISGID;
-            }
         }
         if drop == 0 {
             return Ok(false);
