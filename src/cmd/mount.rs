@@ -77,6 +77,10 @@ pub struct Args {
     /// Disable the kernel's writeback cache (small writes then reach veilfs one by one).
     #[arg(long)]
     pub no_writeback: bool,
+    /// Reading a file never changes its access time (default: as Linux's `relatime`, the
+    /// access time moves when it is older than the last change or a day old).
+    #[arg(long)]
+    pub noatime: bool,
     /// Mount over a directory that is not empty (never over CIPHERDIR itself or a directory
     /// that contains it).
     #[arg(long)]
@@ -95,7 +99,7 @@ pub struct Args {
     pub exclude_from: Vec<PathBuf>,
     /// Mount options as in fstab and mount(8), comma-separated: passfile=FILE, extpass=CMD,
     /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage, break_lock,
-    /// attr_timeout=SECS, threads=N, no_writeback, nonempty, fsname=NAME (the source shown
+    /// attr_timeout=SECS, threads=N, no_writeback, noatime, nonempty, fsname=NAME (the source shown
     /// in the mount table; default CIPHERDIR). mount(8)'s own options (user, noauto, nofail,
     /// _netdev, x-systemd.*, rw, defaults, …) are ignored; remount is refused.
     #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
@@ -372,6 +376,7 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
             ttl,
             negative_ttl: ttl,
             writeback: !a.no_writeback && !a.shared_storage,
+            noatime: a.noatime,
         },
         allow_other: a.allow_other,
         threads: a.threads,

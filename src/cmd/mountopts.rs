@@ -15,12 +15,12 @@ use std::path::PathBuf;
 
 /// The options `-o` understands, for messages and `--help`.
 pub const KNOWN: &str = "passfile=FILE, extpass=CMD, recovery_key, slot=N, allow_other, ro, idle=DURATION, \
-                         shared_storage, break_lock, attr_timeout=SECS, threads=N, no_writeback, nonempty, \
-                         fsname=NAME";
+                         shared_storage, break_lock, attr_timeout=SECS, threads=N, no_writeback, noatime, \
+                         nonempty, fsname=NAME";
 
 /// Options that belong to mount(8), fstab or systemd, or that a FUSE mount has anyway.
 fn generic(name: &str) -> bool {
-    const NAMES: [&str; 26] = [
+    const NAMES: [&str; 25] = [
         "rw",
         "defaults",
         "auto",
@@ -39,7 +39,6 @@ fn generic(name: &str) -> bool {
         "exec",
         "noexec",
         "atime",
-        "noatime",
         "relatime",
         "norelatime",
         "strictatime",
@@ -120,6 +119,7 @@ pub fn apply(a: &mut Args, sloppy: bool) -> Result<()> {
             }
             "threads" => a.threads = parse_threads(&need(value)?).map_err(|e| usage(format!("-o threads: {e}")))?,
             "no_writeback" => a.no_writeback = true,
+            "noatime" => a.noatime = true,
             "nonempty" => a.nonempty = true,
             "fsname" => a.fsname = Some(need(value)?),
             _ if generic(&opt) => tracing::debug!("-o {opt}: for mount(8), ignored"),
@@ -165,6 +165,9 @@ mod tests {
         assert!(a.allow_other && a.read_only);
         assert_eq!(a.idle, Some(std::time::Duration::from_secs(1800)));
         assert_eq!((a.threads, a.attr_timeout, a.fsname.as_deref()), (3, 0.5, Some("v")));
+        assert!(!a.noatime);
+        assert!(parse(&["-o", "noatime"]).unwrap().noatime);
+        assert!(!parse(&["-o", "relatime,atime"]).unwrap().noatime);
     }
 
     #[test]

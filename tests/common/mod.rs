@@ -297,8 +297,17 @@ impl TestUser {
 
     /// `sh -c script` as this user (its own group, no others), with a time limit.
     pub fn sh(&self, secs: u32, script: &str) -> Output {
+        self.sh_in_groups(secs, &[], script)
+    }
+
+    /// `sh -c script` as this user with supplementary `groups`, with a time limit.
+    pub fn sh_in_groups(&self, secs: u32, groups: &[u32], script: &str) -> Output {
         let (uid, gid) = (format!("--reuid={}", self.uid), format!("--regid={}", self.uid));
-        run("timeout", &[&secs.to_string(), "setpriv", &uid, &gid, "--clear-groups", "sh", "-c", script])
+        let groups = match groups {
+            [] => "--clear-groups".to_string(),
+            g => format!("--groups={}", g.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+        };
+        run("timeout", &[&secs.to_string(), "setpriv", &uid, &gid, &groups, "sh", "-c", script])
     }
 }
 

@@ -413,6 +413,29 @@ pub fn futimens(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<(
     check(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) }).map(drop)
 }
 
+/// Adds `O_NOATIME` to an open file's flags, so reading it leaves its access time alone
+/// (EPERM for a process that neither owns the file nor holds `CAP_FOWNER`).
+pub fn set_noatime(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl F_GETFL/F_SETFL on a valid fd, no pointers.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NOATIME) }).map(drop)
+}
+
+/// Reads a byte of `fd` with `O_NOATIME` lifted for that read, so that the file's own
+/// filesystem moves its access time by its mount's rule — without moving the change time, as
+/// setting the time with `futimens` would.
+pub fn read_for_atime(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl F_GETFL/F_SETFL on a valid fd, no pointers.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NOATIME) })?;
+    let r = pread_full(fd.as_raw_fd(), &mut [0u8; 1], 0);
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
+    r.map(drop)
+}
+
 /// `fstatvfs`.
 pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs> {
     // SAFETY: zeroed statvfs is a valid out-buffer.
@@ -684,14 +707,32 @@ pub fn privileged<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// What `/proc/PID/status` says of a process's rights: its supplementary groups and whether
+/// its effective capabilities hold `CAP_FSETID` (which keeps set-id bits through a write).
+#[derive(Debug, Clone, Default)]
+pub struct ProcCreds {
+    /// Supplementary groups.
+    pub groups: Vec<libc::gid_t>,
+    /// `CAP_FSETID` is effective.
+    pub cap_fsetid: bool,
+}
+
+/// The credentials of process `pid` (from `/proc/PID/status`).
+pub fn creds_of(pid: u32) -> io::Result<ProcCreds> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name)).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))
+    };
+    let groups = field("Groups:")?.split_ascii_whitespace().filter_map(|g| g.parse().ok()).collect();
+    let caps =
+        u64::from_str_radix(field("CapEff:")?.trim(), 16).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    const CAP_FSETID: u32 = 4;
+    Ok(ProcCreds { groups, cap_fsetid: caps & (1 << CAP_FSETID) != 0 })
+}
+
 /// The supplementary groups of process `pid` (from `/proc/PID/status`), for [`act_as`].
 pub fn groups_of(pid: u32) -> io::Result<Vec<libc::gid_t>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
-    Ok(line.split_ascii_whitespace().filter_map(|g| g.parse().ok()).collect())
+    creds_of(pid).map(|c| c.groups)
 }
 
 /// Where an xattr call goes: an open fd (a directory, an open file), a verified `O_PATH`

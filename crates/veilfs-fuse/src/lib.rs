@@ -75,6 +75,7 @@ pub fn mount(
     activity: Arc<Activity>,
 ) -> std::io::Result<fuser::Session<VeilFs>> {
     let fs = VeilFs::new(vault, cfg.fs.clone(), activity)?;
+    let notifier = fs.notifier.clone();
     let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),
         // Not MountOption::Subtype: fuser's own mount(2) (root) drops it and the mount shows
@@ -82,15 +83,20 @@ pub fn mount(
         // fusermount3 (non-root) gets the same `subtype=veilfs` text either way.
         fuser::MountOption::CUSTOM("subtype=veilfs".into()),
         fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoAtime,
     ];
     if cfg.fs.read_only {
         options.push(fuser::MountOption::RO);
+    }
+    if cfg.fs.noatime {
+        // Shown in the mount table; the daemon keeps access times (FUSE inodes are S_NOATIME).
+        options.push(fuser::MountOption::NoAtime);
     }
     let mut config = fuser::Config::default();
     config.mount_options = options;
     config.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    fuser::Session::new(fs, mountpoint, &config)
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
+    Ok(session)
 }
