@@ -621,9 +621,23 @@ fn mount_errors_are_clear_and_mount_nothing() {
     fs::create_dir(&other).unwrap();
     let wrong = m.tmpfs.path.join("wrong");
     fs::write(&wrong, "nope\n").unwrap();
+    // A second writer of a mounted vault is refused before any password (the vault lock)...
     let o = run(
         &BIN,
         &["mount", m.cipher.to_str().unwrap(), other.to_str().unwrap(), "--passfile", wrong.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(9), "{}", text(&o));
+    // ...and with --shared-storage (no lock) a wrong password is exit 3.
+    let o = run(
+        &BIN,
+        &[
+            "mount",
+            m.cipher.to_str().unwrap(),
+            other.to_str().unwrap(),
+            "--passfile",
+            wrong.to_str().unwrap(),
+            "--shared-storage",
+        ],
     );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let o = run(
