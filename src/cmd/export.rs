@@ -132,9 +132,10 @@ impl Exporter<'_> {
                 let target = self.vault.readlink(dir, e)?;
                 std::os::unix::fs::symlink(OsStr::from_bytes(&target), out)?;
             }
-            EntryKind::Special => {
-                let device = matches!(st.st_mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK);
-                if device && !self.preserve_special {
+            // Type and (in a vault with `special-kinds`) device number were verified with the
+            // entry's binding (Vault::verified_identity), from this same `stat`.
+            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
+                if e.kind.is_device() && !self.preserve_special {
                     self.withheld += 1;
                     self.pb.suspend(|| {
                         eprintln!(
