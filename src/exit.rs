@@ -25,9 +25,11 @@ pub const INTEGRITY: i32 = 6;
 pub const PASSWORD_SOURCE: i32 = 7;
 /// The mount failed.
 pub const MOUNT: i32 = 8;
+/// The vault is in use: another mount or a writing command holds its lock.
+pub const IN_USE: i32 = 9;
 
 /// The exit-code table: (code, meaning). `--help`, veilfs(1) and the README show it.
-pub const TABLE: [(i32, &str); 9] = [
+pub const TABLE: [(i32, &str); 10] = [
     (OK, "success"),
     (OTHER, "other error"),
     (USAGE, "bad command line, or an option value that names nothing (--slot N, --remove-slot N)"),
@@ -37,6 +39,7 @@ pub const TABLE: [(i32, &str); 9] = [
     (INTEGRITY, "integrity error: some ciphertext failed authentication (tampered or damaged)"),
     (PASSWORD_SOURCE, "no usable password (no terminal, --extpass failed, empty or mismatched)"),
     (MOUNT, "mount failed"),
+    (IN_USE, "vault in use: mounted, or locked by another veilfs command that writes it"),
 ];
 
 /// The text shown under "EXIT CODES" in `--help`.
@@ -50,6 +53,7 @@ pub const HELP: &str = "EXIT CODES:
   6  integrity error: some ciphertext failed authentication (tampered or damaged)
   7  no usable password (no terminal, --extpass failed, empty or mismatched)
   8  mount failed
+  9  vault in use: mounted, or locked by another veilfs command that writes it
 
 ENVIRONMENT:
   VEILFS_LOG  log filter in tracing's EnvFilter syntax (e.g. debug, or warn,veilfs_core=trace);
@@ -91,6 +95,7 @@ fn core_code(e: &Error) -> i32 {
         Error::Config { .. } => BAD_CONFIG,
         Error::Auth { .. } => INTEGRITY,
         Error::Invalid(_) => OTHER,
+        Error::Locked { .. } => IN_USE,
     }
 }
 

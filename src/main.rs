@@ -3,6 +3,7 @@
 mod cmd;
 mod exit;
 mod helper;
+mod interrupt;
 mod logging;
 mod mountinfo;
 mod password;
@@ -84,7 +85,20 @@ fn default_sigpipe() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
+/// Test builds with `--features failpoints`: arms the crash points named in `FAILPOINTS`
+/// (veilfs_core::crash) and makes any panic end the process at once, as `SIGKILL` would.
+#[cfg(feature = "failpoints")]
+fn arm_crash_points() -> fail::FailScenario<'static> {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("veilfs: crash point: {info}");
+        std::process::abort()
+    }));
+    fail::FailScenario::setup()
+}
+
 fn main() {
+    #[cfg(feature = "failpoints")]
+    let _crash_points = arm_crash_points();
     default_sigpipe();
     let cli = match mount_helper_args() {
         None => Cli::parse(),
@@ -118,6 +132,8 @@ fn main() {
         Command::Speed(a) => cmd::speed::run(a),
         Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
     };
+    // An import or export stopped by Ctrl-C ends by that signal, as the shell expects.
+    interrupt::die_if_interrupted();
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -521,7 +521,7 @@ fn exit_codes_follow_the_documented_table() {
     // The documented table: --help and the README list the same codes and meanings.
     let help = out(&veilfs(&["--help"]));
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    for (code, _) in (0..=8).map(|c| (c, ())) {
+    for (code, _) in (0..=9).map(|c| (c, ())) {
         assert!(help.lines().any(|l| l.starts_with(&format!("  {code}  "))), "code {code} in --help:\n{help}");
         assert!(readme.lines().any(|l| l.starts_with(&format!("| {code} | "))), "code {code} in README");
     }
@@ -659,14 +659,18 @@ fn progress_totals_summaries_and_hints() {
     let files = 5;
     let bytes = 200_000 + 4 + 5 + 12;
     assert!(
-        err(&o).contains(&format!("veilfs: imported {files} files ({bytes} bytes, 196K), 0 errors")),
+        err(&o).contains(&format!(
+            "veilfs: imported {files} files ({bytes} bytes, 196K), skipped 0 identical, 0 conflicts, 0 errors"
+        )),
         "{}",
         err(&o)
     );
     let o = veilfs(&["export", vs, t.path().join("out").to_str().unwrap(), "--extpass", "echo pw"]);
     assert_eq!(code(&o), 0, "{}", err(&o));
     assert!(
-        err(&o).contains(&format!("veilfs: exported {files} files ({bytes} bytes, 196K), 0 errors")),
+        err(&o).contains(&format!(
+            "veilfs: exported {files} files ({bytes} bytes, 196K), skipped 0 identical, 0 conflicts, 0 errors"
+        )),
         "{}",
         err(&o)
     );
@@ -791,7 +795,9 @@ fn vault_on_tmpfs() -> (common::Tmpfs, PathBuf) {
 
 #[test]
 fn umount_finds_a_mount_point_with_a_space_and_leaves_other_filesystems_alone() {
-    if !common::fuse_available() {
+    if !common::root_only("the other file system is the test's own tmpfs, which a user cannot mount")
+        || !common::fuse_available()
+    {
         return;
     }
     let (t, v) = vault_on_tmpfs();
@@ -851,7 +857,11 @@ fn mount_names_a_stale_mount_and_how_to_clear_it() {
 
 #[test]
 fn a_user_without_access_to_dev_fuse_is_told_so() {
-    if !common::fuse_available() || !common::which("unshare") || !common::which("setpriv") {
+    if !common::root_only("replaces /dev/fuse in a private mount namespace (unshare -m), then becomes nobody")
+        || !common::fuse_available()
+        || !common::which("unshare")
+        || !common::which("setpriv")
+    {
         return;
     }
     let (t, v) = vault_on_tmpfs();
@@ -958,4 +968,299 @@ fn import_and_export_keep_user_xattrs_and_withhold_set_id_bits() {
     let o = f.run(&["export", f.v(), again.to_str().unwrap(), "--preserve-special"]);
     assert_eq!(code(&o), 0, "{}", err(&o));
     assert_eq!(std::fs::metadata(again.join("suid")).unwrap().permissions().mode() & 0o7777, 0o4755);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 12: one writer at a time (the vault lock), and interrupted imports and exports that
+// leave no cut-off file and resume.
+// ---------------------------------------------------------------------------------------
+
+/// Runs `veilfs ARGS --passfile PASSFILE` for a `common::Mounted` vault.
+fn with_pass(m: &common::Mounted, args: &[&str]) -> Output {
+    veilfs(&[args, &["--passfile", m.passfile.to_str().unwrap()]].concat())
+}
+
+/// A mount locks its vault: the commands that write it and a second mount are refused with
+/// exit code 9 and a message naming the daemon; the reading ones work; the lock file goes
+/// at unmount. (The issue's case: `import` into a mounted vault used to exit 0, and the
+/// file never appeared in the mount.)
+#[test]
+fn a_mount_locks_its_vault_against_other_writers() {
+    let Some(mut m) = common::Mounted::new("64m", &[]) else { return };
+    let v = m.cipher.to_str().unwrap().to_string();
+    let pid = common::daemon_pid(&m.mnt).expect("the daemon's pid");
+    let lock = std::fs::read_to_string(m.cipher.join("veilfs.lock")).unwrap();
+    assert!(lock.contains(&format!("pid={pid}\n")) && lock.contains("command=mount\n"), "{lock}");
+    std::fs::write(m.m("inside"), "written through the mount").unwrap();
+    let src = m.tmpfs.path.join("new-file");
+    std::fs::write(&src, "imported").unwrap();
+    let holder = format!("{v} is mounted by pid {pid} on host ");
+    let refused = [
+        with_pass(&m, &["import", src.to_str().unwrap(), &v]),
+        with_pass(&m, &["passwd", &v, "--new-passfile", m.passfile.to_str().unwrap()]),
+        with_pass(&m, &["fsck", "--repair", &v]),
+    ];
+    for o in &refused {
+        assert_eq!(code(o), 9, "{}", err(o));
+        assert!(err(o).contains(&holder) && err(o).contains("unmount it first, or use --shared-storage"), "{}", err(o));
+        assert_eq!(err(o).lines().count(), 1, "one clear message: {}", err(o));
+    }
+    assert!(!m.m("new-file").exists(), "nothing was imported");
+    let second = m.tmpfs.path.join("second");
+    std::fs::create_dir(&second).unwrap();
+    let o = m.mount_cmd(&second);
+    assert_eq!(code(&o), 9, "a second mount: {}", err(&o));
+    assert!(err(&o).contains(&format!("is mounted by pid {pid} on host ")), "{}", err(&o));
+    // Reading works while mounted.
+    assert_eq!(out(&with_pass(&m, &["cat", &format!("{v}/inside")])), "written through the mount");
+    assert!(out(&with_pass(&m, &["ls", &v])).contains("inside"));
+    let dest = m.tmpfs.path.join("exported");
+    for o in
+        [with_pass(&m, &["export", &v, dest.to_str().unwrap()]), with_pass(&m, &["fsck", &v]), veilfs(&["info", &v])]
+    {
+        assert_eq!(code(&o), 0, "{}", err(&o));
+    }
+    m.umount();
+    assert!(!m.cipher.join("veilfs.lock").exists(), "the lock file is removed at unmount");
+    let o = with_pass(&m, &["import", src.to_str().unwrap(), &v]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    m.mount();
+    assert_eq!(std::fs::read_to_string(m.m("new-file")).unwrap(), "imported");
+    // fusermount3 -u returns before the daemon has let go of the lock: a writer right after
+    // it waits for that instead of refusing.
+    assert_eq!(code(&common::run("fusermount3", &["-u", m.mnt.to_str().unwrap()])), 0);
+    let o = with_pass(&m, &["import", src.to_str().unwrap(), &format!("{v}/again")]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+}
+
+/// A daemon killed with SIGKILL leaves its lock file; its OS lock died with it, so the next
+/// mount takes the lock over, saying so.
+#[test]
+fn a_killed_daemons_lock_is_taken_over() {
+    let Some(mut m) = common::Mounted::new("64m", &[]) else { return };
+    let pid = common::daemon_pid(&m.mnt).expect("the daemon's pid");
+    assert_eq!(code(&common::run("kill", &["-KILL", &pid.to_string()])), 0);
+    let t = std::time::Instant::now();
+    while common::daemon_pid(&m.mnt).is_some() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the daemon did not die");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(code(&common::run("fusermount3", &["-uz", m.mnt.to_str().unwrap()])), 0);
+    assert!(m.cipher.join("veilfs.lock").exists(), "a killed daemon cannot remove its lock file");
+    let o = m.mount_output();
+    assert!(err(&o).contains(&format!("taking over the lock of a mount (pid {pid} on host ")), "{}", err(&o));
+    assert!(err(&o).contains("that process is gone"), "{}", err(&o));
+    let new_pid = common::daemon_pid(&m.mnt).expect("the new daemon's pid");
+    let lock = std::fs::read_to_string(m.cipher.join("veilfs.lock")).unwrap();
+    assert!(lock.contains(&format!("pid={new_pid}\n")), "the new daemon names itself: {lock}");
+}
+
+/// `--shared-storage` takes no lock: the vault mounts twice, and an offline import shows up
+/// in both mounts at once.
+#[test]
+fn shared_storage_mounts_take_no_lock_and_see_an_import() {
+    let Some(m) = common::Mounted::new("64m", &["--shared-storage"]) else { return };
+    assert!(!m.cipher.join("veilfs.lock").exists());
+    let second = m.tmpfs.path.join("second");
+    std::fs::create_dir(&second).unwrap();
+    let _guard = common::UnmountOnDrop(second.clone());
+    let o = m.mount_cmd(&second);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let src = m.tmpfs.path.join("imported");
+    std::fs::write(&src, "from import").unwrap();
+    let o = with_pass(&m, &["import", src.to_str().unwrap(), m.cipher.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(std::fs::read_to_string(m.m("imported")).unwrap(), "from import");
+    assert_eq!(std::fs::read_to_string(second.join("imported")).unwrap(), "from import");
+    // fsck --repair still refuses a mounted vault (the mount table names it).
+    let o = with_pass(&m, &["fsck", "--repair", m.cipher.to_str().unwrap()]);
+    assert_eq!(code(&o), 9, "{}", err(&o));
+    assert_eq!(code(&common::run(BIN, &["umount", second.to_str().unwrap()])), 0);
+}
+
+/// A lock file of another machine (CIPHERDIR synced from there) is refused naming that host
+/// and the way out; `--break-lock` takes it over, and the lock file goes afterwards.
+#[test]
+fn another_machines_lock_is_refused_until_broken() {
+    let f = Fixture::new();
+    std::fs::write(f.vault.join("veilfs.lock"), "pid=4242\nhost=laptop.example\nsince=1700000000\ncommand=mount\n")
+        .unwrap();
+    let src = f.dir.join("file");
+    std::fs::write(&src, "x").unwrap();
+    let o = f.run(&["import", src.to_str().unwrap(), f.v()]);
+    assert_eq!(code(&o), 9, "{}", err(&o));
+    let e = err(&o);
+    assert!(e.contains("is mounted by pid 4242 on host laptop.example since 2023-11-14 22:13:20 UTC"), "{e}");
+    assert!(e.contains("--break-lock") && e.contains("veilfs.lock"), "{e}");
+    let o = f.run(&["passwd", f.v(), "--new-passfile", f.pf.to_str().unwrap(), "--break-lock"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains("taking over the lock of a mount (pid 4242 on host laptop.example"), "{}", err(&o));
+    assert!(!f.vault.join("veilfs.lock").exists());
+    // The lock file is the vault's own: no listing shows it and fsck does not report it.
+    let o = f.run(&["fsck", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+}
+
+/// Every file under `dir` whose name starts with `prefix`.
+fn files_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(it) = std::fs::read_dir(dir) else { return found };
+    for e in it.flatten() {
+        if e.file_name().to_string_lossy().starts_with(prefix) {
+            found.push(e.path());
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(files_named(&e.path(), prefix));
+        }
+    }
+    found
+}
+
+/// Starts `veilfs ARGS`, waits until a temporary file named `prefix…` under `watch` has
+/// grown past 8 MiB (the copy is inside the large file), sends `signal` and returns how it
+/// ended.
+fn interrupt_mid_file(args: &[&str], watch: &Path, prefix: &str, signal: i32) -> std::process::ExitStatus {
+    let mut child = Command::new(BIN).args(args).stdin(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let t = std::time::Instant::now();
+    let inside = || files_named(watch, prefix).iter().any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 8 << 20));
+    while !inside() {
+        assert!(child.try_wait().unwrap().is_none(), "{args:?} ended before it was interrupted");
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "no temporary file appeared");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // SAFETY: kill with the pid of our own child, which has not been reaped yet.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    child.wait().unwrap()
+}
+
+/// Size of `zz-large` (see [`tree_with_a_big_last_file`]).
+const LARGE: u64 = 160 * (1 << 20) - 159 * 160 / 2;
+
+/// A tree whose last file in import order (`zz-large`, [`LARGE`] bytes) is big enough for a
+/// signal to land inside it.
+fn tree_with_a_big_last_file(root: &Path) {
+    make_tree(root);
+    let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut f = std::fs::File::create(root.join("zz-large")).unwrap();
+    for i in 0..160u8 {
+        std::io::Write::write_all(&mut f, &chunk[usize::from(i)..]).unwrap();
+    }
+}
+
+/// Ctrl-C in the middle of a large import and a large export: nothing cut off under a final
+/// name, no temporary file left, the process ends by SIGINT; the re-run completes and skips
+/// what is there, and the trees are equal. A run after a complete one skips everything.
+#[test]
+fn ctrl_c_during_import_and_export_leaves_nothing_cut_off_and_a_rerun_completes() {
+    use std::os::unix::process::ExitStatusExt;
+    let t = common::Tmpfs::new("900m");
+    let src = t.path.join("src");
+    tree_with_a_big_last_file(&src);
+    let v = t.path.join("v");
+    let pf = t.path.join("pf");
+    std::fs::write(&pf, "pw\n").unwrap();
+    let o = veilfs(&[&["init", v.to_str().unwrap(), "--passfile", pf.to_str().unwrap()][..], &WEAK].concat());
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let (vs, p) = (v.to_str().unwrap(), pf.to_str().unwrap());
+    let import_src = format!("{}/.", src.display());
+    let import = ["import", &import_src, vs, "--passfile", p];
+    let st = interrupt_mid_file(&import, &v, "veilfs.part.", libc::SIGINT);
+    assert_eq!(st.signal(), Some(libc::SIGINT), "import ends by the signal: {st:?}");
+    assert!(files_named(&v, "veilfs.part.").is_empty(), "the partial copy is removed");
+    assert!(!v.join("veilfs.lock").exists(), "the lock is released");
+    let listing = out(&veilfs(&["ls", vs, "--passfile", p]));
+    assert!(listing.contains("big.bin") && !listing.contains("zz-large"), "cut-off file under its name: {listing}");
+    let o = veilfs(&import);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains(&format!("imported 1 file ({LARGE} bytes")), "{}", err(&o));
+    assert!(!err(&o).contains("skipped 0 "), "the files before it are skipped: {}", err(&o));
+    let o = veilfs(&import);
+    assert!(err(&o).contains("imported 0 files (0 bytes, 0), skipped 10 identical, 0 conflicts"), "{}", err(&o));
+
+    let dest = t.path.join("out");
+    let export = ["export", vs, dest.to_str().unwrap(), "--passfile", p];
+    let st = interrupt_mid_file(&export, &dest, ".veilfs-part-", libc::SIGINT);
+    assert_eq!(st.signal(), Some(libc::SIGINT), "export ends by the signal: {st:?}");
+    assert!(files_named(&dest, ".veilfs-part-").is_empty(), "the partial file is removed");
+    // Export goes in directory order: whatever is under its name is whole.
+    assert!(!dest.join("zz-large").exists(), "cut-off file under its name");
+    let o = veilfs(&export);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_same_tree(&src, &dest);
+    let o = veilfs(&export);
+    assert!(err(&o).contains("exported 0 files (0 bytes, 0), skipped 10 identical, 0 conflicts"), "{}", err(&o));
+}
+
+/// SIGKILL leaves the temporary file and the lock behind: fsck names the partial copy, and
+/// the re-run takes the lock over, removes the leftovers and completes.
+#[test]
+fn a_killed_import_or_export_is_cleaned_up_by_the_rerun() {
+    let t = common::Tmpfs::new("700m");
+    let src = t.path.join("src");
+    tree_with_a_big_last_file(&src);
+    let v = t.path.join("v");
+    let pf = t.path.join("pf");
+    std::fs::write(&pf, "pw\n").unwrap();
+    let o = veilfs(&[&["init", v.to_str().unwrap(), "--passfile", pf.to_str().unwrap()][..], &WEAK].concat());
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let (vs, p) = (v.to_str().unwrap(), pf.to_str().unwrap());
+    let import_src = format!("{}/.", src.display());
+    let import = ["import", &import_src, vs, "--passfile", p];
+    interrupt_mid_file(&import, &v, "veilfs.part.", libc::SIGKILL);
+    assert_eq!(files_named(&v, "veilfs.part.").len(), 1);
+    let o = veilfs(&["fsck", vs, "--passfile", p]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    assert!(err(&o).contains("an interrupted import left a partial copy"), "{}", err(&o));
+    let o = veilfs(&import);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains("taking over the lock of veilfs"), "{}", err(&o));
+    assert!(files_named(&v, "veilfs.part.").is_empty(), "the re-run removes the leftover");
+    assert_eq!(code(&veilfs(&["fsck", vs, "--passfile", p])), 0);
+
+    let dest = t.path.join("out");
+    let export = ["export", vs, dest.to_str().unwrap(), "--passfile", p];
+    interrupt_mid_file(&export, &dest, ".veilfs-part-", libc::SIGKILL);
+    assert_eq!(files_named(&dest, ".veilfs-part-").len(), 1);
+    let o = veilfs(&export);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(files_named(&dest, ".veilfs-part-").is_empty(), "the re-run removes the leftover");
+    assert_same_tree(&src, &dest);
+}
+
+/// A source file that changed since it was imported (or exported) is a conflict: reported,
+/// counted, kept, exit code 1; `--overwrite` replaces it.
+#[test]
+fn a_changed_file_is_a_conflict_unless_overwrite() {
+    let f = Fixture::new();
+    let src = f.dir.join("csrc");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/keep"), "same").unwrap();
+    std::fs::write(src.join("d/change"), "first version").unwrap();
+    let import_src = format!("{}/.", src.display());
+    assert_eq!(code(&f.run(&["import", &import_src, f.v()])), 0);
+    std::fs::write(src.join("d/change"), "second, longer version").unwrap();
+    let o = f.run(&["import", &import_src, f.v()]);
+    assert_eq!(code(&o), 1, "{}", err(&o));
+    assert!(err(&o).contains("d/change: conflict: already in the vault and different"), "{}", err(&o));
+    assert!(
+        err(&o).contains("imported 0 files (0 bytes, 0), skipped 1 identical, 1 conflict, 0 errors"),
+        "{}",
+        err(&o)
+    );
+    assert_eq!(out(&f.run(&["cat", &format!("{}/d/change", f.v())])), "first version");
+    let o = f.run(&["import", &import_src, f.v(), "--overwrite"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains("imported 1 file (22 bytes, 22), skipped 1 identical, 0 conflicts"), "{}", err(&o));
+    assert_eq!(out(&f.run(&["cat", &format!("{}/d/change", f.v())])), "second, longer version");
+    // The same for export, with a destination file edited after the export.
+    let dest = f.dir.join("cout");
+    assert_eq!(code(&f.run(&["export", f.v(), dest.to_str().unwrap()])), 0);
+    std::fs::write(dest.join("d/change"), "edited").unwrap();
+    let o = f.run(&["export", f.v(), dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 1, "{}", err(&o));
+    assert!(err(&o).contains("conflict: already in the destination and different"), "{}", err(&o));
+    assert_eq!(std::fs::read_to_string(dest.join("d/change")).unwrap(), "edited");
+    let o = f.run(&["export", f.v(), dest.to_str().unwrap(), "--overwrite"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(std::fs::read_to_string(dest.join("d/change")).unwrap(), "second, longer version");
 }

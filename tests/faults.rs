@@ -37,6 +37,15 @@ fn name(e: i32) -> &'static str {
     }
 }
 
+/// A vault on a 64 MiB tmpfs of its own, to fill. As root only: an ordinary user's tests
+/// share one tmpfs (their TMPDIR), and filling it would fail the others (or fill a desktop's /tmp).
+fn vault_on_64mib(extra: &[&str]) -> Option<Mounted> {
+    if !root_only("fills its backing store, which must be a tmpfs of its own (only root mounts one)") {
+        return None;
+    }
+    Mounted::new("64m", extra)
+}
+
 /// Deterministic, incompressible-looking content: byte `i` of every test file.
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     let mut x: u32 = 0x9e37_79b9 ^ u32::from(seed);
@@ -130,7 +139,7 @@ fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)
         let got = std::fs::read(m.m(rel)).unwrap_or_else(|e| {
             umount_and_wait(m);
             let at = format!("{}/{rel}", m.cipher.display());
-            let o = run(BIN, &["cat", &at, "--passfile", m.passfile.to_str().unwrap()]);
+            let o = run(&BIN, &["cat", &at, "--passfile", m.passfile.to_str().unwrap()]);
             let why = String::from_utf8_lossy(&o.stderr);
             panic!("{rel}: reading it whole after remount: {e}; veilfs cat: {why}")
         });
@@ -151,7 +160,7 @@ fn check_after_remount(m: &mut Mounted, files: &[(&str, &[u8], u64, Option<u64>)
     umount_and_wait(m);
     let out = Tmpfs::new("160m");
     let o = run(
-        BIN,
+        &BIN,
         &[
             "export",
             m.cipher.to_str().unwrap(),
@@ -190,7 +199,7 @@ fn assert_enospc(what: &str, t: &Told) {
 // ---- dd --------------------------------------------------------------------------------
 
 fn dd_100mb(extra: &[&str]) {
-    let Some(mut m) = Mounted::new("64m", extra) else { return };
+    let Some(mut m) = vault_on_64mib(extra) else { return };
     let data = pattern(100 * MIB, 1);
     let f = m.m("big");
     let mut child = std::process::Command::new("dd")
@@ -238,7 +247,7 @@ fn dd_100mb_onto_64mib_no_writeback() {
 // ---- small writes, O_APPEND, echo -----------------------------------------------------
 
 fn small_writes(extra: &[&str], flags: i32, chunk: usize, sync_every: usize) {
-    let Some(mut m) = Mounted::new("64m", extra) else { return };
+    let Some(mut m) = vault_on_64mib(extra) else { return };
     // An earlier file, written and closed before the disk fills: it must survive untouched.
     let old = pattern(300_000, 2);
     std::fs::write(m.m("old"), &old).unwrap();
@@ -276,7 +285,7 @@ fn o_append_writes_fill_the_disk_no_writeback() {
 
 /// `echo hello > file` on a mount whose backing store is full to the last page.
 fn echo_on_full_mount(extra: &[&str]) {
-    let Some(mut m) = Mounted::new("64m", extra) else { return };
+    let Some(mut m) = vault_on_64mib(extra) else { return };
     // 8,098 bytes: its ciphertext (8,190 bytes) ends 2 bytes short of a page, so appending
     // to it needs a new page of the full tmpfs in the middle of its last block.
     let old = pattern(8098, 4);
@@ -318,7 +327,7 @@ fn echo_on_a_full_mount_no_writeback() {
 // ---- mmap -------------------------------------------------------------------------------
 
 fn mmap_writes(extra: &[&str]) {
-    let Some(mut m) = Mounted::new("64m", extra) else { return };
+    let Some(mut m) = vault_on_64mib(extra) else { return };
     fill_backing(&m, 512 << 10);
     let len = 4 * MIB;
     let data = pattern(len, 5);
@@ -367,7 +376,7 @@ fn mmap_writes_fill_the_disk_no_writeback() {
 /// `statfs` counts plaintext bytes: a `fallocate` of all the free space it reports fits, and
 /// then the disk is (nearly) full.
 fn fallocate_all_free_space(extra: &[&str]) {
-    let Some(mut m) = Mounted::new("64m", extra) else { return };
+    let Some(mut m) = vault_on_64mib(extra) else { return };
     let old = pattern(3 * MIB + 123, 6);
     std::fs::write(m.m("old"), &old).unwrap();
     let free = free_bytes(&m.mnt);
@@ -413,7 +422,7 @@ fn fallocate_all_free_space_statfs_reports_no_writeback() {
 /// temporary file is left behind, and the files before and after it are whole.
 #[test]
 fn import_onto_a_full_disk() {
-    let Some(mut m) = Mounted::new("64m", WB) else { return };
+    let Some(mut m) = vault_on_64mib(WB) else { return };
     m.umount();
     let src = Tmpfs::new("160m");
     let tree = src.path.join("tree");
@@ -423,7 +432,7 @@ fn import_onto_a_full_disk() {
     std::fs::write(tree.join("big"), &big).unwrap();
     std::fs::write(tree.join("c-after"), &small).unwrap();
     let o = run(
-        BIN,
+        &BIN,
         &[
             "import",
             tree.to_str().unwrap(),

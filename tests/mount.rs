@@ -140,7 +140,10 @@ fn exercise(root: &Path) -> Vec<String> {
     note!("sock type {:o}", fs::symlink_metadata(p("sock")).unwrap().mode() & libc::S_IFMT);
     // chmod, chown, utimens.
     fs::set_permissions(p("n1"), fs::Permissions::from_mode(0o604)).unwrap();
-    std::os::unix::fs::chown(p("n1"), Some(1234), Some(5678)).unwrap();
+    // Root gives the file away; an ordinary user may only chown to itself (and its groups).
+    // SAFETY: getuid and getgid have no preconditions.
+    let (uid, gid) = if is_root() { (1234, 5678) } else { unsafe { (libc::getuid(), libc::getgid()) } };
+    std::os::unix::fs::chown(p("n1"), Some(uid), Some(gid)).unwrap();
     let t = [libc::timespec { tv_sec: 1_000_000, tv_nsec: 42 }, libc::timespec { tv_sec: 2_000_000, tv_nsec: 4242 }];
     // SAFETY: valid C string and timespec array.
     unsafe { libc::utimensat(libc::AT_FDCWD, c(&p("n1")).as_ptr(), t.as_ptr(), 0) };
@@ -462,8 +465,7 @@ fn two_gib_sparse_file_and_absurd_truncate() {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "{e}"),
         Ok(()) => assert_eq!(fs::metadata(&p).unwrap().len(), 999_999_999_999_999),
     }
-    let o = run("df", &["-B1", "--output=used", m.tmpfs.path.to_str().unwrap()]);
-    let used: u64 = String::from_utf8_lossy(&o.stdout).lines().nth(1).unwrap().trim().parse().unwrap();
+    let used = m.tmpfs.used();
     assert!(used < 64 << 20, "backing store holds {used} bytes");
 }
 
@@ -488,13 +490,14 @@ fn directory_with_100k_entries_lists_correctly() {
 }
 
 fn make_rich_tree(root: &Path) {
+    // Files of other owners only as root (an ordinary user cannot give files away).
+    let chown = if is_root() { "chown 1000:1000 a/b/f5; chown -h 1001:1001 abs-link;" } else { "" };
     let o = sh(&format!(
         "set -e; cd {0}; mkdir -p a/b/c 'with space' empty; \
          for i in $(seq 1 40); do head -c $((i * 3001)) /dev/urandom > a/b/f$i; done; \
          cp -a /usr/share/doc/fuse3 docs 2>/dev/null || mkdir docs; \
          echo hi > 'with space/x y'; ln -s ../a/b/f1 'with space/rel-link'; ln -s /etc/hostname abs-link; \
-         ln a/b/f2 a/hard2; mkfifo a/fifo; chmod 0751 a/b; chmod 0600 a/b/f3; chmod 4755 a/b/f4; \
-         chown 1000:1000 a/b/f5; chown -h 1001:1001 abs-link; \
+         ln a/b/f2 a/hard2; mkfifo a/fifo; chmod 0751 a/b; chmod 0600 a/b/f3; chmod 4755 a/b/f4; {chown} \
          setfattr -n user.tag -v 'tagged' a/b/f6; setfattr -n user.bin -v 0xdeadbeef a; \
          find . -exec touch -h -d '2020-05-06 07:08:09.123456789' {{}} + ; \
          touch -h -d '2001-02-03 04:05:06.789' abs-link; touch -d '1999-12-31 23:59:59.123456789' a/b/f7",
@@ -578,7 +581,7 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
     fs::write(&victim[0], c).unwrap();
     // Foreground mount so the log line can be read.
     let log = m.tmpfs.path.join("log");
-    let child = std::process::Command::new(BIN)
+    let child = std::process::Command::new(&BIN)
         .args([
             "mount",
             m.cipher.to_str().unwrap(),
@@ -602,7 +605,7 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
         "exactly the tampered file gives EIO: {results:?}"
     );
     assert!(results.iter().any(|r| r.as_ref().is_ok_and(|d| d.len() == 50_000)));
-    let _ = run(BIN, &["umount", m.mnt.to_str().unwrap()]);
+    let _ = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let log = fs::read_to_string(&log).unwrap();
@@ -619,12 +622,12 @@ fn mount_errors_are_clear_and_mount_nothing() {
     let wrong = m.tmpfs.path.join("wrong");
     fs::write(&wrong, "nope\n").unwrap();
     let o = run(
-        BIN,
+        &BIN,
         &["mount", m.cipher.to_str().unwrap(), other.to_str().unwrap(), "--passfile", wrong.to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let o = run(
-        BIN,
+        &BIN,
         &[
             "mount",
             m.cipher.to_str().unwrap(),
@@ -635,7 +638,7 @@ fn mount_errors_are_clear_and_mount_nothing() {
     );
     assert_eq!(o.status.code(), Some(8), "{}", text(&o));
     let o = run(
-        BIN,
+        &BIN,
         &[
             "mount",
             m.tmpfs.path.join("novault").to_str().unwrap(),
@@ -646,7 +649,7 @@ fn mount_errors_are_clear_and_mount_nothing() {
     );
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     let o = run(
-        BIN,
+        &BIN,
         &["mount", m.cipher.to_str().unwrap(), m.mnt.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(8), "already mounted: {}", text(&o));
@@ -713,7 +716,7 @@ fn shared_storage_sees_changes_from_another_mount() {
         fs::write(m.m("dir/inner"), b"inner").unwrap();
         assert_eq!(fs::read(second.join("dir/inner")).unwrap(), b"inner");
     });
-    let _ = run(BIN, &["umount", second.to_str().unwrap()]);
+    let _ = run(&BIN, &["umount", second.to_str().unwrap()]);
     res.unwrap();
 }
 
@@ -755,6 +758,9 @@ fn multi_user_script(root: &Path) -> Vec<String> {
 
 #[test]
 fn multi_user_permissions_match_a_local_filesystem() {
+    if !root_only("acts as uids 1000 and 1001 (setpriv needs CAP_SETUID) in a mount shared through --allow-other") {
+        return;
+    }
     let Some(m) = Mounted::new("64m", &["--allow-other"]) else { return };
     if !which("setpriv") {
         panic!("setpriv (util-linux) is needed");

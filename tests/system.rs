@@ -4,8 +4,9 @@
 //!
 //! These tests change machine-wide state — /etc/fstab, /etc/fuse.conf, /dev/fuse's mode,
 //! /usr/sbin/mount.fuse.veilfs, a test user, an installed package — so they take one lock,
-//! and every change is undone in a `Drop` (also when a test fails). Root and /dev/fuse are
-//! needed; without them they skip (fail under CI=true).
+//! and every change is undone in a `Drop` (also when a test fails). /dev/fuse is needed;
+//! without it they skip (fail under CI=true). Those that change the machine need root and,
+//! run as an ordinary user, report themselves not run (`root_only`).
 
 mod common;
 
@@ -41,7 +42,7 @@ impl Link {
 
     /// `/usr/sbin/mount.fuse.veilfs` → the binary under test.
     fn helper() -> Link {
-        Link::set(HELPER, Some(BIN))
+        Link::set(HELPER, Some(&*BIN))
     }
 }
 
@@ -67,6 +68,9 @@ fn code(o: &std::process::Output) -> i32 {
 /// remount is refused with a message and leaves the mount alone, `umount MNT` unmounts.
 #[test]
 fn mount8_with_type_fuse_veilfs() {
+    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
@@ -105,7 +109,7 @@ fn mount8_with_type_fuse_veilfs() {
     let err = std::fs::write(mnt.join("g"), "x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
     // `veilfs umount CIPHERDIR` finds the mount by its source.
-    let o = run(BIN, &["umount", s(&cipher)]);
+    let o = run(&BIN, &["umount", s(&cipher)]);
     assert!(o.status.success(), "veilfs umount CIPHERDIR: {}", text(&o));
     assert!(mount_entry(&mnt).is_none());
 }
@@ -116,12 +120,15 @@ fn mount8_with_type_fuse_veilfs() {
 /// binary under test is linked as /usr/local/bin/veilfs for the test.
 #[test]
 fn mount_fuse3_runs_veilfs_from_path() {
+    if !root_only("links /usr/local/bin/veilfs") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
     let _l = machine_lock();
     let _helper = Link::set(HELPER, None);
-    let _bin = Link::set("/usr/local/bin/veilfs", Some(BIN));
+    let _bin = Link::set("/usr/local/bin/veilfs", Some(&*BIN));
     let fs = Tmpfs::new("64m");
     let (cipher, mnt, pass) = new_vault(&fs.path);
     let _u = UnmountOnDrop(mnt.clone());
@@ -149,20 +156,20 @@ fn veilfs_mount_dash_o() {
     let _u = UnmountOnDrop(mnt.clone());
     let generic = "rw,defaults,user,noauto,nofail,_netdev,dev,suid,exec,x-systemd.automount,x-systemd.idle-timeout=5";
     let opts = format!("{generic},passfile={},fsname=my\\,vault,shared_storage,attr_timeout=0,no_writeback", s(&pass));
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", &opts]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", &opts]);
     assert!(o.status.success(), "veilfs mount -o: {}", text(&o));
     let e = mount_entry(&mnt).expect("mounted");
     assert_eq!((e.fstype.as_str(), e.source.as_str()), ("fuse.veilfs", "my,vault"), "{e:?}");
-    let o = run(BIN, &["umount", s(&mnt)]);
+    let o = run(&BIN, &["umount", s(&mnt)]);
     assert!(o.status.success(), "veilfs umount: {}", text(&o));
 
     // No passfile: a prompt would fail (no terminal), so these must fail earlier.
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", "bogus"]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "bogus"]);
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("unknown mount option 'bogus'"), "{}", text(&o));
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", "remount,ro"]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "remount,ro"]);
     assert_eq!(code(&o), 8, "{}", text(&o));
-    let o = run(BIN, &["mount", s(&cipher), s(&mnt), "-o", "idle=soon"]);
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "idle=soon"]);
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(mount_entry(&mnt).is_none());
 }
@@ -170,6 +177,9 @@ fn veilfs_mount_dash_o() {
 /// The fstab line of the issue, as root: `mount MNT`, `umount MNT`.
 #[test]
 fn fstab_line_as_root() {
+    if !root_only("edits /etc/fstab") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
@@ -197,6 +207,9 @@ fn fstab_line_as_root() {
 /// WHAT WHERE -t TYPE -o OPTIONS`) then mounts the vault.
 #[test]
 fn fstab_example_through_systemd_fstab_generator() {
+    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
+        return;
+    }
     let generator = "/lib/systemd/system-generators/systemd-fstab-generator";
     if !fuse_available() || !Path::new(generator).exists() {
         return;
@@ -261,6 +274,9 @@ fn user_dir(fs: &Tmpfs, user: &TestUser) -> PathBuf {
 /// user_allow_other in /etc/fuse.conf: a clear error without it, a working mount with it.
 #[test]
 fn non_root_user_mounts_through_fusermount3() {
+    if !root_only("makes a user (useradd) and edits /etc/fuse.conf") {
+        return;
+    }
     if !fuse_available() || !which("setfattr") {
         return;
     }
@@ -334,6 +350,9 @@ fn non_root_user_mounts_through_fusermount3() {
 /// as that user, which mounts through fusermount3), works in it, and `umount MNT`.
 #[test]
 fn non_root_fstab_user_mount() {
+    if !root_only("makes a user (useradd) and edits /etc/fstab") {
+        return;
+    }
     if !fuse_available() {
         return;
     }
@@ -428,7 +447,7 @@ fn notify_socket_ready_once_mounted() {
     let sock_path = fs.path.join("notify");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
 
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(&BIN)
         .args(["mount", "-f", s(&cipher), s(&mnt), "--passfile", s(&pass)])
         .env("NOTIFY_SOCKET", &sock_path)
         .stdin(Stdio::null())
@@ -459,7 +478,7 @@ fn notify_socket_ready_once_mounted() {
     assert!(mount_entry(&mnt).is_none());
 
     // Daemonized: the parent exits once mounted; the daemon names itself.
-    let o = Command::new(BIN)
+    let o = Command::new(&BIN)
         .args(["mount", s(&cipher), s(&mnt), "--passfile", s(&pass)])
         .env("NOTIFY_SOCKET", &sock_path)
         .stdin(Stdio::null())
@@ -469,7 +488,7 @@ fn notify_socket_ready_once_mounted() {
     let msg = recv(&sock, 10).expect("READY=1 from the daemon");
     let pid = daemon_pid(&mnt).expect("daemon");
     assert!(msg.lines().any(|l| l == "READY=1") && msg.contains(&format!("MAINPID={pid}\n")), "{msg} (daemon {pid})");
-    let o = run(BIN, &["umount", s(&mnt)]);
+    let o = run(&BIN, &["umount", s(&mnt)]);
     assert!(o.status.success(), "{}", text(&o));
 }
 
@@ -478,6 +497,9 @@ fn notify_socket_ready_once_mounted() {
 /// receives native-protocol entries with priority, identifier and message.
 #[test]
 fn daemon_logs_to_the_journal_when_there() {
+    if !root_only("binds /run/systemd/journal/socket") {
+        return;
+    }
     let path = Path::new("/run/systemd/journal/socket");
     if !fuse_available() || path.symlink_metadata().is_ok() {
         return;
@@ -499,7 +521,7 @@ fn daemon_logs_to_the_journal_when_there() {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let _r = Remove(made);
     let journal = UnixDatagram::bind(path).unwrap();
-    let o = run(BIN, &["mount", "-v", s(&cipher), s(&mnt), "--passfile", s(&pass)]);
+    let o = run(&BIN, &["mount", "-v", s(&cipher), s(&mnt), "--passfile", s(&pass)]);
     assert!(o.status.success(), "{}", text(&o));
     let t = Instant::now();
     let mut seen = Vec::new();
@@ -516,7 +538,7 @@ fn daemon_logs_to_the_journal_when_there() {
     let field = |k: &str| entry.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     assert_eq!(field("SYSLOG_IDENTIFIER"), Some("veilfs"), "{entry:?}");
     assert_eq!(field("PRIORITY"), Some("5"), "info is notice (tracing-journald's mapping): {entry:?}");
-    let o = run(BIN, &["umount", s(&mnt)]);
+    let o = run(&BIN, &["umount", s(&mnt)]);
     assert!(o.status.success(), "{}", text(&o));
 
     // A foreground mount whose stderr is the journal's stream (JOURNAL_STREAM=DEV:INODE, as
@@ -524,7 +546,7 @@ fn daemon_logs_to_the_journal_when_there() {
     use std::os::unix::fs::MetadataExt;
     let stderr_file = std::fs::File::create(fs.path.join("stderr")).unwrap();
     let meta = stderr_file.metadata().unwrap();
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(&BIN)
         .args(["mount", "-f", "-v", s(&cipher), s(&mnt), "--passfile", s(&pass)])
         .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
         .stdin(Stdio::null())
@@ -551,6 +573,9 @@ fn daemon_logs_to_the_journal_when_there() {
 /// files `dpkg -L` listed. Skipped when a veilfs package is already installed.
 #[test]
 fn debian_package_installs_works_and_removes_cleanly() {
+    if !root_only("installs a package (dpkg -i)") {
+        return;
+    }
     if !fuse_available() || !which("dpkg-deb") {
         return;
     }
@@ -571,7 +596,7 @@ fn debian_package_installs_works_and_removes_cleanly() {
     let o = Command::new("bash")
         .arg(format!("{repo}/scripts/package-deb.sh"))
         .arg(&out)
-        .env("VEILFS_BIN", BIN)
+        .env("VEILFS_BIN", &BIN)
         .env("DEB_COMPRESSION", "gzip")
         .stdin(Stdio::null())
         .output()
@@ -656,7 +681,7 @@ fn debian_package_installs_works_and_removes_cleanly() {
     assert!(o.status.success(), "work/umount as user: {}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "doc\n");
     assert!(mount_entry(&m).is_none());
-    let o = run(BIN, &["cat", &format!("{}/note", s(&c)), "--passfile", &format!("{}/pass", s(&dir))]);
+    let o = run(&BIN, &["cat", &format!("{}/note", s(&c)), "--passfile", &format!("{}/pass", s(&dir))]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "doc\n", "{}", text(&o));
 
     let o = run("dpkg", &["-r", "veilfs"]);

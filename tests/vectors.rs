@@ -74,6 +74,35 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
         }));
     }
     let special_bindings = special_bindings(&k, &iv);
+    // Deterministic (reverse) vaults, docs/FORMAT.md §17: identities, a GCM-SIV block with
+    // its derived nonce, and a symlink blob.
+    let rv = veilfs_core::reverse::vector_parts(&mk);
+    let root_iv = arr::<16>("e0e1e2e3e4e5e6e7e8e9eaebecedeeef");
+    let siv = BlockCodec::new(ContentCipher::Aes256GcmSiv, &k, file_id);
+    let mut det_blocks = Vec::new();
+    for (block, last, plain) in [(0u64, false, vec![0x61u8; 4096]), (7, true, b"veilfs block".to_vec())] {
+        let nonce = veilfs_core::reverse::derived_nonce(block, last);
+        det_blocks.push(json!({
+            "cipher": "AES-256-GCM-SIV", "file_id": hex(&file_id), "file_key": hex(k.file_key(&file_id).expose()),
+            "block": block, "last": last, "nonce": hex(&nonce), "plaintext": hex(&plain),
+            "on_disk": hex(&siv.seal_with_nonce(block, last, &nonce, &plain)),
+        }));
+    }
+    let ids: Vec<Value> = [("Documents", EntryKind::Dir), ("hello.txt", EntryKind::File), ("link", EntryKind::Symlink)]
+        .iter()
+        .map(|(name, kind)| {
+            json!({"parent_iv": hex(&root_iv), "name": name, "kind": *kind as u8,
+            "identity": hex(&rv.identity(&root_iv, name.as_bytes(), *kind))})
+        })
+        .collect();
+    let link_id = rv.identity(&root_iv, b"link", EntryKind::Symlink);
+    let deterministic = json!({
+        "ids_key": hex(rv.ids_key()),
+        "identities": ids,
+        "content": det_blocks,
+        "symlink": {"identity": hex(&link_id), "target": "hello.txt",
+                    "stored": String::from_utf8(rv.seal_target(&link_id, b"hello.txt").unwrap()).unwrap()},
+    });
     let rk_bytes = arr::<32>("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     let rk_display = RecoveryKey::from_bytes(rk_bytes).display();
     json!({
@@ -90,6 +119,7 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
         "recovery_key": {"bytes": hex(&rk_bytes), "display": rk_display},
         "config": config_vector,
         "config_special_kinds": config_special_kinds,
+        "deterministic": deterministic,
     })
 }
 
@@ -153,11 +183,14 @@ fn format_v1_known_answers() {
     let committed: Value =
         serde_json::from_str(&std::fs::read_to_string(path()).expect("tests/vectors/v1.json")).unwrap();
     let fresh = compute(committed["config"].clone(), committed["config_special_kinds"].clone());
-    for key in ["master_key", "subkeys", "content", "headers", "names", "special_bindings", "recovery_key"] {
+    for key in
+        ["master_key", "subkeys", "content", "headers", "names", "special_bindings", "recovery_key", "deterministic"]
+    {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }
     // Content vectors decrypt with the committed file key, independently of the key schedule.
-    for c in committed["content"].as_array().unwrap() {
+    let det = committed["deterministic"]["content"].as_array().unwrap();
+    for c in committed["content"].as_array().unwrap().iter().chain(det) {
         let cipher = ContentCipher::parse(c["cipher"].as_str().unwrap()).unwrap();
         let key = cipher.key(&arr::<32>(c["file_key"].as_str().unwrap()));
         let on_disk = unhex(c["on_disk"].as_str().unwrap());

@@ -234,7 +234,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn encrypt_path(m: &Mounted, plain: &str) -> PathBuf {
-    let o = run(BIN, &["encrypt-path", m.cipher.to_str().unwrap(), plain, "--passfile", m.passfile.to_str().unwrap()]);
+    let o = run(&BIN, &["encrypt-path", m.cipher.to_str().unwrap(), plain, "--passfile", m.passfile.to_str().unwrap()]);
     assert!(o.status.success(), "encrypt-path {plain}: {}", text(&o));
     m.cipher.join(String::from_utf8_lossy(&o.stdout).trim())
 }
@@ -276,10 +276,10 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
     // Untouched, every front end accepts them: the verdicts below are about the tampering.
     let (c, pf) = (m.cipher.to_str().unwrap(), m.passfile.to_str().unwrap());
     for p in SPECIALS {
-        let ls = run(BIN, &["ls", "-l", &format!("{c}/{p}"), "--passfile", pf]);
+        let ls = run(&BIN, &["ls", "-l", &format!("{c}/{p}"), "--passfile", pf]);
         assert!(ls.status.success(), "ls -l {p}: {}", text(&ls));
     }
-    let fsck = run(BIN, &["fsck", c, "--passfile", pf]);
+    let fsck = run(&BIN, &["fsck", c, "--passfile", pf]);
     assert!(fsck.status.success(), "fsck of the untouched vault: {}", text(&fsck));
     let pristine = m.tmpfs.path.join("pristine");
     assert!(run("cp", &["-a", m.cipher.to_str().unwrap(), pristine.to_str().unwrap()]).status.success());
@@ -300,9 +300,9 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         } else {
             vec!["cat", &target, "--passfile", &pass]
         };
-        let cat = run(BIN, &cat_args);
-        let export = run(BIN, &["export", &cipher, out.to_str().unwrap(), "--passfile", &pass]);
-        let fsck = run(BIN, &["fsck", &cipher, "--json", "--passfile", &pass]);
+        let cat = run(&BIN, &cat_args);
+        let export = run(&BIN, &["export", &cipher, out.to_str().unwrap(), "--passfile", &pass]);
+        let fsck = run(&BIN, &["fsck", &cipher, "--json", "--passfile", &pass]);
         m.mount();
         let probe = m.m(case.probe);
         let mounted = if case.probe.starts_with('s') {

@@ -54,7 +54,9 @@ pub fn cipher_of(sel: u8) -> ContentCipher {
 /// The selector byte of `cipher`.
 pub fn cipher_byte(cipher: ContentCipher) -> u8 {
     match cipher {
-        ContentCipher::Aes256Gcm => 0,
+        // GCM-SIV (deterministic vaults) goes through the same aws-lc-rs calls as GCM and is
+        // not a selector of its own.
+        ContentCipher::Aes256Gcm | ContentCipher::Aes256GcmSiv => 0,
         ContentCipher::XChaCha20Poly1305 => 1,
     }
 }

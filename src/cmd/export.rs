@@ -2,12 +2,12 @@
 //! Also the disaster-recovery tool: a damaged file is reported by name and skipped, and
 //! everything else still comes out.
 
-use super::UnlockArgs;
+use super::{Conflict, UnlockArgs};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 
@@ -17,7 +17,14 @@ use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 kept, owners too when run as root. Set-user-id and set-group-id bits of files and device nodes are not restored \
 unless --preserve-special is given: whoever could write the ciphertext chose them. Files that fail \
 authentication (tampered or damaged) are named on stderr and left out; the rest is exported and the exit \
-code is 6.")]
+code is 6.\n\n\
+Interrupted exports resume: each file is written under a temporary name beside its destination \
+(.veilfs-part-PID-N) and renamed when complete, with its mode and times; directories get theirs last \
+(Ctrl-C removes the file being written; a re-run removes what a killed one left). Run the same command again: a \
+file already in the destination with the same size and modification time (to the second, rsync's quick check) \
+is skipped as identical; one that differs is a conflict, reported and kept unless --overwrite replaces it. The \
+last line counts files exported, skipped as identical, conflicts and errors; exit code 1 if there were conflicts \
+or errors. Reading only, export works while the vault is mounted.")]
 pub struct Args {
     /// CIPHERDIR, optionally followed by a plaintext path inside the vault.
     pub src: PathBuf,
@@ -26,27 +33,75 @@ pub struct Args {
     /// Also restore set-user-id/set-group-id bits of files and recreate device nodes.
     #[arg(long)]
     pub preserve_special: bool,
+    /// Replace files in the destination that differ from the vault's (never a directory).
+    #[arg(long)]
+    pub overwrite: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
 }
 
 struct Exporter<'a> {
     vault: &'a Vault,
-    links: HashMap<(u64, u64), (PathBuf, veilfs_core::Identity)>,
+    /// First exported name of each hard-linked inode, by the vault's (device, inode).
+    links: HashMap<(u64, u64), FirstName>,
     damaged: usize,
     errors: usize,
-    /// Regular files and their bytes written (for the summary line).
+    /// Regular files and their bytes written, entries skipped as identical, conflicts (for
+    /// the summary line).
     files: u64,
     bytes: u64,
+    skipped: usize,
+    conflicts: usize,
     pb: indicatif::ProgressBar,
     is_root: bool,
     preserve_special: bool,
+    /// Replace differing files (`--overwrite`).
+    overwrite: bool,
     /// Set-id bits not restored and device nodes not made (without --preserve-special).
     withheld: usize,
     /// Attributes the destination could not hold.
     xattrs_lost: usize,
     /// Directories whose times are set after their contents.
     dir_times: Vec<(PathBuf, libc::stat)>,
+    /// Temporary names handed out.
+    seq: u64,
+}
+
+/// The first exported name of a hard-linked inode: its path, the identity its entry
+/// promised, and its (device, inode) in the destination.
+type FirstName = (PathBuf, veilfs_core::Identity, (u64, u64));
+
+/// Prefix of the temporary names files are written under (`.veilfs-part-PID-N`).
+const TEMP_PREFIX: &str = ".veilfs-part-";
+
+/// Whether `name` is one of our temporary names.
+fn is_temp_name(name: &[u8]) -> bool {
+    name.strip_prefix(TEMP_PREFIX.as_bytes()).is_some_and(|rest| {
+        let mut parts = rest.split(|&b| b == b'-');
+        let digits = |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
+        digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
+    })
+}
+
+/// Renames the finished `tmp` to `out`: over an existing `out` only when `replace`; else an
+/// `out` that appeared meanwhile is a conflict.
+fn place(tmp: &Path, out: &Path, replace: bool) -> Result<()> {
+    let (a, b) =
+        (std::ffi::CString::new(tmp.as_os_str().as_bytes())?, std::ffi::CString::new(out.as_os_str().as_bytes())?);
+    let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
+    // SAFETY: valid C strings, relative to the working directory like the paths themselves.
+    if unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if !replace && e.raw_os_error() == Some(libc::EINVAL) && std::fs::symlink_metadata(out).is_err() {
+        // A destination filesystem without RENAME_NOREPLACE (some network filesystems).
+        return std::fs::rename(tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()));
+    }
+    if e.kind() == std::io::ErrorKind::AlreadyExists {
+        return Err(Conflict("appeared in the destination during the export; kept (--overwrite replaces it)").into());
+    }
+    Err(e).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))
 }
 
 fn set_times(path: &Path, st: &libc::stat, follow: bool) -> std::io::Result<()> {
@@ -67,6 +122,14 @@ fn set_times(path: &Path, st: &libc::stat, follow: bool) -> std::io::Result<()> 
 
 impl Exporter<'_> {
     fn note(&mut self, what: &str, e: &anyhow::Error) {
+        if crate::interrupt::is(e) {
+            return;
+        }
+        if e.is::<Conflict>() {
+            self.conflicts += 1;
+            self.pb.suspend(|| eprintln!("veilfs: export: {what}: conflict: {e}"));
+            return;
+        }
         let integrity = crate::exit::classify(e) == crate::exit::INTEGRITY;
         if integrity {
             self.damaged += 1;
@@ -86,7 +149,11 @@ impl Exporter<'_> {
             let e: anyhow::Error = b.error.into();
             self.note(&format!("{} (ciphertext entry {})", dest.display(), String::from_utf8_lossy(&b.on_disk)), &e);
         }
+        self.remove_leftovers(dest, &entries);
         for e in entries {
+            if crate::interrupt::requested() {
+                return;
+            }
             let out = dest.join(OsStr::from_bytes(&e.name));
             if let Err(err) = self.export_entry(dir, &e, &out) {
                 self.note(&format!("{} (ciphertext {})", out.display(), dir.path.join(&e.on_disk).display()), &err);
@@ -94,86 +161,209 @@ impl Exporter<'_> {
         }
     }
 
+    /// Removes the temporary files a killed export left in `dest` (a vault entry that
+    /// happens to have such a name is left alone).
+    fn remove_leftovers(&mut self, dest: &Path, entries: &[Entry]) {
+        let Ok(it) = std::fs::read_dir(dest) else { return };
+        for d in it.flatten() {
+            let name = d.file_name();
+            if is_temp_name(name.as_bytes())
+                && d.file_type().is_ok_and(|t| !t.is_dir())
+                && !entries.iter().any(|e| e.name == name.as_bytes())
+            {
+                match std::fs::remove_file(d.path()) {
+                    Ok(()) => tracing::info!("removed {}, left by an interrupted export", d.path().display()),
+                    Err(e) => tracing::warn!("cannot remove {}: {e}", d.path().display()),
+                }
+            }
+        }
+    }
+
+    /// A fresh temporary name beside `out`.
+    fn temp_beside(&mut self, out: &Path) -> PathBuf {
+        self.seq += 1;
+        out.with_file_name(format!("{TEMP_PREFIX}{}-{}", std::process::id(), self.seq))
+    }
+
+    /// Whether `x` (what is at the destination already) is a complete copy of the vault's `e`:
+    /// the same size and modification time to the second for files (rsync's quick check),
+    /// the same target for symlinks, the same type and device number for special files.
+    fn identical(&self, dir: &CipherDir, e: &Entry, out: &Path, x: &std::fs::Metadata) -> bool {
+        let st = &e.stat;
+        match e.kind {
+            EntryKind::File => {
+                x.is_file()
+                    && x.len() == self.vault.content().layout.plain_size_lenient(st.st_size as u64)
+                    && x.mtime() == st.st_mtime
+            }
+            EntryKind::Symlink => {
+                x.is_symlink()
+                    && matches!((std::fs::read_link(out), self.vault.readlink(dir, e)),
+                                (Ok(a), Ok(b)) if a.as_os_str().as_bytes() == b)
+            }
+            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
+                x.mode() & libc::S_IFMT == st.st_mode & libc::S_IFMT && x.rdev() == st.st_rdev
+            }
+            EntryKind::Dir => x.is_dir(),
+        }
+    }
+
+    /// Makes a non-directory at a temporary name beside `out` with `make`, then renames it to
+    /// `out` (replacing what is there only when `replace`); the temporary file is removed if
+    /// anything fails.
+    fn make_and_place(
+        &mut self,
+        out: &Path,
+        replace: bool,
+        make: impl FnOnce(&mut Self, &Path) -> Result<()>,
+    ) -> Result<()> {
+        let tmp = self.temp_beside(out);
+        let r = make(self, &tmp).and_then(|()| place(&tmp, out, replace));
+        if r.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        r
+    }
+
     fn export_entry(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
         let st = e.stat;
-        if e.kind != EntryKind::Dir && st.st_nlink > 1 {
+        let existing = std::fs::symlink_metadata(out).ok();
+        if e.kind == EntryKind::Dir {
+            return self.export_subdir(dir, e, out, existing);
+        }
+        let replace = match &existing {
+            None => false,
+            Some(x) if self.identical(dir, e, out, x) || self.same_inode_as_first(e, x) => {
+                self.skipped += 1;
+                self.pb.inc(if e.kind == EntryKind::File { x.len() } else { 0 });
+                if st.st_nlink > 1 {
+                    self.links.entry((st.st_dev, st.st_ino)).or_insert((
+                        out.to_path_buf(),
+                        e.identity,
+                        (x.dev(), x.ino()),
+                    ));
+                }
+                return Ok(());
+            }
+            Some(x) if x.is_dir() => return Err(Conflict("is a directory in the destination; kept").into()),
+            Some(_) if !self.overwrite => {
+                return Err(Conflict(
+                    "already in the destination and different (size, modification time, type or target); kept \
+                     (--overwrite replaces it)",
+                )
+                .into())
+            }
+            Some(_) => true,
+        };
+        if st.st_nlink > 1 {
             // Another name of an inode already exported: a link, but only if this name
             // promises the same identity (a hard link planted under another file's name
             // is read and verified like any file, and fails).
-            if let Some((first, id)) = self.links.get(&(st.st_dev, st.st_ino)) {
+            if let Some((first, id, _)) = self.links.get(&(st.st_dev, st.st_ino)) {
                 if *id == e.identity {
-                    std::fs::hard_link(first, out)?;
-                    return Ok(());
+                    let first = first.clone();
+                    return self.make_and_place(out, replace, |_, tmp| Ok(std::fs::hard_link(&first, tmp)?));
                 }
             }
         }
-        match e.kind {
-            EntryKind::Dir => {
-                let sub = self.vault.open_dir(dir, e)?;
-                match std::fs::create_dir(out) {
-                    Ok(()) => {}
-                    Err(x) if x.kind() == std::io::ErrorKind::AlreadyExists && out.is_dir() => {}
-                    Err(x) => return Err(x.into()),
-                }
-                std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o700))?;
-                self.export_dir(&sub, out);
-                self.copy_xattrs(dir, e, out)?;
-                self.finish_meta(out, &st, true)?;
-                self.dir_times.push((out.to_path_buf(), st));
-                return Ok(());
-            }
-            EntryKind::File => {
-                if let Err(err) = self.export_file(dir, e, out) {
-                    let _ = std::fs::remove_file(out);
-                    return Err(err);
-                }
-            }
-            EntryKind::Symlink => {
-                let target = self.vault.readlink(dir, e)?;
-                std::os::unix::fs::symlink(OsStr::from_bytes(&target), out)?;
-            }
-            // Type and (in a vault with `special-kinds`) device number were verified with the
-            // entry's binding (Vault::verified_identity), from this same `stat`.
-            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
-                if e.kind.is_device() && !self.preserve_special {
-                    self.withheld += 1;
-                    self.pb.suspend(|| {
-                        eprintln!(
-                            "veilfs: export: {}: device node not made (--preserve-special makes it)",
-                            out.display()
-                        )
-                    });
-                    return Ok(());
-                }
-                let c = std::ffi::CString::new(out.as_os_str().as_bytes())?;
-                // SAFETY: valid C string; mode and rdev come from the backing stat.
-                if unsafe { libc::mknod(c.as_ptr(), st.st_mode, st.st_rdev) } < 0 {
-                    return Err(std::io::Error::last_os_error()).context("mknod");
-                }
-            }
+        // Type and (in a vault with `special-kinds`) device number were verified with the
+        // entry's binding (Vault::verified_identity), from this same `stat`.
+        if e.kind.is_device() && !self.preserve_special {
+            self.withheld += 1;
+            self.pb.suspend(|| {
+                eprintln!("veilfs: export: {}: device node not made (--preserve-special makes it)", out.display())
+            });
+            return Ok(());
         }
-        if e.kind != EntryKind::Symlink {
-            self.copy_xattrs(dir, e, out)?;
+        let mut size = 0;
+        self.make_and_place(out, replace, |ex, tmp| {
+            match e.kind {
+                EntryKind::File => size = ex.export_file(dir, e, tmp)?,
+                EntryKind::Symlink => {
+                    let target = ex.vault.readlink(dir, e)?;
+                    std::os::unix::fs::symlink(OsStr::from_bytes(&target), tmp)?;
+                }
+                _ => {
+                    let c = std::ffi::CString::new(tmp.as_os_str().as_bytes())?;
+                    // SAFETY: valid C string; mode and rdev come from the backing stat.
+                    if unsafe { libc::mknod(c.as_ptr(), st.st_mode, st.st_rdev) } < 0 {
+                        return Err(std::io::Error::last_os_error()).context("mknod");
+                    }
+                }
+            }
+            if e.kind != EntryKind::Symlink {
+                ex.copy_xattrs(dir, e, tmp)?;
+            }
+            ex.finish_meta(tmp, out, &st, e.kind != EntryKind::Symlink)
+        })?;
+        if e.kind == EntryKind::File {
+            self.files += 1;
+            self.bytes += size;
         }
-        self.finish_meta(out, &st, e.kind != EntryKind::Symlink)?;
         if st.st_nlink > 1 {
-            self.links.insert((st.st_dev, st.st_ino), (out.to_path_buf(), e.identity));
+            let m = std::fs::symlink_metadata(out)?;
+            self.links.insert((st.st_dev, st.st_ino), (out.to_path_buf(), e.identity, (m.dev(), m.ino())));
         }
         Ok(())
     }
 
-    fn export_file(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
+    /// Whether `x` is the destination inode of an earlier name of `e`'s inode (a hard link
+    /// made by an earlier run).
+    fn same_inode_as_first(&self, e: &Entry, x: &std::fs::Metadata) -> bool {
+        self.links
+            .get(&(e.stat.st_dev, e.stat.st_ino))
+            .is_some_and(|(_, id, ino)| *id == e.identity && *ino == (x.dev(), x.ino()))
+    }
+
+    /// A vault directory: merged into the destination directory of that name (made if
+    /// missing), private while it is filled; its mode comes once its contents are in, its
+    /// times at the very end.
+    fn export_subdir(
+        &mut self,
+        dir: &CipherDir,
+        e: &Entry,
+        out: &Path,
+        existing: Option<std::fs::Metadata>,
+    ) -> Result<()> {
+        let sub = self.vault.open_dir(dir, e)?;
+        match existing {
+            Some(x) if x.is_dir() => {}
+            Some(_) if !self.overwrite => {
+                return Err(Conflict(
+                    "exists in the destination and is not a directory; kept (--overwrite replaces it)",
+                )
+                .into())
+            }
+            Some(_) => {
+                std::fs::remove_file(out)?;
+                std::fs::create_dir(out)?;
+            }
+            None => std::fs::create_dir(out)?,
+        }
+        std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o700))?;
+        self.export_dir(&sub, out);
+        if crate::interrupt::requested() {
+            return Ok(());
+        }
+        self.copy_xattrs(dir, e, out)?;
+        self.finish_meta(out, out, &e.stat, true)?;
+        self.dir_times.push((out.to_path_buf(), e.stat));
+        Ok(())
+    }
+
+    /// Decrypts the file `e` into the new file `tmp`; returns its size.
+    fn export_file(&mut self, dir: &CipherDir, e: &Entry, tmp: &Path) -> Result<u64> {
+        use std::os::unix::fs::OpenOptionsExt;
         let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
-        let mut w = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
+        let mut w = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp)?;
         let pb = &self.pb;
-        let off = f.stream(|piece| -> Result<()> {
+        let size = f.stream(|piece| -> Result<()> {
+            crate::interrupt::check()?;
             std::io::Write::write_all(&mut w, piece)?;
             pb.inc(piece.len() as u64);
             Ok(())
         })?;
-        self.files += 1;
-        self.bytes += off;
-        Ok(())
+        Ok(size)
     }
 
     /// Copies the `user.*` attributes of `e` onto `out`; a destination that cannot hold them
@@ -196,9 +386,11 @@ impl Exporter<'_> {
         Ok(())
     }
 
-    fn finish_meta(&mut self, out: &Path, st: &libc::stat, chmod: bool) -> Result<()> {
+    /// Owner, mode and times of `path` from `st`; `label` names it in messages (the final
+    /// name of a file still under its temporary name).
+    fn finish_meta(&mut self, path: &Path, label: &Path, st: &libc::stat, chmod: bool) -> Result<()> {
         if self.is_root {
-            std::os::unix::fs::lchown(out, Some(st.st_uid), Some(st.st_gid))?;
+            std::os::unix::fs::lchown(path, Some(st.st_uid), Some(st.st_gid))?;
         }
         if chmod {
             let mut mode = st.st_mode & 0o7777;
@@ -211,13 +403,13 @@ impl Exporter<'_> {
                 self.pb.suspend(|| {
                     eprintln!(
                         "veilfs: export: {}: set-user-id/set-group-id bit not restored (--preserve-special restores it)",
-                        out.display()
+                        label.display()
                     )
                 });
             }
-            std::fs::set_permissions(out, std::fs::Permissions::from_mode(mode))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
         }
-        set_times(out, st, false)?;
+        set_times(path, st, false)?;
         Ok(())
     }
 }
@@ -226,6 +418,7 @@ impl Exporter<'_> {
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.src)?;
     let vault = a.unlock.open(&t.cipherdir)?;
+    crate::interrupt::catch();
     let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.src))?;
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
@@ -247,9 +440,13 @@ pub fn run(a: Args) -> Result<i32> {
         pb,
         is_root,
         preserve_special: a.preserve_special,
+        overwrite: a.overwrite,
+        skipped: 0,
+        conflicts: 0,
         withheld: 0,
         xattrs_lost: 0,
         dir_times: Vec::new(),
+        seq: 0,
     };
     match entry {
         None if t.inner.as_os_str().is_empty() => {
@@ -280,10 +477,11 @@ pub fn run(a: Args) -> Result<i32> {
         0 => super::count(ex.errors, "error"),
         n => format!("{} left out, {}", super::count(n, "damaged item"), super::count(ex.errors, "other error")),
     };
-    super::summary("exported", ex.files, ex.bytes, &errors);
+    super::summary("exported", ex.files, ex.bytes, ex.skipped, ex.conflicts, &errors);
+    super::say_if_interrupted("export");
     Ok(if ex.damaged > 0 {
         crate::exit::INTEGRITY
-    } else if ex.errors > 0 {
+    } else if ex.errors + ex.conflicts > 0 {
         crate::exit::OTHER
     } else {
         crate::exit::OK

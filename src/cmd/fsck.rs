@@ -10,11 +10,14 @@ use veilfs_core::fsck::{Checker, ProblemKind, Report};
 /// Arguments of `veilfs fsck`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Checks the config, every directory IV, entry name and binding, long-name side file, \
-symlink, extended attribute and content block. Without --repair nothing is written, so it can run while the vault \
-is mounted. --repair fixes what a crash leaves behind (temporary names, duplicate entries for one name, orphaned \
-long-name side files, a missing veilfs.diriv) and moves damaged or stray objects into /lost+found in the vault, \
-where whatever still authenticates can be read again; it deletes no file data. Exit code 0: clean (or everything \
-repaired); 6: problems remain.")]
+symlink, extended attribute and content block. Without --repair nothing is written and no lock is taken, so it \
+can run while the vault is mounted. --repair fixes what a crash leaves behind (temporary names, duplicate entries \
+for one name, orphaned long-name side files, a missing veilfs.diriv, the partial copy of an interrupted import) and \
+moves damaged or stray objects into /lost+found in the vault, where whatever still authenticates can be read \
+again; it deletes no file data. A damaged file whose header still authenticates (a write or truncate a crash cut \
+short) is salvaged: a copy of every block that authenticates takes its name, unreadable blocks inside become zeros \
+and a torn end is cut off, and the report names the byte ranges lost. --repair takes the vault lock: while the \
+vault is mounted it is refused (exit code 9). Exit code 0: clean (or everything repaired); 6: problems remain.")]
 pub struct Args {
     /// The vault.
     pub cipherdir: PathBuf,
@@ -26,6 +29,8 @@ pub struct Args {
     pub json: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
+    #[command(flatten)]
+    pub lock: super::LockArgs,
 }
 
 fn kind_name(k: ProblemKind) -> &'static str {
@@ -41,14 +46,20 @@ fn kind_name(k: ProblemKind) -> &'static str {
 
 /// Runs `veilfs fsck`.
 pub fn run(a: Args) -> Result<i32> {
+    let _lock = if a.repair { Some(a.lock.take(&a.cipherdir, "fsck")?) } else { None };
     if a.repair {
+        // A --shared-storage mount takes no lock: the mount table names it.
         let dir = a.cipherdir.canonicalize().unwrap_or_else(|_| a.cipherdir.clone());
         if let Some(m) = crate::mountinfo::all().into_iter().find(|m| m.is_veilfs() && m.source == dir) {
-            anyhow::bail!(
-                "{} is mounted at {}: unmount it before --repair (a check without --repair works while mounted)",
-                a.cipherdir.display(),
-                m.mount_point.display()
-            );
+            return Err(crate::exit::Exit::new(
+                crate::exit::IN_USE,
+                anyhow::anyhow!(
+                    "{} is mounted at {}: unmount it before --repair (a check without --repair works while mounted)",
+                    a.cipherdir.display(),
+                    m.mount_point.display()
+                ),
+            )
+            .into());
         }
     }
     let vault = a.unlock.open(&a.cipherdir)?;

@@ -1,6 +1,6 @@
 //! `veilfs import`: encrypt a plaintext tree into a vault without mounting.
 
-use super::UnlockArgs;
+use super::{Conflict, UnlockArgs};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
@@ -13,28 +13,42 @@ use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Like `cp -a SRC DEST`: if DEST is an existing directory of the vault, SRC is copied into it \
 under its own name; otherwise DEST names the copy. A SRC ending in `/.` copies the contents of SRC. \
-Existing entries are never overwritten (reported, skipped). Modes, times, symlinks and hard links are kept; \
-owners too when run as root.")]
+Modes, times, symlinks, hard links and user.* extended attributes are kept; owners too when run as root.\n\n\
+Interrupted imports resume: each file is written under a temporary name that no listing shows and appears under \
+its own name only when complete (Ctrl-C removes the file being written). Run the same command again: a file \
+already in the vault with the same size and modification time (to the second: rsync's quick check; contents are \
+not compared) is skipped as identical; one that differs is a conflict, reported and kept unless --overwrite \
+replaces it. The last line counts files imported, skipped as identical, conflicts and errors; the exit code is 1 \
+if there were conflicts or errors.\n\n\
+The vault must not be mounted (exit code 9), unless with --shared-storage.")]
 pub struct Args {
     /// Plaintext file or directory to encrypt.
     pub src: PathBuf,
     /// CIPHERDIR, optionally followed by a path inside the vault.
     pub dest: PathBuf,
+    /// Replace entries of the vault that differ from their source (never a directory).
+    #[arg(long)]
+    pub overwrite: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
+    #[command(flatten)]
+    pub lock: super::LockArgs,
 }
 
 struct Importer<'a> {
     vault: &'a Vault,
     links: HashMap<(u64, u64), (Rc<CipherDir>, Entry)>,
-    errors: usize,
-    /// Regular files and their bytes encrypted (for the summary line).
+    /// Replace differing entries (`--overwrite`).
+    overwrite: bool,
+    /// Counts for the summary line: regular files and their bytes encrypted, entries skipped
+    /// as identical, conflicts (existing entries that differ, kept), errors.
     files: u64,
     bytes: u64,
+    skipped: usize,
+    conflicts: usize,
+    errors: usize,
     pb: indicatif::ProgressBar,
     is_root: bool,
-    /// Temporary names handed out (see [`Importer::copy_file`]).
-    seq: u64,
 }
 
 /// Total bytes of regular files under `p` (for the progress bar).
@@ -82,38 +96,71 @@ fn user_xattrs(src: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     Ok(out)
 }
 
+/// Whether the vault's `e` already is a complete copy of the source `src` (metadata `m`):
+/// rsync's quick check for files — the same size and the same modification time to the
+/// second (a file only gets its name once complete and its time is set before that, so a
+/// file under its name with the source's time is whole; comparing contents would cost as
+/// much as importing again); the same target for symlinks; the same type and device number
+/// for special files.
+fn identical(vault: &Vault, dir: &CipherDir, e: &Entry, src: &Path, m: &std::fs::Metadata) -> bool {
+    let ft = m.file_type();
+    match e.kind {
+        EntryKind::File if ft.is_file() => {
+            vault.content().layout.plain_size_lenient(e.stat.st_size as u64) == m.len() && e.stat.st_mtime == m.mtime()
+        }
+        EntryKind::Symlink if ft.is_symlink() => {
+            matches!((vault.readlink(dir, e), std::fs::read_link(src)), (Ok(a), Ok(b)) if a == b.as_os_str().as_bytes())
+        }
+        EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
+            e.stat.st_mode & libc::S_IFMT == m.mode() & libc::S_IFMT && e.stat.st_rdev == m.rdev()
+        }
+        _ => false,
+    }
+}
+
 impl Importer<'_> {
-    /// Encrypts the regular file `src` as `name` in `dir`. The content is written under a
-    /// temporary name, renamed to `name` only once complete: a full disk or an interrupted
-    /// import never leaves a cut-off file under the final name, where it would look complete
-    /// (and a re-run would skip it). After an error the temporary file is removed.
-    fn copy_file(&mut self, src: &Path, dir: &CipherDir, name: &[u8]) -> Result<Entry> {
+    /// Encrypts the regular file `src` (metadata `m`) as `name` in `dir`, replacing
+    /// `replaced`. The file is written under an internal name and gets its attributes, owner,
+    /// mode and times there; only then is it renamed to `name` (see
+    /// [`Vault::create_partial`]): a full disk, an error or Ctrl-C never leaves a cut-off file
+    /// under the final name, and the partial copy is removed.
+    fn copy_file(
+        &mut self,
+        src: &Path,
+        m: &std::fs::Metadata,
+        dir: &CipherDir,
+        name: &[u8],
+        replaced: Option<&Entry>,
+    ) -> Result<Entry> {
         let mut input = std::fs::File::open(src)?;
-        self.seq += 1;
-        let tmp = format!(".veilfs-import-{}-{}", std::process::id(), self.seq);
-        let (entry, file) = self.vault.create_file(dir, tmp.as_bytes(), 0o600)?;
-        let mut copy = || -> Result<u64> {
+        let partial = self.vault.create_partial(dir, name, 0o600)?;
+        let mut fill = || -> Result<u64> {
             let mut buf = vec![0u8; 1 << 20];
             let mut size = 0u64;
             loop {
+                crate::interrupt::check()?;
                 let n = std::io::Read::read(&mut input, &mut buf)?;
                 if n == 0 {
-                    return Ok(size);
+                    break;
                 }
-                size = file.write_at(&buf[..n], size, size)?;
+                size = partial.file.write_at(&buf[..n], size, size)?;
                 self.pb.inc(n as u64);
             }
+            self.copy_xattrs(src, dir, &partial.entry)?;
+            apply_meta(self.vault, dir, &partial.entry, m, self.is_root)?;
+            Ok(size)
         };
-        let done = copy().and_then(|size| Ok((size, self.vault.rename(dir, &entry, dir, name, None)?)));
-        match done {
-            Ok((size, entry)) => {
+        match fill() {
+            Ok(size) => {
+                let entry = self.vault.commit_partial(dir, partial, replaced)?;
                 self.files += 1;
                 self.bytes += size;
                 Ok(entry)
             }
             Err(e) => {
-                if let Err(r) = self.vault.remove(dir, &entry) {
-                    self.pb.suspend(|| eprintln!("veilfs: import: could not remove the partial copy {tmp}: {r}"));
+                let what = partial.entry.on_disk.clone();
+                if let Err(r) = self.vault.discard_partial(dir, partial) {
+                    self.pb.suspend(|| eprintln!("veilfs: import: could not remove the partial copy {what}: {r}"));
                 }
                 Err(e)
             }
@@ -128,60 +175,154 @@ impl Importer<'_> {
         Ok(())
     }
 
-    fn fail(&mut self, what: &Path, e: impl std::fmt::Display) {
-        self.errors += 1;
-        self.pb.suspend(|| eprintln!("veilfs: import: {}: {e}", what.display()));
+    /// The entries of `dir` by name, after removing what an interrupted import left there.
+    fn entries(&mut self, dir: &CipherDir) -> Result<HashMap<Vec<u8>, Entry>> {
+        let n = self.vault.remove_partials(dir)?;
+        if n > 0 {
+            tracing::info!("{}: removed {n} partial copies an interrupted import left", dir.path.display());
+        }
+        let (entries, _) = self.vault.list(dir)?;
+        Ok(entries.into_iter().map(|e| (e.name.clone(), e)).collect())
     }
 
-    fn import(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8]) {
-        if let Err(e) = self.import_one(src, dir, name) {
-            self.fail(src, format!("{e:#}"));
+    /// Imports the children of the source directory `src` into `dir`.
+    fn import_children(&mut self, src: &Path, dir: &Rc<CipherDir>) -> Result<()> {
+        let mut existing = self.entries(dir)?;
+        let mut children: Vec<_> = std::fs::read_dir(src)?.collect::<std::io::Result<_>>()?;
+        children.sort_by_key(|e| e.file_name());
+        for c in children {
+            let name = c.file_name();
+            let old = existing.remove(name.as_bytes());
+            self.import(&c.path(), dir, name.as_bytes(), old);
+        }
+        Ok(())
+    }
+
+    fn import(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8], existing: Option<Entry>) {
+        if crate::interrupt::requested() {
+            return;
+        }
+        match self.import_one(src, dir, name, existing) {
+            Ok(()) => {}
+            Err(e) if crate::interrupt::is(&e) => {}
+            Err(e) if e.is::<Conflict>() => {
+                self.conflicts += 1;
+                self.pb.suspend(|| eprintln!("veilfs: import: {}: conflict: {e}", src.display()));
+            }
+            Err(e) => {
+                self.errors += 1;
+                self.pb.suspend(|| eprintln!("veilfs: import: {}: {e:#}", src.display()));
+            }
         }
     }
 
-    fn import_one(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8]) -> Result<()> {
+    /// A source entry whose name exists in the vault: `Ok(true)` when it is identical there
+    /// (skipped), `Ok(false)` when it is to be replaced (`--overwrite`), a [`Conflict`]
+    /// otherwise. A directory is never replaced.
+    fn settle_existing(&mut self, src: &Path, m: &std::fs::Metadata, dir: &CipherDir, e: &Entry) -> Result<bool> {
+        if identical(self.vault, dir, e, src, m) {
+            self.skipped += 1;
+            self.pb.inc(if m.is_file() { m.len() } else { 0 });
+            return Ok(true);
+        }
+        if e.kind == EntryKind::Dir {
+            return Err(Conflict("is a directory in the vault; not replaced").into());
+        }
+        if !self.overwrite {
+            self.pb.inc(if m.is_file() { m.len() } else { 0 });
+            return Err(Conflict(
+                "already in the vault and different (size, modification time, type or target); kept \
+                 (--overwrite replaces it)",
+            )
+            .into());
+        }
+        Ok(false)
+    }
+
+    fn import_one(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8], existing: Option<Entry>) -> Result<()> {
         let m = std::fs::symlink_metadata(src)?;
         let ft = m.file_type();
-        if !ft.is_dir() && m.nlink() > 1 {
+        if ft.is_dir() {
+            return self.import_dir(src, &m, dir, name, existing);
+        }
+        let linked = m.nlink() > 1;
+        if let Some(e) = &existing {
+            let same_inode =
+                linked && self.links.get(&(m.dev(), m.ino())).is_some_and(|(_, first)| first.identity == e.identity);
+            if same_inode {
+                self.skipped += 1;
+                return Ok(());
+            }
+            if self.settle_existing(src, &m, dir, e)? {
+                if linked {
+                    self.links.entry((m.dev(), m.ino())).or_insert_with(|| (dir.clone(), e.clone()));
+                }
+                return Ok(());
+            }
+        }
+        if linked {
             if let Some((first_dir, first)) = self.links.get(&(m.dev(), m.ino())) {
+                if let Some(e) = &existing {
+                    self.vault.remove(dir, e)?;
+                }
                 self.vault.link(first_dir, first, dir, name)?;
                 return Ok(());
             }
         }
-        let existing = self.vault.lookup(dir, name)?;
-        let entry = if ft.is_dir() {
-            let sub = match existing {
-                Some(e) if e.kind == EntryKind::Dir => self.vault.open_dir(dir, &e)?,
-                Some(_) => anyhow::bail!("exists in the vault and is not a directory; skipped"),
-                None => self.vault.mkdir_unchecked(dir, name, 0o700)?.1,
-            };
-            let sub = Rc::new(sub);
-            let mut children: Vec<_> = std::fs::read_dir(src)?.collect::<std::io::Result<_>>()?;
-            children.sort_by_key(|e| e.file_name());
-            for c in children {
-                self.import(&c.path(), &sub, c.file_name().as_bytes());
-            }
-            let e = self.vault.lookup(dir, name)?.context("directory vanished during import")?;
-            self.copy_xattrs(src, dir, &e)?;
-            apply_meta(self.vault, dir, &e, &m, self.is_root)?;
-            return Ok(());
-        } else if existing.is_some() {
-            anyhow::bail!("already exists in the vault; skipped (nothing is overwritten)");
-        } else if ft.is_file() {
-            self.copy_file(src, dir, name)?
-        } else if ft.is_symlink() {
-            let target = std::fs::read_link(src)?;
-            self.vault.symlink(dir, name, target.as_os_str().as_bytes())?
+        let entry = if ft.is_file() {
+            self.copy_file(src, &m, dir, name, existing.as_ref())?
         } else {
-            self.vault.mknod(dir, name, m.mode(), m.rdev())?
+            if let Some(e) = &existing {
+                self.vault.remove(dir, e)?;
+            }
+            let entry = if ft.is_symlink() {
+                let target = std::fs::read_link(src)?;
+                self.vault.symlink(dir, name, target.as_os_str().as_bytes())?
+            } else {
+                self.vault.mknod(dir, name, m.mode(), m.rdev())?
+            };
+            if entry.kind != EntryKind::Symlink {
+                self.copy_xattrs(src, dir, &entry)?;
+            }
+            apply_meta(self.vault, dir, &entry, &m, self.is_root)?;
+            entry
         };
-        if entry.kind != EntryKind::Symlink {
-            self.copy_xattrs(src, dir, &entry)?;
-        }
-        apply_meta(self.vault, dir, &entry, &m, self.is_root)?;
-        if !ft.is_dir() && m.nlink() > 1 {
+        if linked {
             self.links.insert((m.dev(), m.ino()), (dir.clone(), entry));
         }
+        Ok(())
+    }
+
+    /// A source directory: merged into the vault's directory of that name (made if missing);
+    /// its attributes, mode and times are set once its contents are in.
+    fn import_dir(
+        &mut self,
+        src: &Path,
+        m: &std::fs::Metadata,
+        dir: &Rc<CipherDir>,
+        name: &[u8],
+        existing: Option<Entry>,
+    ) -> Result<()> {
+        let sub = match existing {
+            Some(e) if e.kind == EntryKind::Dir => self.vault.open_dir(dir, &e)?,
+            Some(e) if self.overwrite => {
+                self.vault.remove(dir, &e)?;
+                self.vault.mkdir_unchecked(dir, name, 0o700)?.1
+            }
+            Some(_) => {
+                return Err(
+                    Conflict("exists in the vault and is not a directory; kept (--overwrite replaces it)").into()
+                )
+            }
+            None => self.vault.mkdir_unchecked(dir, name, 0o700)?.1,
+        };
+        self.import_children(src, &Rc::new(sub))?;
+        if crate::interrupt::requested() {
+            return Ok(());
+        }
+        let e = self.vault.lookup(dir, name)?.context("directory vanished during import")?;
+        self.copy_xattrs(src, dir, &e)?;
+        apply_meta(self.vault, dir, &e, m, self.is_root)?;
         Ok(())
     }
 }
@@ -190,7 +331,9 @@ impl Importer<'_> {
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.dest)?;
     std::fs::symlink_metadata(&a.src).with_context(|| format!("{}", a.src.display()))?;
+    let _lock = a.lock.take(&t.cipherdir, "import")?;
     let vault = a.unlock.open(&t.cipherdir)?;
+    crate::interrupt::catch();
     let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
     let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.dest))?;
     let src_name = a.src.canonicalize()?.file_name().map(|n| n.as_bytes().to_vec());
@@ -199,9 +342,9 @@ pub fn run(a: Args) -> Result<i32> {
         Some(e) if e.kind == EntryKind::Dir => {
             (Rc::new(vault.open_dir(&parent, &e)?), if contents_only { None } else { src_name })
         }
-        Some(_) => anyhow::bail!("{} already exists in the vault; nothing is overwritten", t.inner.display()),
         None if t.inner.as_os_str().is_empty() => (Rc::new(parent), if contents_only { None } else { src_name }),
-        None => {
+        // A missing name, or an existing non-directory (skipped if identical, else a conflict).
+        _ => {
             let last = t.inner.file_name().context("bad destination")?.as_bytes().to_vec();
             (Rc::new(parent), Some(last))
         }
@@ -209,18 +352,33 @@ pub fn run(a: Args) -> Result<i32> {
     let pb = super::progress(total_bytes(&a.src), "importing");
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
-    let mut imp = Importer { vault: &vault, links: HashMap::new(), errors: 0, files: 0, bytes: 0, pb, is_root, seq: 0 };
-    match dest_name {
-        Some(name) => imp.import(&a.src, &dest_dir, &name),
-        None => {
-            let mut children: Vec<_> = std::fs::read_dir(&a.src)?.collect::<std::io::Result<_>>()?;
-            children.sort_by_key(|e| e.file_name());
-            for c in children {
-                imp.import(&c.path(), &dest_dir, c.file_name().as_bytes());
-            }
+    let mut imp = Importer {
+        vault: &vault,
+        links: HashMap::new(),
+        overwrite: a.overwrite,
+        files: 0,
+        bytes: 0,
+        skipped: 0,
+        conflicts: 0,
+        errors: 0,
+        pb,
+        is_root,
+    };
+    let top = match dest_name {
+        Some(name) => imp.entries(&dest_dir).map(|mut existing| {
+            let old = existing.remove(&name);
+            imp.import(&a.src, &dest_dir, &name, old)
+        }),
+        None => imp.import_children(&a.src, &dest_dir),
+    };
+    if let Err(e) = top {
+        if !crate::interrupt::is(&e) {
+            imp.errors += 1;
+            imp.pb.suspend(|| eprintln!("veilfs: import: {}: {e:#}", a.src.display()));
         }
     }
     imp.pb.finish_and_clear();
-    super::summary("imported", imp.files, imp.bytes, &super::count(imp.errors, "error"));
-    Ok(if imp.errors > 0 { crate::exit::OTHER } else { crate::exit::OK })
+    super::summary("imported", imp.files, imp.bytes, imp.skipped, imp.conflicts, &super::count(imp.errors, "error"));
+    super::say_if_interrupted("import");
+    Ok(if imp.errors + imp.conflicts > 0 { crate::exit::OTHER } else { crate::exit::OK })
 }

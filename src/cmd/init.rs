@@ -15,8 +15,14 @@ vault: with it, `veilfs passwd --recovery-key` sets a new password if yours is l
 Defaults: AES-256-GCM, 4 KiB blocks, Argon2id with 128 MiB, 3 passes, 4 lanes."
 )]
 pub struct Args {
-    /// The directory to hold the vault (created if missing; must be empty).
+    /// The directory to hold the vault (created if missing; must be empty). With --reverse:
+    /// the plaintext directory to show encrypted (PLAINDIR).
     pub cipherdir: PathBuf,
+    /// Reverse mode: keep PLAINDIR's data plaintext and write only the reverse config
+    /// (`.veilfs.reverse.conf`) into it; `veilfs mount --reverse PLAINDIR MNT` then shows a
+    /// deterministic, read-only encrypted view (a vault: AES-256-GCM-SIV) for backups.
+    #[arg(long)]
+    pub reverse: bool,
     #[command(flatten)]
     pub password: PasswordArgs,
     /// Content cipher: aes-256-gcm, or xchacha20-poly1305 for CPUs without AES instructions.
@@ -33,7 +39,13 @@ pub struct Args {
 }
 
 fn parse_cipher(s: &str) -> Result<ContentCipher, String> {
-    ContentCipher::parse(s).ok_or_else(|| format!("unknown cipher '{s}': use aes-256-gcm or xchacha20-poly1305"))
+    match ContentCipher::parse(s) {
+        Some(ContentCipher::Aes256GcmSiv) => {
+            Err("aes-256-gcm-siv is the cipher of reverse vaults only (veilfs init --reverse)".into())
+        }
+        Some(c) => Ok(c),
+        None => Err(format!("unknown cipher '{s}': use aes-256-gcm or xchacha20-poly1305")),
+    }
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {
@@ -58,6 +70,9 @@ fn check_cipherdir(dir: &Path) -> Result<()> {
 /// Runs `veilfs init`.
 pub fn run(a: Args) -> Result<i32> {
     let kdf = a.kdf.params()?;
+    if a.reverse {
+        return run_reverse(a, kdf);
+    }
     check_cipherdir(&a.cipherdir)?;
     let password = a.password.read_new("Choose a password")?;
     super::kdf_notice(kdf.memory_kib);
@@ -82,6 +97,38 @@ pub fn run(a: Args) -> Result<i32> {
     }
     if !quiet {
         eprintln!("veilfs: now mount it with: veilfs mount {} MOUNTPOINT", a.cipherdir.display());
+    }
+    Ok(crate::exit::OK)
+}
+
+/// `veilfs init --reverse PLAINDIR`.
+fn run_reverse(a: Args, kdf: veilfs_core::kdf::Argon2Params) -> Result<i32> {
+    if !a.cipherdir.is_dir() {
+        return Err(Error::not_a_vault(&a.cipherdir).into());
+    }
+    let password = a.password.read_new("Choose a password")?;
+    super::kdf_notice(kdf.memory_kib);
+    let opts = InitOptions {
+        cipher: ContentCipher::Aes256GcmSiv,
+        block_size: a.block_size,
+        kdf,
+        recovery_key: !a.no_recovery_key,
+    };
+    let rk = veilfs_core::reverse::ReverseVault::create(&a.cipherdir, &password, &opts)?;
+    if !crate::logging::quiet() {
+        eprintln!(
+            "veilfs: made {} a reverse vault (AES-256-GCM-SIV, deterministic, {} B blocks); its config is {}",
+            a.cipherdir.display(),
+            a.block_size,
+            a.cipherdir.join(veilfs_core::reverse::REVERSE_CONFIG_NAME).display()
+        );
+    }
+    if let Some(rk) = rk {
+        eprintln!("veilfs: your recovery key (shown only now; write it down and keep it apart from the data):");
+        println!("{}", rk.display());
+    }
+    if !crate::logging::quiet() {
+        eprintln!("veilfs: show the encrypted view with: veilfs mount --reverse {} MOUNTPOINT", a.cipherdir.display());
     }
     Ok(crate::exit::OK)
 }

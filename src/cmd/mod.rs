@@ -22,8 +22,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
 use veilfs_core::kdf::{Argon2Params, KdfCeiling};
+use veilfs_core::lock::Holder;
 use veilfs_core::names;
-use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig};
+use veilfs_core::reverse::{ReverseVault, REVERSE_CONFIG_NAME};
+use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig, VaultLock};
 
 /// How to unlock an existing vault.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -41,6 +43,34 @@ pub struct UnlockArgs {
     /// skipped, so a forged slot cannot make unlocking take minutes.
     #[arg(long)]
     pub allow_slow_kdf: bool,
+}
+
+/// The vault lock option of every command that writes a vault (mount, import, passwd,
+/// fsck --repair).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LockArgs {
+    /// Take over the vault lock of another machine: only when nothing there uses the vault
+    /// any more (CIPHERDIR was copied or synced from there, or that machine crashed). A lock
+    /// of this machine needs no help: it is taken over once its holder is gone.
+    #[arg(long)]
+    pub break_lock: bool,
+}
+
+impl LockArgs {
+    /// Takes the lock of the vault in `cipherdir` for `command` (see `veilfs_core::lock`):
+    /// before any password is asked for, so a vault in use is refused at once. A holder that
+    /// is a mount of this machine no longer in the mount table is unmounting: it is waited
+    /// for a moment (`fusermount3 -u` returns before the daemon lets go of the lock).
+    pub fn take(&self, cipherdir: &Path, command: &str) -> Result<VaultLock> {
+        VaultConfig::load(cipherdir)?;
+        let source = cipherdir.canonicalize().unwrap_or_else(|_| cipherdir.to_path_buf());
+        let ending = |h: &Holder| {
+            h.command == "mount"
+                && h.is_this_host()
+                && matches!(crate::mountinfo::find_veilfs_source(&source), Ok(None))
+        };
+        Ok(VaultLock::acquire(cipherdir, command, self.break_lock, &ending)?)
+    }
 }
 
 /// "Slot N" in user terms.
@@ -83,15 +113,13 @@ pub fn kdf_notice(memory_kib: u32) {
 }
 
 impl UnlockArgs {
-    /// Reads the secret and opens the vault. Everything that can be checked without the
-    /// secret (the config, `--slot`) is checked before asking for it.
-    pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
-        let cfg = VaultConfig::load(cipherdir)?;
+    /// Checks `--slot` against `cfg` and reads the secret (before any key is derived).
+    fn secret(&self, cfg: &VaultConfig) -> Result<Secret> {
         let want = if self.recovery_key { SlotKind::Recovery } else { SlotKind::Password };
         if let Some(id) = self.slot {
-            check_slot(&cfg, id, Some(want))?;
+            check_slot(cfg, id, Some(want))?;
         }
-        let secret = if self.recovery_key {
+        Ok(if self.recovery_key {
             let text = self.password.read("Recovery key")?;
             use secrecy::ExposeSecret;
             // A malformed key (a typo) is a wrong secret, not an error of the vault.
@@ -103,10 +131,32 @@ impl UnlockArgs {
                 kdf_notice(*memory_kib);
             }
             Secret::Password(password)
-        };
+        })
+    }
+
+    fn ceiling(&self) -> KdfCeiling {
+        if self.allow_slow_kdf {
+            KdfCeiling::UNLIMITED
+        } else {
+            KdfCeiling::DEFAULT
+        }
+    }
+
+    /// Reads the secret and opens the reverse vault of PLAINDIR (`--reverse`).
+    pub fn open_reverse(&self, plaindir: &Path) -> Result<ReverseVault> {
+        let cfg = VaultConfig::load_named(plaindir, REVERSE_CONFIG_NAME)?;
+        let secret = self.secret(&cfg)?;
+        ReverseVault::open_with(plaindir, &secret, self.slot, &self.ceiling())
+            .with_context(|| format!("cannot open the reverse vault of {}", plaindir.display()))
+    }
+
+    /// Reads the secret and opens the vault. Everything that can be checked without the
+    /// secret (the config, `--slot`) is checked before asking for it.
+    pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
+        let cfg = VaultConfig::load(cipherdir)?;
+        let secret = self.secret(&cfg)?;
         let t = std::time::Instant::now();
-        let ceiling = if self.allow_slow_kdf { KdfCeiling::UNLIMITED } else { KdfCeiling::DEFAULT };
-        let vault = Vault::open_with(cipherdir, &secret, self.slot, &ceiling)
+        let vault = Vault::open_with(cipherdir, &secret, self.slot, &self.ceiling())
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
         tracing::info!("unlocked {} in {:.2} s", cipherdir.display(), t.elapsed().as_secs_f64());
         tracing::debug!(
@@ -205,17 +255,46 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 }
 
 /// The line that ends an import or export, e.g. "veilfs: exported 12 files (3538 bytes,
-/// 3.5K), 0 errors". Not shown under `-q`.
-pub fn summary(verb: &str, files: u64, bytes: u64, errors: &str) {
+/// 3.5K), skipped 0 identical, 0 conflicts, 0 errors". Not shown under `-q`.
+pub fn summary(verb: &str, files: u64, bytes: u64, skipped: usize, conflicts: usize, errors: &str) {
     if !crate::logging::quiet() {
         let s = if files == 1 { "" } else { "s" };
-        eprintln!("veilfs: {verb} {files} file{s} ({bytes} bytes, {}), {errors}", human_size(bytes));
+        eprintln!(
+            "veilfs: {verb} {files} file{s} ({bytes} bytes, {}), skipped {skipped} identical, {}, {errors}",
+            human_size(bytes),
+            count(conflicts, "conflict")
+        );
+    }
+}
+
+/// An existing entry that differs from its source and is kept (`import`, `export` without
+/// `--overwrite`): counted apart from errors.
+#[derive(Debug)]
+pub struct Conflict(pub &'static str);
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Conflict {}
+
+/// After an import or export that a signal interrupted: says how to resume (`main` then
+/// dies of that signal, once everything is dropped: the vault lock is released).
+pub fn say_if_interrupted(what: &str) {
+    if crate::interrupt::requested() {
+        eprintln!("veilfs: {what} interrupted; run the same command again to resume");
     }
 }
 
 /// "1 error", "3 errors".
 pub fn count(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+    match (n, what.strip_suffix('y')) {
+        (1, _) => format!("{n} {what}"),
+        (_, Some(stem)) => format!("{n} {stem}ies"),
+        _ => format!("{n} {what}s"),
+    }
 }
 
 /// Plaintext bytes of the regular files under the ciphertext directory `dir` (a cheap

@@ -31,8 +31,12 @@ veilfs umount ~/private                          (or: fusermount3 -u ~/private)\
 mount -t fuse.veilfs ~/vault ~/private -o passfile=/etc/veilfs/pw,allow_other\n\n\
 An fstab line (then `mount MOUNTPOINT` and `umount MOUNTPOINT`, as a user too with `user`):\n  \
 /home/me/vault /home/me/private fuse.veilfs noauto,user,passfile=/home/me/.vault-pw 0 0\n\n\
-Use --shared-storage when another mount or a sync tool may change CIPHERDIR while mounted: \
-caching is then off (slower, but never stale).")]
+A mount locks its vault (the file veilfs.lock in CIPHERDIR, removed at unmount): a second mount and \
+the commands that write it (import, passwd, fsck --repair) are refused with exit code 9, naming the process that \
+holds it; reading commands (cat, ls, export, info, fsck) work. The lock of a daemon that died is taken over with a \
+warning; that of another machine (CIPHERDIR synced from there) only with --break-lock. Use --shared-storage when \
+several writers share CIPHERDIR (mounts on several machines, or a mount and offline imports): such a mount takes \
+no lock and caches nothing (slower, but never stale); every mount of the vault should then use it.")]
 pub struct Args {
     /// The vault.
     pub cipherdir: PathBuf,
@@ -54,9 +58,14 @@ pub struct Args {
     /// 1h30m; a bare number is seconds).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub idle: Option<Duration>,
-    /// CIPHERDIR may change underneath (another mount, a sync tool): no caching.
+    /// Several writers at once: CIPHERDIR may change underneath (another mount, an offline
+    /// `veilfs import`, a sync tool). Takes no vault lock and caches nothing (slower, never
+    /// stale). Without it a mount locks the vault: a second mount and the commands that
+    /// write (import, passwd, fsck --repair) are refused while it is mounted.
     #[arg(long)]
     pub shared_storage: bool,
+    #[command(flatten)]
+    pub lock: super::LockArgs,
     /// Seconds the kernel may cache attributes and names.
     #[arg(long, default_value_t = 1.0, value_name = "SECS")]
     pub attr_timeout: f64,
@@ -68,13 +77,29 @@ pub struct Args {
     /// Disable the kernel's writeback cache (small writes then reach veilfs one by one).
     #[arg(long)]
     pub no_writeback: bool,
+    /// Reading a file never changes its access time (default: as Linux's `relatime`, the
+    /// access time moves when it is older than the last change or a day old).
+    #[arg(long)]
+    pub noatime: bool,
     /// Mount over a directory that is not empty (never over CIPHERDIR itself or a directory
     /// that contains it).
     #[arg(long)]
     pub nonempty: bool,
+    /// Reverse mode: CIPHERDIR is a plaintext directory made a reverse vault by `veilfs init
+    /// --reverse`; show at MOUNTPOINT its deterministic, read-only encrypted view (a vault:
+    /// copy it anywhere, and `veilfs mount`/`export`/`fsck` of the copy restore the data).
+    #[arg(long)]
+    pub reverse: bool,
+    /// With --reverse: leave out plaintext paths matching PATTERN (gitignore syntax, relative
+    /// to PLAINDIR; repeatable).
+    #[arg(long, value_name = "PATTERN", requires = "reverse")]
+    pub exclude: Vec<String>,
+    /// With --reverse: read exclude patterns from FILE (one a line, gitignore syntax).
+    #[arg(long, value_name = "FILE", requires = "reverse")]
+    pub exclude_from: Vec<PathBuf>,
     /// Mount options as in fstab and mount(8), comma-separated: passfile=FILE, extpass=CMD,
-    /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage,
-    /// attr_timeout=SECS, threads=N, no_writeback, nonempty, fsname=NAME (the source shown
+    /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage, break_lock,
+    /// attr_timeout=SECS, threads=N, no_writeback, noatime, nonempty, fsname=NAME (the source shown
     /// in the mount table; default CIPHERDIR). mount(8)'s own options (user, noauto, nofail,
     /// _netdev, x-systemd.*, rw, defaults, …) are ignored; remount is refused.
     #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
@@ -232,12 +257,51 @@ pub fn run(mut a: Args) -> Result<i32> {
     let mountpoint = check_mount_point(&a, &cipherdir)?;
     check_dev_fuse()?;
     check_allow_other(&a)?;
+    if a.reverse {
+        // A reverse view writes nothing into PLAINDIR: no vault lock.
+        return run_reverse(&a, &cipherdir, &mountpoint);
+    }
+    let mut lock = take_lock(&a, &cipherdir)?;
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    match serve(&a, vault, &cipherdir, &mountpoint, ready) {
-        Ok(()) => Ok(crate::exit::OK),
-        Err(e) => Err(e),
+    if let Some(l) = &mut lock {
+        // The daemon holds the OS lock now (the open file came along): it names itself.
+        l.now_held_by_this_process()?;
     }
+    serve(&a, &cipherdir, &mountpoint, ready, lock, |cfg, activity| {
+        veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity)
+    })?;
+    Ok(crate::exit::OK)
+}
+
+/// `veilfs mount --reverse PLAINDIR MOUNTPOINT`: always read-only.
+fn run_reverse(a: &Args, plaindir: &Path, mountpoint: &Path) -> Result<i32> {
+    let excludes = veilfs_core::reverse::Excludes::new(plaindir, &a.exclude, &a.exclude_from)
+        .map_err(|e| Exit::new(crate::exit::USAGE, e))?;
+    let mut rv = a.unlock.open_reverse(plaindir)?;
+    rv.set_excludes(excludes);
+    let rv = Arc::new(rv);
+    let ready = if a.foreground { None } else { Some(daemonize()?) };
+    serve(a, plaindir, mountpoint, ready, None, |cfg, activity| {
+        veilfs_fuse::mount_reverse(rv, mountpoint, cfg, activity)
+    })?;
+    Ok(crate::exit::OK)
+}
+
+/// The vault lock for this mount; none for `--shared-storage`, which only warns when a
+/// mount that caches holds the vault.
+fn take_lock(a: &Args, cipherdir: &Path) -> Result<Option<veilfs_core::VaultLock>> {
+    if !a.shared_storage {
+        return a.lock.take(cipherdir, "mount").map(Some);
+    }
+    if let Some(h) = veilfs_core::lock::holder(cipherdir) {
+        tracing::warn!(
+            "{} is {}, without --shared-storage: that holder may not see this mount's changes",
+            cipherdir.display(),
+            h.describe()
+        );
+    }
+    Ok(None)
 }
 
 /// Forks. The parent waits for the child's report and exits; the child gets the pipe's
@@ -274,12 +338,14 @@ fn daemonize() -> Result<OwnedFd> {
     }
 }
 
-fn serve(
+/// Mounts with `mount` (the forward or the reverse front end) and serves until unmounted.
+fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     a: &Args,
-    vault: Arc<veilfs_core::Vault>,
     cipherdir: &Path,
     mountpoint: &Path,
     ready: Option<OwnedFd>,
+    lock: Option<veilfs_core::VaultLock>,
+    mount: impl FnOnce(&veilfs_fuse::MountConfig, Arc<veilfs_fuse::Activity>) -> std::io::Result<fuser::Session<FS>>,
 ) -> Result<()> {
     let report = |ready: &Option<OwnedFd>, msg: &str| {
         if let Some(w) = ready {
@@ -305,20 +371,22 @@ fn serve(
     let ttl = Duration::from_secs_f64(if a.shared_storage { 0.0 } else { a.attr_timeout.max(0.0) });
     let cfg = veilfs_fuse::MountConfig {
         fs: veilfs_fuse::FsOptions {
-            read_only: a.read_only,
+            read_only: a.read_only || a.reverse,
             shared_storage: a.shared_storage,
             ttl,
             negative_ttl: ttl,
             writeback: !a.no_writeback && !a.shared_storage,
+            noatime: a.noatime,
         },
         allow_other: a.allow_other,
         threads: a.threads,
         fsname: fsname_option(a.fsname.clone().unwrap_or_else(|| cipherdir.display().to_string())),
     };
-    let session = match veilfs_fuse::mount(vault, mountpoint, &cfg, activity.clone()) {
+    let session = match mount(&cfg, activity.clone()) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {} on {}: {e}", cipherdir.display(), mountpoint.display());
+            drop(lock);
             if ready.is_some() {
                 // The parent prints it: once.
                 report(&ready, &msg);
@@ -355,6 +423,8 @@ fn serve(
     let bg = session.spawn().map_err(|e| mount_err(format!("cannot start the FUSE session: {e}")))?;
     activity.wait_ended();
     std::mem::forget(bg);
+    // The filesystem is torn down (destroy ran, the keys are gone): the vault is free again.
+    drop(lock);
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
@@ -483,6 +553,19 @@ fn spawn_idle_thread(idle: Duration, activity: Arc<veilfs_fuse::Activity>, mount
     });
 }
 
+/// After an unmount: waits (up to 5 s) until the daemon has let go of the vault lock, so the
+/// vault is free when `veilfs umount` returns (the kernel ends the mount before the daemon
+/// has finished; `fusermount3 -u` does not wait, and a new writer waits for it instead).
+fn wait_for_lock_release(cipherdir: &Path) {
+    let t = std::time::Instant::now();
+    while veilfs_core::lock::holder(cipherdir).is_some_and(|h| h.command == "mount" && h.is_this_host()) {
+        if t.elapsed() > Duration::from_secs(5) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Arguments of `veilfs umount`.
 #[derive(clap::Args, Debug)]
 pub struct UmountArgs {
@@ -535,6 +618,9 @@ pub fn umount(a: UmountArgs) -> Result<i32> {
     let flags = if a.lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: valid C string.
     if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        if !a.lazy {
+            wait_for_lock_release(&m.source);
+        }
         return Ok(crate::exit::OK);
     }
     let err = std::io::Error::last_os_error();
@@ -548,6 +634,9 @@ pub fn umount(a: UmountArgs) -> Result<i32> {
         .status()
         .map_err(|e| anyhow::anyhow!("cannot unmount {}: {err}; fusermount3: {e}", mp.display()))?;
     if st.success() {
+        if !a.lazy {
+            wait_for_lock_release(&m.source);
+        }
         Ok(crate::exit::OK)
     } else {
         anyhow::bail!("cannot unmount {}: {err}", mp.display())

@@ -15,11 +15,12 @@ use std::path::PathBuf;
 
 /// The options `-o` understands, for messages and `--help`.
 pub const KNOWN: &str = "passfile=FILE, extpass=CMD, recovery_key, slot=N, allow_other, ro, idle=DURATION, \
-                         shared_storage, attr_timeout=SECS, threads=N, no_writeback, nonempty, fsname=NAME";
+                         shared_storage, break_lock, attr_timeout=SECS, threads=N, no_writeback, noatime, \
+                         nonempty, fsname=NAME";
 
 /// Options that belong to mount(8), fstab or systemd, or that a FUSE mount has anyway.
 fn generic(name: &str) -> bool {
-    const NAMES: [&str; 26] = [
+    const NAMES: [&str; 25] = [
         "rw",
         "defaults",
         "auto",
@@ -38,7 +39,6 @@ fn generic(name: &str) -> bool {
         "exec",
         "noexec",
         "atime",
-        "noatime",
         "relatime",
         "norelatime",
         "strictatime",
@@ -108,6 +108,7 @@ pub fn apply(a: &mut Args, sloppy: bool) -> Result<()> {
             "ro" => a.read_only = true,
             "idle" => a.idle = Some(parse_duration(&need(value)?).map_err(|e| usage(format!("-o idle: {e}")))?),
             "shared_storage" => a.shared_storage = true,
+            "break_lock" => a.lock.break_lock = true,
             "attr_timeout" => {
                 let v = need(value)?;
                 a.attr_timeout = v
@@ -118,6 +119,7 @@ pub fn apply(a: &mut Args, sloppy: bool) -> Result<()> {
             }
             "threads" => a.threads = parse_threads(&need(value)?).map_err(|e| usage(format!("-o threads: {e}")))?,
             "no_writeback" => a.no_writeback = true,
+            "noatime" => a.noatime = true,
             "nonempty" => a.nonempty = true,
             "fsname" => a.fsname = Some(need(value)?),
             _ if generic(&opt) => tracing::debug!("-o {opt}: for mount(8), ignored"),
@@ -151,12 +153,21 @@ mod tests {
 
     #[test]
     fn options_map_onto_flags() {
-        let a =
-            parse(&["-o", "passfile=/p,allow_other,ro,idle=30m", "-o", "threads=3,attr_timeout=0.5,fsname=v"]).unwrap();
+        let a = parse(&[
+            "-o",
+            "passfile=/p,allow_other,ro,idle=30m",
+            "-o",
+            "threads=3,attr_timeout=0.5,fsname=v,shared_storage,break_lock",
+        ])
+        .unwrap();
+        assert!(a.shared_storage && a.lock.break_lock);
         assert_eq!(a.unlock.password.passfile, Some(PathBuf::from("/p")));
         assert!(a.allow_other && a.read_only);
         assert_eq!(a.idle, Some(std::time::Duration::from_secs(1800)));
         assert_eq!((a.threads, a.attr_timeout, a.fsname.as_deref()), (3, 0.5, Some("v")));
+        assert!(!a.noatime);
+        assert!(parse(&["-o", "noatime"]).unwrap().noatime);
+        assert!(!parse(&["-o", "relatime,atime"]).unwrap().noatime);
     }
 
     #[test]

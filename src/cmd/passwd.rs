@@ -21,7 +21,8 @@ veilfs passwd VAULT --recovery-key       forgot the password: unlock with the re
 veilfs passwd VAULT --new-recovery-key   replace the recovery key (the old one stops working)\n\n\
 Slot numbers never change: a changed password keeps its slot number, a new slot gets the lowest free one. \
 Removing the last recovery key asks for confirmation (or needs --yes without a terminal).\n\n\
-With --password-stdin, the first line is the current secret and the second the new password.")]
+With --password-stdin, the first line is the current secret and the second the new password.\n\n\
+passwd takes the vault lock: while the vault is mounted it is refused (exit code 9).")]
 pub struct Args {
     /// The vault.
     pub cipherdir: PathBuf,
@@ -47,6 +48,8 @@ pub struct Args {
     pub new_extpass: Option<String>,
     #[command(flatten)]
     pub kdf: super::KdfArgs,
+    #[command(flatten)]
+    pub lock: super::LockArgs,
 }
 
 /// Asks on the terminal whether to remove the last recovery key; without a terminal the
@@ -101,6 +104,7 @@ pub fn run(a: Args) -> Result<i32> {
     if let Some(id) = a.remove_slot {
         check_removal(&on_disk, id, a.yes)?;
     }
+    let _lock = a.lock.take(&a.cipherdir, "passwd")?;
     let mut vault = a.unlock.open(&a.cipherdir)?;
     let mut cfg = vault.config().clone();
     let quiet = crate::logging::quiet();

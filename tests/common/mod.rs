@@ -1,30 +1,102 @@
 //! Test fixtures that mount veilfs for real.
 //!
-//! Every mount lives on its own size-capped tmpfs (so runaway data never reaches the shared
-//! disk) and is unmounted in `Drop`, also when the test panics. Without /dev/fuse or root,
-//! tests skip with a message — except under `CI=true`, where they fail loudly.
+//! Every mount lives on a size-capped tmpfs (so runaway data never reaches the shared disk)
+//! and is unmounted in `Drop`, also when the test panics. Without /dev/fuse, tests skip with
+//! a message — except under `CI=true`, where they fail loudly.
+//!
+//! The tests run as root or as an ordinary user (scripts/test-nonroot.sh runs the mount
+//! group as one). As a user, mounts go through fusermount3 as on a desktop: /dev/fuse must
+//! be open to the user, and since a user cannot mount a tmpfs of its own, each test's
+//! "tmpfs" is a directory in `$TMPDIR`, which must itself be a tmpfs. Tests that need root
+//! say so with [`root_only`], which reports them as not run.
 #![allow(dead_code)]
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_veilfs");
+/// The `veilfs` binary under test: the one cargo built, or `$VEILFS_TEST_BIN` (the non-root
+/// run copies the binaries where its user can reach them: the build directory may be private).
+pub static BIN: Bin = Bin(std::sync::OnceLock::new());
 pub const PASSWORD: &str = "test password";
 
-/// Whether real mounts can run here. Panics under CI=true when they cannot.
-pub fn fuse_available() -> bool {
+/// The path of the binary under test; a `&str` (through `Deref`) and `Display`.
+pub struct Bin(std::sync::OnceLock<String>);
+
+impl std::ops::Deref for Bin {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.0.get_or_init(|| std::env::var("VEILFS_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_veilfs").into()))
+    }
+}
+
+impl std::fmt::Display for Bin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Bin {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        std::ffi::OsStr::new(&**self)
+    }
+}
+
+/// Whether the tests run as root (otherwise as an ordinary user, through fusermount3).
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let ok = root && Path::new("/dev/fuse").exists() && which("fusermount3");
-    if !ok {
-        let msg = "mount tests need root, /dev/fuse and fusermount3 (apt-get install fuse3)";
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether real mounts can run here, as root or as this user. Panics under CI=true when they
+/// cannot.
+pub fn fuse_available() -> bool {
+    let missing = if !Path::new("/dev/fuse").exists() || !which("fusermount3") {
+        Some("mount tests need /dev/fuse and fusermount3 (apt-get install fuse3)".to_string())
+    } else if is_root() {
+        None
+    } else if std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_err() {
+        Some("mount tests as an ordinary user need /dev/fuse open to it (mode 0666, as desktop distributions ship it); or run them as root".into())
+    } else if !on_tmpfs(&std::env::temp_dir()) {
+        Some(format!(
+            "mount tests as an ordinary user keep their data in TMPDIR, which must be a size-capped tmpfs ({} is not); or run them as root",
+            std::env::temp_dir().display()
+        ))
+    } else {
+        None
+    };
+    if let Some(msg) = &missing {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{msg}: refusing to skip under CI=true");
         }
         eprintln!("SKIPPED: {msg}");
     }
-    ok
+    missing.is_none()
+}
+
+fn on_tmpfs(dir: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: zeroed statfs is a valid out-buffer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer.
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC }
+}
+
+/// For a test that needs root: true as root. As an ordinary user it says that the test was
+/// not run and why — on stderr and, for scripts/test-nonroot.sh to list and count, as a line
+/// `TEST<TAB>WHY` appended to `$VEILFS_ROOT_ONLY_LOG` — and returns false.
+pub fn root_only(why: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    eprintln!("ROOT-ONLY: {test} not run as an ordinary user: {why}");
+    if let Some(log) = std::env::var_os("VEILFS_ROOT_ONLY_LOG") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        writeln!(f, "{test}\t{why}").unwrap();
+    }
+    false
 }
 
 pub fn which(cmd: &str) -> bool {
@@ -48,9 +120,11 @@ pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// A size-capped tmpfs, unmounted on drop.
+/// A size-capped tmpfs of its own, unmounted on drop. As an ordinary user (who cannot mount
+/// one) a directory in `$TMPDIR`, a tmpfs shared by the tests (`fuse_available` checks it).
 pub struct Tmpfs {
     pub path: PathBuf,
+    mounted: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -58,16 +132,28 @@ impl Tmpfs {
     pub fn new(size: &str) -> Tmpfs {
         let dir = tempfile::Builder::new().prefix("veilfs-test-").tempdir().unwrap();
         let path = dir.path().to_path_buf();
+        if !is_root() {
+            return Tmpfs { path, mounted: false, _dir: dir };
+        }
         let o =
             run("mount", &["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs", path.to_str().unwrap()]);
         assert!(o.status.success(), "mount tmpfs: {}", text(&o));
-        Tmpfs { path, _dir: dir }
+        Tmpfs { path, mounted: true, _dir: dir }
+    }
+
+    /// Bytes the files under it take (its own file system only: mounts on it are left out).
+    pub fn used(&self) -> u64 {
+        let o = run("du", &["-sxB1", self.path.to_str().unwrap()]);
+        assert!(o.status.success(), "du: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap().parse().unwrap()
     }
 }
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = run("umount", &["-l", self.path.to_str().unwrap()]);
+        if self.mounted {
+            let _ = run("umount", &["-l", self.path.to_str().unwrap()]);
+        }
     }
 }
 
@@ -78,6 +164,8 @@ pub struct Mounted {
     pub plain: PathBuf,
     pub passfile: PathBuf,
     pub extra: Vec<String>,
+    /// Environment variables for the mount daemon (e.g. `FAILPOINTS` in tests/crash.rs).
+    pub env: Vec<(String, String)>,
     mounted: bool,
     pub tmpfs: Tmpfs,
 }
@@ -98,6 +186,7 @@ impl Mounted {
             plain,
             passfile,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             mounted: false,
             tmpfs,
         };
@@ -109,6 +198,19 @@ impl Mounted {
         let o = self.mount_cmd(&self.mnt.clone());
         assert!(o.status.success(), "veilfs mount: {}", text(&o));
         self.mounted = true;
+        // The mount belongs to whoever ran the test: an ordinary user's went through fusermount3.
+        // SAFETY: geteuid has no preconditions.
+        let owner = format!("user_id={}", unsafe { libc::geteuid() });
+        let e = mount_entry(&self.mnt).expect("mounted");
+        assert!(e.super_opts.split(',').any(|o| o == owner), "{owner} not in {e:?}");
+    }
+
+    /// Mounts again and returns what `veilfs mount` said (it must succeed).
+    pub fn mount_output(&mut self) -> Output {
+        let o = self.mount_cmd(&self.mnt.clone());
+        assert!(o.status.success(), "veilfs mount: {}", text(&o));
+        self.mounted = true;
+        o
     }
 
     /// Runs `veilfs mount` of this vault at `at` (for second mounts).
@@ -121,12 +223,12 @@ impl Mounted {
             self.passfile.display().to_string(),
         ];
         args.extend(self.extra.iter().cloned());
-        Command::new(BIN).args(&args).stdin(Stdio::null()).output().unwrap()
+        Command::new(&BIN).args(&args).envs(self.env.iter().cloned()).stdin(Stdio::null()).output().unwrap()
     }
 
     pub fn umount(&mut self) {
         if self.mounted {
-            let o = run(BIN, &["umount", self.mnt.to_str().unwrap()]);
+            let o = run(&BIN, &["umount", self.mnt.to_str().unwrap()]);
             if !o.status.success() {
                 let _ = run("fusermount3", &["-uz", self.mnt.to_str().unwrap()]);
             }
@@ -195,8 +297,17 @@ impl TestUser {
 
     /// `sh -c script` as this user (its own group, no others), with a time limit.
     pub fn sh(&self, secs: u32, script: &str) -> Output {
+        self.sh_in_groups(secs, &[], script)
+    }
+
+    /// `sh -c script` as this user with supplementary `groups`, with a time limit.
+    pub fn sh_in_groups(&self, secs: u32, groups: &[u32], script: &str) -> Output {
         let (uid, gid) = (format!("--reuid={}", self.uid), format!("--regid={}", self.uid));
-        run("timeout", &[&secs.to_string(), "setpriv", &uid, &gid, "--clear-groups", "sh", "-c", script])
+        let groups = match groups {
+            [] => "--clear-groups".to_string(),
+            g => format!("--groups={}", g.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+        };
+        run("timeout", &[&secs.to_string(), "setpriv", &uid, &gid, &groups, "sh", "-c", script])
     }
 }
 
@@ -322,8 +433,17 @@ pub struct UnmountOnDrop(pub PathBuf);
 impl Drop for UnmountOnDrop {
     fn drop(&mut self) {
         if mount_entry(&self.0).is_some() {
-            let _ = run("umount", &["-l", self.0.to_str().unwrap()]);
+            lazy_unmount(&self.0);
         }
+    }
+}
+
+/// Detaches the mount at `mnt` now: `umount -l` as root, `fusermount3 -uz` as its user.
+pub fn lazy_unmount(mnt: &Path) {
+    if is_root() {
+        let _ = run("umount", &["-l", mnt.to_str().unwrap()]);
+    } else {
+        let _ = run("fusermount3", &["-uz", mnt.to_str().unwrap()]);
     }
 }
 
@@ -359,7 +479,7 @@ pub fn new_vault(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::create_dir_all(&mnt).unwrap();
     std::fs::write(&pass, format!("{PASSWORD}\n")).unwrap();
     let o = run(
-        BIN,
+        &BIN,
         &[
             "init",
             cipher.to_str().unwrap(),
@@ -483,5 +603,104 @@ impl Drop for OnPty {
         // The program loses its terminal with the driver, and ends.
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+    }
+}
+
+/// Every name, file's bytes and symlink target under `p`, in sorted order (so two trees with
+/// the same contents dump equal whatever their readdir order).
+pub fn dump_tree(p: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut names: Vec<_> = std::fs::read_dir(p).unwrap().flatten().collect();
+    names.sort_by_key(|e| e.file_name());
+    for e in names {
+        out.extend_from_slice(e.file_name().as_bytes());
+        out.push(b'\n');
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.extend(dump_tree(&e.path()));
+        } else if ft.is_file() {
+            out.extend(std::fs::read(e.path()).unwrap());
+        } else if ft.is_symlink() {
+            out.extend_from_slice(std::fs::read_link(e.path()).unwrap().as_os_str().as_bytes());
+        }
+    }
+    out
+}
+
+/// A reverse vault over a plaintext directory (`veilfs init --reverse`), mounted with
+/// `veilfs mount --reverse` while `mounted`; unmounted on drop.
+pub struct ReverseMount {
+    pub plain: PathBuf,
+    pub mnt: PathBuf,
+    pub passfile: PathBuf,
+    pub extra: Vec<String>,
+    mounted: bool,
+}
+
+impl ReverseMount {
+    /// Makes `plain` (existing) a reverse vault with a cheap KDF; `mnt` is created. Not mounted.
+    pub fn init(plain: &Path, mnt: &Path, passfile: &Path) -> ReverseMount {
+        std::fs::create_dir_all(mnt).unwrap();
+        std::fs::write(passfile, format!("{PASSWORD}\n")).unwrap();
+        let p = passfile.to_str().unwrap();
+        let o = run(
+            &BIN,
+            &[
+                "init",
+                "--reverse",
+                plain.to_str().unwrap(),
+                "--passfile",
+                p,
+                "--kdf-memory",
+                "8",
+                "--kdf-iterations",
+                "1",
+            ],
+        );
+        assert!(o.status.success(), "init --reverse: {}", text(&o));
+        ReverseMount::existing(plain, mnt, passfile)
+    }
+
+    /// An already made reverse vault in `plain`.
+    pub fn existing(plain: &Path, mnt: &Path, passfile: &Path) -> ReverseMount {
+        std::fs::create_dir_all(mnt).unwrap();
+        ReverseMount {
+            plain: plain.to_path_buf(),
+            mnt: mnt.to_path_buf(),
+            passfile: passfile.to_path_buf(),
+            extra: Vec::new(),
+            mounted: false,
+        }
+    }
+
+    pub fn mount(&mut self) {
+        let mut args = vec![
+            "mount".to_string(),
+            "--reverse".into(),
+            self.plain.display().to_string(),
+            self.mnt.display().to_string(),
+            "--passfile".into(),
+            self.passfile.display().to_string(),
+        ];
+        args.extend(self.extra.iter().cloned());
+        let o = Command::new(&BIN).args(&args).stdin(Stdio::null()).output().unwrap();
+        assert!(o.status.success(), "veilfs mount --reverse: {}", text(&o));
+        self.mounted = true;
+    }
+
+    pub fn umount(&mut self) {
+        if self.mounted {
+            let o = run(&BIN, &["umount", self.mnt.to_str().unwrap()]);
+            if !o.status.success() {
+                let _ = run("fusermount3", &["-uz", self.mnt.to_str().unwrap()]);
+            }
+            self.mounted = false;
+        }
+    }
+}
+
+impl Drop for ReverseMount {
+    fn drop(&mut self) {
+        self.umount();
     }
 }

@@ -31,7 +31,7 @@ import tempfile
 try:
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESSIV, ChaCha20Poly1305
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV, AESSIV, ChaCha20Poly1305
     from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 except ImportError as e:  # pragma: no cover
@@ -124,18 +124,20 @@ def hchacha20(key: bytes, nonce16: bytes) -> bytes:
 
 
 class ContentAead:
-    """The two content AEADs of §1, with their nonce lengths."""
+    """The content AEADs of §1 and §17 (AES-256-GCM-SIV), with their nonce lengths."""
 
     def __init__(self, name: str):
-        if name not in ("AES-256-GCM", "XChaCha20-Poly1305"):
+        if name not in ("AES-256-GCM", "XChaCha20-Poly1305", "AES-256-GCM-SIV"):
             raise ConfigError(f"unknown cipher {name!r}")
         self.name = name
-        self.nonce_len = 12 if name == "AES-256-GCM" else 24
+        self.nonce_len = 24 if name == "XChaCha20-Poly1305" else 12
         self.overhead = self.nonce_len + 16
 
     def _seal_or_open(self, key: bytes, nonce: bytes, aad: bytes, data: bytes, seal: bool) -> bytes:
         if self.name == "AES-256-GCM":
             c, n = AESGCM(key), nonce
+        elif self.name == "AES-256-GCM-SIV":
+            c, n = AESGCMSIV(key), nonce
         else:
             c, n = ChaCha20Poly1305(hchacha20(key, nonce[:16])), b"\0\0\0\0" + nonce[16:24]
         return c.encrypt(n, data, aad) if seal else c.decrypt(n, data, aad)
@@ -212,9 +214,9 @@ def cipher_size(p: int, B: int, O: int) -> int:
 
 def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
     """§5.3: (plaintext size, number of blocks), or IntegrityError for an impossible size."""
-    if c == 0:
-        return 0, 0
-    if c <= HEADER_LEN:
+    if c == 0 or c == HEADER_LEN:
+        return 0, 0  # a header alone is an empty file (a crash after a first write's header)
+    if c < HEADER_LEN:
         raise IntegrityError(f"ciphertext of {c} bytes has no block after the header (truncated)")
     body = c - HEADER_LEN
     k = -(-body // (B + O))
@@ -339,7 +341,7 @@ SLOT_FIELDS = ["id", "kind", "kdf", "wrapped_key"]
 KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism", "salt"],
               "hkdf-sha256": ["algorithm", "salt"]}
 FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
-OPTIONAL_FEATURES = {SPECIAL_KINDS}
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic"}
 
 
 def canonical_json(obj) -> bytes:
@@ -421,6 +423,9 @@ def parse_config(text: bytes) -> dict:
     feats = cfg["features"]
     if len(set(feats)) != len(feats) or not FEATURES_V1 <= set(feats) <= FEATURES_V1 | OPTIONAL_FEATURES:
         raise ConfigError(f"feature set {feats} is not a v1 set")
+    # §17: "deterministic" goes with AES-256-GCM-SIV, and only with it.
+    if ("deterministic" in feats) != (cfg["cipher"] == "AES-256-GCM-SIV"):
+        raise ConfigError("cipher AES-256-GCM-SIV and feature deterministic must go together")
     B = cfg["block_size"]
     if not (512 <= B <= 1 << 20) or B & (B - 1):
         raise ConfigError(f"invalid block size {B}")
@@ -753,6 +758,27 @@ def run_vectors(path: str, t: Tally):
                 t.check(not sk or omode == mode, f"{what}: S must not open as {other}")
             except IntegrityError:
                 t.check(sk and omode != mode, f"{what}: S must open as {other} without the feature")
+    # §17: deterministic vaults. Identities, derived nonces, GCM-SIV blocks, a symlink blob.
+    det = v["deterministic"]
+    ids_key = hkdf(b"veilfs v1", master, b"deterministic-ids", 32)
+    t.check(ids_key.hex() == det["ids_key"], "deterministic: identity key")
+    for i in det["identities"]:
+        ident = hmac256(ids_key, b"veilfs v1 reverse id\0" + bytes([i["kind"]]) + hx(i["parent_iv"]) + i["name"].encode())[:16]
+        t.check(ident.hex() == i["identity"], f"deterministic: identity of {i['name']!r}")
+    for c in det["content"]:
+        what = f"deterministic block {c['block']}"
+        nonce = struct.pack(">Q", c["block"]) + bytes([1 if c["last"] else 0]) + b"\0\0\0"
+        t.check(nonce.hex() == c["nonce"], f"{what}: derived nonce")
+        aead = ContentAead(c["cipher"])
+        aad = block_aad(hx(c["file_id"]), c["block"], c["last"])
+        t.check(file_key(keys, hx(c["file_id"])).hex() == c["file_key"], f"{what}: file key")
+        t.check(aead.seal(hx(c["file_key"]), nonce, aad, hx(c["plaintext"])).hex() == c["on_disk"], f"{what}: seal")
+        t.check(aead.open(hx(c["file_key"]), aad, hx(c["on_disk"])).hex() == c["plaintext"], f"{what}: open")
+    sl = det["symlink"]
+    sid = hx(sl["identity"])
+    blob = sid + ContentAead("AES-256-GCM-SIV").seal(file_key(keys, sid), struct.pack(">Q", 0) + b"\1\0\0\0",
+                                                      block_aad(sid, 0, True), sl["target"].encode())
+    t.check(b64(blob) == sl["stored"], "deterministic: symlink blob")
     rk = v["recovery_key"]
     t.check(recovery_display(hx(rk["bytes"])) == rk["display"], "recovery key display")
     t.check(recovery_parse(rk["display"]) == hx(rk["bytes"]), "recovery key parse")
@@ -783,7 +809,8 @@ def run_vectors(path: str, t: Tally):
         for B, O in [(4096, 28), (512, 40), (1 << 20, 28)]:
             c = cipher_size(p, B, O)
             t.check(plain_size(c, B, O)[0] == p, f"layout p={p} B={B} O={O}")
-    for c in [1, 35, 36, 36 + 28, 36 + 4124 + 10]:
+    t.check(plain_size(36, 4096, 28) == (0, 0), "layout: a header alone is an empty file")
+    for c in [1, 35, 36 + 28, 36 + 4124 + 10]:
         try:
             plain_size(c, 4096, 28)
             t.check(False, f"layout: {c} bytes must be invalid")

@@ -10,6 +10,13 @@
 //! `fs` (the `Filesystem` impl), `inodes` (node id ↔ O_PATH fd table),
 //! `dirstream` (directory handles), `attr` (stat conversions), `sys`
 //! (syscall wrappers; the only `unsafe` code besides process plumbing).
+//!
+//! Why its own copy of syscall wrappers and attribute conversion instead of
+//! `veilfs_core::sys` and `veilfs-fuse`'s `attr`: the floor is the yardstick.
+//! It must not get faster or slower when veilfs's own code changes, and it
+//! must not carry veilfs's checks (no-follow fds re-verified by type, acting
+//! as the caller, integrity bookkeeping) whose cost is part of what is
+//! measured. The shared shapes (`duplicates` lists them) are on purpose.
 
 mod attr;
 mod daemon;

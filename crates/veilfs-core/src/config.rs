@@ -35,7 +35,11 @@ pub const FEATURES_V1: &[&str] =
 /// shared kind `0x04`.
 pub const FEATURE_SPECIAL_KINDS: &str = "special-kinds";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
-pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS];
+pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC];
+/// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
+/// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
+/// this feature requires and which needs it (docs/FORMAT.md §17). Readers need nothing else.
+pub const FEATURE_DETERMINISTIC: &str = "deterministic";
 /// Largest config file we read (a config with many slots is still a few KiB).
 pub const MAX_CONFIG_LEN: usize = 1 << 20;
 
@@ -133,7 +137,8 @@ fn decode_salt(s: &str) -> Result<Vec<u8>> {
 }
 
 impl VaultConfig {
-    /// A new config (without slots) for a fresh vault.
+    /// A new config (without slots) for a fresh vault; with AES-256-GCM-SIV, a deterministic
+    /// one (feature [`FEATURE_DETERMINISTIC`]).
     pub fn new(cipher: ContentCipher, block_size: u32, root_iv: &DirIv) -> Result<Self> {
         if !(512..=(1 << 20)).contains(&block_size) || !block_size.is_power_of_two() {
             return Err(Error::Invalid(format!("block size {block_size} must be a power of two in 512..=1048576")));
@@ -144,7 +149,18 @@ impl VaultConfig {
             creator: format!("veilfs {}", env!("CARGO_PKG_VERSION")),
             cipher,
             block_size,
-            features: FEATURES_V1.iter().chain(OPTIONAL_FEATURES).map(|s| s.to_string()).collect(),
+            // Deterministic (reverse) vaults keep the shared special-file kind for now: their
+            // special-file identities are derived, not random (docs/FORMAT.md §17).
+            features: FEATURES_V1
+                .iter()
+                .copied()
+                .chain(std::iter::once(if cipher == ContentCipher::Aes256GcmSiv {
+                    FEATURE_DETERMINISTIC
+                } else {
+                    FEATURE_SPECIAL_KINDS
+                }))
+                .map(String::from)
+                .collect(),
             root_dir_iv: b64_encode(root_iv),
             slots: Vec::new(),
             mac: String::new(),
@@ -161,13 +177,28 @@ impl VaultConfig {
     /// a symlink and without blocking (a FIFO planted as the config is refused, not waited
     /// on), must be a regular file, and at most [`MAX_CONFIG_LEN`] bytes are read.
     pub fn load(cipherdir: &Path) -> Result<Self> {
-        let path = Self::path_in(cipherdir);
+        Self::load_named(cipherdir, CONFIG_NAME)
+    }
+
+    /// [`load`](Self::load) of the config file `name` in `dir` (a reverse vault keeps its
+    /// config under another name in the plaintext directory, see `crate::reverse`).
+    pub fn load_named(dir: &Path, name: &str) -> Result<Self> {
+        let cipherdir = dir;
+        let path = dir.join(name);
         let cfg_err = |detail: String| Error::Config { path: path.clone(), detail };
         let bytes = match crate::sys::read_meta_path(&path, MAX_CONFIG_LEN) {
             Ok(b) => b,
             // CIPHERDIR missing, not a directory, or without a config: not a vault at all.
             Err(MetaError::Io(e)) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
-                return Err(Error::not_a_vault(cipherdir))
+                return Err(match Error::not_a_vault(cipherdir) {
+                    Error::NotAVault { path, .. } if name != CONFIG_NAME && cipherdir.is_dir() => Error::NotAVault {
+                        path,
+                        detail: format!(
+                            "it holds no {name} (make it a reverse vault with `veilfs init --reverse DIR`)"
+                        ),
+                    },
+                    e => e,
+                })
             }
             Err(e @ (MetaError::NotRegular(_) | MetaError::TooLarge(_))) => {
                 return Err(cfg_err(format!("{e}; it is not a veilfs config")))
@@ -213,6 +244,16 @@ impl VaultConfig {
                 return Err(format!("lacks required feature {f:?}"));
             }
         }
+        if self.features.iter().filter(|f| f.as_str() == FEATURE_DETERMINISTIC).count() > 1 {
+            return Err(format!("names feature {FEATURE_DETERMINISTIC:?} twice"));
+        }
+        if self.is_deterministic() != (self.cipher == ContentCipher::Aes256GcmSiv) {
+            return Err(format!(
+                "cipher {} and feature {FEATURE_DETERMINISTIC:?} must go together (one without the other is not a \
+                 vault veilfs makes)",
+                self.cipher.name()
+            ));
+        }
         if !(512..=(1 << 20)).contains(&self.block_size) || !self.block_size.is_power_of_two() {
             return Err(format!("block size {} is invalid", self.block_size));
         }
@@ -237,6 +278,11 @@ impl VaultConfig {
         } else {
             crate::names::SpecialBinding::Shared
         }
+    }
+
+    /// Whether this is a deterministic (reverse-mode) vault: feature [`FEATURE_DETERMINISTIC`].
+    pub fn is_deterministic(&self) -> bool {
+        self.features.iter().any(|f| f == FEATURE_DETERMINISTIC)
     }
 
     /// The root directory IV.
@@ -430,15 +476,28 @@ impl VaultConfig {
 
     /// Writes the config atomically into `cipherdir` (temp file, fsync, rename, fsync dir).
     pub fn save(&self, cipherdir: &Path) -> Result<()> {
-        let path = Self::path_in(cipherdir);
-        let tmp = cipherdir.join(format!("{CONFIG_NAME}.tmp"));
+        self.save_named(cipherdir, CONFIG_NAME)
+    }
+
+    /// The bytes [`save`](Self::save) writes: pretty JSON and a final newline.
+    pub fn to_file_bytes(&self) -> Vec<u8> {
         let mut body = serde_json::to_vec_pretty(self).expect("serializable");
         body.push(b'\n');
+        body
+    }
+
+    /// [`save`](Self::save) under the file name `name` in `dir`.
+    pub fn save_named(&self, dir: &Path, name: &str) -> Result<()> {
+        let cipherdir = dir;
+        let path = dir.join(name);
+        let tmp = cipherdir.join(format!("{name}.tmp"));
+        let body = self.to_file_bytes();
         let write = || -> std::io::Result<()> {
             let _ = std::fs::remove_file(&tmp);
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(&tmp)?;
             f.write_all(&body)?;
             f.sync_all()?;
+            crate::crash::point!("config.rewrite");
             std::fs::rename(&tmp, &path)?;
             std::fs::File::open(cipherdir)?.sync_all()
         };

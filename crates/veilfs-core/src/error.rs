@@ -67,6 +67,34 @@ pub enum Error {
     /// A plaintext name that Linux would reject (empty, `/`, NUL, longer than 255 bytes).
     #[error("invalid file name: {0}")]
     BadName(String),
+
+    /// The vault is in use by another writer: it holds the vault lock ([`crate::lock`]).
+    #[error("{}", locked_message(cipherdir, holder, *breakable))]
+    Locked {
+        /// The vault.
+        cipherdir: PathBuf,
+        /// Who holds the lock.
+        holder: crate::lock::Holder,
+        /// The holder is another machine and its lock is not held here: it may be a copy
+        /// (CIPHERDIR synced from there) or a leftover, which `--break-lock` takes over.
+        breakable: bool,
+    },
+}
+
+/// The message of [`Error::Locked`]: who holds the vault, and what to do.
+fn locked_message(cipherdir: &std::path::Path, holder: &crate::lock::Holder, breakable: bool) -> String {
+    let what = format!("{} is {}", cipherdir.display(), holder.describe());
+    if breakable {
+        format!(
+            "{what}, another machine; if nothing there uses this vault any more (CIPHERDIR was copied or synced \
+             from there, or that machine crashed), take the lock over with --break-lock, or delete {}",
+            cipherdir.join(crate::names::LOCK_NAME).display()
+        )
+    } else if holder.command == "mount" {
+        format!("{what}; unmount it first, or use --shared-storage (veilfs mount --help)")
+    } else {
+        format!("{what}; wait until it has finished")
+    }
 }
 
 impl Error {
@@ -102,6 +130,7 @@ impl Error {
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Invalid(_) => libc::EINVAL,
             Error::BadName(_) => libc::ENAMETOOLONG,
+            Error::Locked { .. } => libc::EBUSY,
         }
     }
 

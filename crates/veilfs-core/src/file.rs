@@ -9,6 +9,7 @@
 use crate::content::block::BlockCodec;
 use crate::content::header::{FileHeader, FileId, FLAG_SPARSE, HEADER_LEN};
 use crate::content::{ContentCipher, Layout};
+use crate::crash;
 use crate::error::{Error, IoContext, Result};
 use crate::keys::SubKeys;
 use crate::sys;
@@ -123,6 +124,7 @@ impl CryptFile {
         }
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         if !p.is_empty() && self.header_state() != HDR_SPARSE {
+            crash::point!("file.settle_sparse");
             self.write_header(true)?;
         }
         p.clear();
@@ -212,6 +214,12 @@ impl CryptFile {
         Ok(state)
     }
 
+    /// Authenticates the header (and that it carries this file's ID) without reading any
+    /// block: for fsck, on a file whose ciphertext is a header alone (an empty file).
+    pub fn verify_header(&self) -> Result<()> {
+        self.load_header().map(drop)
+    }
+
     fn header_state(&self) -> u8 {
         self.header.load(Ordering::Acquire)
     }
@@ -269,6 +277,85 @@ impl CryptFile {
             off += n as u64;
         }
         Ok(off)
+    }
+
+    /// Recovers what still authenticates of a damaged file, block by block, for
+    /// `fsck --repair` (issue 12: recovery keeps what is intact). `sink(data)` receives the
+    /// salvaged plaintext in order. A block that does not authenticate becomes `B` zero bytes
+    /// and a lost range in the result; failing blocks at the end (a tail a crash tore or cut)
+    /// are dropped, so the salvage ends with the last block that authenticates. A final block
+    /// that fails as the last one but authenticates as an inner block (a crash after the old
+    /// final block was re-sealed, before the blocks after it were written) is kept whole, and
+    /// an inner block sealed as a full last block (the reverse) too. All-zero blocks that are
+    /// not holes by the header (holes a crash left undeclared, FORMAT.md §5.5) are zeros and
+    /// reported as lost, since they cannot be told from zeroed data. The header must verify:
+    /// without it nothing is trusted and the error is returned.
+    pub fn salvage(&self, mut sink: impl FnMut(&[u8]) -> Result<()>) -> Result<Salvaged> {
+        let l = self.ctx.layout;
+        let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
+        let mut out = Salvaged::default();
+        if c <= l.header() {
+            return Ok(out);
+        }
+        self.load_header()?;
+        let blocks = (c - l.header()).div_ceil(l.cipher_block());
+        let (bs, cb, o) = (l.block_size as usize, l.cipher_block() as usize, l.overhead as usize);
+        let mut ct = vec![0u8; cb];
+        let mut plain = vec![0u8; bs];
+        // Zero blocks owed to the sink: written only once a later block authenticates.
+        let mut pending_zeros = 0u64;
+        for n in 0..blocks {
+            let got =
+                sys::pread_full(self.fd(), &mut ct, l.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
+            let region = &ct[..got];
+            let is_final = n + 1 == blocks;
+            let quiet = |last: bool, p: &mut [u8]| self.codec.open_into(n, last, region, p, &self.what).ok();
+            let opened = if region.len() <= o {
+                None
+            } else if self.header_state() == HDR_SPARSE && !is_final && region.iter().all(|&b| b == 0) {
+                plain.fill(0);
+                Some(bs)
+            } else {
+                quiet(is_final, &mut plain)
+                    .or_else(|| (region.len() == cb).then(|| quiet(!is_final, &mut plain)).flatten())
+            };
+            // A shrinking truncate cut short (FORMAT.md §5.7): the new final block, shorter
+            // and sealed as last, sits at the start of an old inner block's place. Found by
+            // trying each length (in the error path only: a few milliseconds); the file ends
+            // there, whatever old blocks still follow.
+            let short_last = match opened {
+                None if !is_final && region.len() == cb => (1..bs)
+                    .rev()
+                    .find_map(|len| self.codec.open_into(n, true, &region[..len + o], &mut plain, &self.what).ok()),
+                _ => None,
+            };
+            let ends_here = short_last.is_some();
+            match opened.or(short_last) {
+                Some(len) => {
+                    for _ in 0..pending_zeros {
+                        sink(&vec![0u8; bs])?;
+                    }
+                    pending_zeros = 0;
+                    sink(&plain[..len])?;
+                    out.kept += len as u64;
+                    if ends_here {
+                        break;
+                    }
+                }
+                None => {
+                    let start = n * l.block_size;
+                    match out.lost.last_mut() {
+                        Some((_, end)) if *end == start => *end += l.block_size,
+                        _ => out.lost.push((start, start + l.block_size)),
+                    }
+                    pending_zeros += 1;
+                }
+            }
+        }
+        // Trailing failures are cut off, not zero-filled; no range reaches past the old size.
+        let old_size = l.plain_size_lenient(c);
+        out.lost.iter_mut().for_each(|(a, b)| *b = (*b).min(old_size).max(*a));
+        Ok(out)
     }
 
     /// Reads up to `buf.len()` bytes at `off` from a file of `size` plaintext bytes.
@@ -472,7 +559,10 @@ impl CryptFile {
         let mut header_with_data = None;
         match self.header_state() {
             HDR_ABSENT | HDR_UNKNOWN if size == 0 && first == 0 => header_with_data = Some(self.header_bytes(false)),
-            HDR_ABSENT | HDR_UNKNOWN if size == 0 => self.write_header(leaves_holes && !self.deferring())?,
+            HDR_ABSENT | HDR_UNKNOWN if size == 0 => {
+                self.write_header(leaves_holes && !self.deferring())?;
+                crash::point!("file.header_alone");
+            }
             HDR_PLAIN if leaves_holes && !self.deferring() => self.write_header(true)?,
             _ => {}
         }
@@ -498,6 +588,7 @@ impl CryptFile {
                 } else {
                     sys::pwrite_all(self.fd(), &old, l.block_offset(old_last))
                         .ctx(|| format!("writing {}", self.what))?;
+                    crash::point!("file.reseal_alone");
                 }
             }
         }
@@ -546,8 +637,10 @@ impl CryptFile {
                 self.codec.seal_into_prefilled(*n, *n == new_last, &data[src..src + len], out);
             };
             whole.iter_mut().for_each(seal);
+            crash::torn!("file.torn_write", self.fd(), buf, write_off);
             sys::pwrite_all(self.fd(), buf, write_off).ctx(|| format!("writing {}", self.what))
         })?;
+        crash::point!("file.after_write");
         if header_with_data.is_some() {
             self.header.store(HDR_PLAIN, Ordering::Release);
         }
@@ -594,6 +687,7 @@ impl CryptFile {
         sys::pwrite_all(self.fd(), &ct, l.block_offset(n))
             .ctx(|| format!("writing {}", self.what))
             .and_then(|()| {
+                crash::point!("file.shrink_resealed");
                 sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))
             })
             .inspect_err(|_| self.undo(None, Some(&old)))?;
@@ -607,4 +701,13 @@ impl CryptFile {
         let r = if data_only { sys::fdatasync(self.fd()) } else { sys::fsync(self.fd()) };
         r.ctx(|| format!("syncing {}", self.what))
     }
+}
+
+/// What [`CryptFile::salvage`] kept and lost.
+#[derive(Debug, Default, Clone)]
+pub struct Salvaged {
+    /// Plaintext bytes that authenticated (the salvaged file's size, less zero-filled gaps).
+    pub kept: u64,
+    /// Plaintext ranges that did not authenticate (zero-filled inside, cut off at the end).
+    pub lost: Vec<(u64, u64)>,
 }

@@ -7,8 +7,8 @@
 //! damaged or stray object into a `lost+found` directory at the top of the vault, bound there
 //! under a new name with the identity it carries (a file's header ID, a directory's IV, a
 //! symlink's ID), so whatever still authenticates can be read again. It deletes no user data:
-//! the only things it removes are orphaned side files (an encrypted name nothing refers to)
-//! and the config's own temporary copy.
+//! the only things it removes are orphaned side files (an encrypted name nothing refers to),
+//! the config's own temporary copy and the partial copies an interrupted import left.
 
 use crate::content::header::{FileHeader, HEADER_LEN};
 use crate::error::{Error, IoContext, Result};
@@ -220,6 +220,23 @@ impl<'a> Checker<'a> {
                 }
                 continue;
             }
+            if name.starts_with(crate::names::PART_PREFIX) {
+                // A file `veilfs import` was still writing: a partial copy of a file that is
+                // outside the vault, not vault data (import removes these itself on a re-run).
+                let i = self.problem(
+                    ProblemKind::TempName,
+                    dir.path.join(&name),
+                    Some(&plain),
+                    "an interrupted import left a partial copy".into(),
+                );
+                if self.repair {
+                    let r = sys::unlinkat(dir.fd(), &r.name, false)
+                        .ctx(|| dir.child_path(&name))
+                        .map(|()| "removed (an unfinished copy; import it again)".into());
+                    self.repaired(i, r);
+                }
+                continue;
+            }
             if name.starts_with(TEMP_PREFIX) {
                 strays.push((name, ProblemKind::TempName, "an interrupted mkdir, rmdir or exchange left it".into()));
                 continue;
@@ -358,7 +375,26 @@ impl<'a> Checker<'a> {
         };
         if let Err(err) = r {
             let i = self.damaged(dir, &e.on_disk, Some(&plain), &err);
-            self.move_to_lost_found(i, dir, &e.on_disk, &e.stat);
+            if e.kind == EntryKind::File && self.repair && !self.in_lost_found {
+                // Keep what authenticates under the file's name; the original goes to
+                // lost+found untouched.
+                let salvaged = self.salvage(dir, &e);
+                self.move_to_lost_found(i, dir, &e.on_disk, &e.stat);
+                match salvaged {
+                    Ok(Some(s)) => {
+                        let done = self.place_salvage(dir, &e, s);
+                        let r = &mut self.report.problems[i];
+                        match done {
+                            Ok(text) => r.repaired = Some(format!("{}; {text}", r.repaired.take().unwrap_or_default())),
+                            Err(x) => r.detail.push_str(&format!(" (salvage failed: {x})")),
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(x) => self.report.problems[i].detail.push_str(&format!(" (nothing salvaged: {x})")),
+                }
+            } else {
+                self.move_to_lost_found(i, dir, &e.on_disk, &e.stat);
+            }
             return;
         }
         if e.kind == EntryKind::File {
@@ -386,11 +422,57 @@ impl<'a> Checker<'a> {
             return Ok(());
         }
         self.report.files += 1;
-        let off = self.vault.open_file(dir, e, libc::O_RDONLY)?.stream(|_| Ok::<(), Error>(()))?;
+        let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
+        if e.stat.st_size as u64 == HEADER_LEN as u64 {
+            // A header alone reads as empty; it must still be this file's header.
+            f.verify_header()?;
+        }
+        let off = f.stream(|_| Ok::<(), Error>(()))?;
         self.report.bytes += off;
         (self.progress)(off);
         self.inodes.insert(key, e.identity);
         Ok(())
+    }
+
+    /// Reads what still authenticates of the damaged file `e` (its header must verify).
+    /// `None` when nothing authenticates.
+    fn salvage(&mut self, dir: &CipherDir, e: &Entry) -> Result<Option<(Vec<u8>, crate::file::Salvaged)>> {
+        let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
+        let mut data = Vec::new();
+        let s = f.salvage(|piece| {
+            data.extend_from_slice(piece);
+            Ok(())
+        })?;
+        Ok((s.kept > 0).then_some((data, s)))
+    }
+
+    /// Writes a salvaged copy of `e` under its name in `dir` (a new file: the damaged one was
+    /// moved to lost+found) with its mode, owner and times; says what was lost.
+    fn place_salvage(
+        &mut self,
+        dir: &CipherDir,
+        e: &Entry,
+        (data, s): (Vec<u8>, crate::file::Salvaged),
+    ) -> Result<String> {
+        let (on_disk, _, f) = self.vault.create_file_at(dir, &e.key, e.stat.st_mode & 0o7777)?;
+        let size =
+            f.write_at(&data, 0, 0)
+                .map(|_| data.len() as u64)
+                .or_else(|x| if data.is_empty() { Ok(0) } else { Err(x) })?;
+        f.sync(false)?;
+        let (fd, _) = Vault::entry_handle(dir, &on_disk, EntryKind::File, 0)?;
+        let _ = sys::chown_fd(fd.as_fd(), e.stat.st_uid, e.stat.st_gid);
+        let times = [
+            libc::timespec { tv_sec: e.stat.st_atime, tv_nsec: e.stat.st_atime_nsec },
+            libc::timespec { tv_sec: e.stat.st_mtime, tv_nsec: e.stat.st_mtime_nsec },
+        ];
+        let _ = sys::utimens_fd(fd.as_fd(), &times);
+        let lost: Vec<String> = s.lost.iter().map(|(a, b)| format!("{a}..{b}")).collect();
+        Ok(format!(
+            "salvaged {size} bytes under its name ({} authenticated; lost byte ranges: {})",
+            s.kept,
+            if lost.is_empty() { "none".into() } else { lost.join(", ") }
+        ))
     }
 
     /// With `--repair`: moves `on_disk` of `dir` into `lost+found`, bound to the identity it
@@ -456,7 +538,7 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &libc::st
     }
 }
 
-/// The mount's lock file (issue 12), if present: not part of the tree.
+/// The vault lock (issue 12), if present: not part of the tree.
 fn is_lock_file(name: &str) -> bool {
-    name == "veilfs.lock"
+    name == crate::names::LOCK_NAME
 }

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod content;
+pub mod crash;
 pub mod error;
 pub mod keys;
 pub mod names;
@@ -16,13 +17,16 @@ pub mod config;
 pub mod file;
 pub mod fsck;
 pub mod kdf;
+pub mod lock;
 pub mod recovery;
+pub mod reverse;
 pub mod sys;
 pub mod vault;
 pub mod xattr;
 
 pub use config::{Secret, VaultConfig};
 pub use file::{ContentCtx, CryptFile};
+pub use lock::VaultLock;
 pub use names::{DirIv, EntryKind, Identity, NameCipher};
 pub use recovery::RecoveryKey;
 pub use vault::{CipherDir, Entry, InitOptions, Vault};

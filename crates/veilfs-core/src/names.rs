@@ -280,9 +280,22 @@ fn ascii(s: &[u8]) -> &str {
 /// directory or exchanges two entries (and that `fsck --repair` cleans up after a crash).
 pub const TEMP_PREFIX: &str = "veilfs.tmp.";
 
+/// Prefix of a regular file that `veilfs import` is still writing (see
+/// [`Vault::create_partial`](crate::Vault::create_partial)): renamed to its entry name once
+/// complete; a leftover after an interrupted import holds no user data yet.
+pub const PART_PREFIX: &str = "veilfs.part.";
+
+/// The vault lock (top directory only; see [`crate::lock`]).
+pub const LOCK_NAME: &str = "veilfs.lock";
+
 /// A fresh temporary name (`veilfs.tmp.` and 96 random bits).
 pub fn temp_name() -> String {
     format!("{TEMP_PREFIX}{}", b64_encode(&crate::random::bytes::<12>()))
+}
+
+/// A fresh name for a partial file (`veilfs.part.` and 96 random bits).
+pub fn part_name() -> String {
+    format!("{PART_PREFIX}{}", b64_encode(&crate::random::bytes::<12>()))
 }
 
 /// Decodes base64url without padding.

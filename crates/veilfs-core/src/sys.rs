@@ -374,10 +374,66 @@ pub fn fchmod(fd: BorrowedFd<'_>, mode: libc::mode_t) -> io::Result<()> {
     check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) }).map(drop)
 }
 
+/// `flock(fd, LOCK_EX | LOCK_NB)`: `Ok(true)` when taken, `Ok(false)` when another open file
+/// description holds it.
+pub fn try_flock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: plain syscall on an fd.
+    match check(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// This machine's host name (`gethostname`), lossy UTF-8.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length; gethostname NUL-terminates within it
+    // unless the name was truncated, which the search below handles.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) } != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Whether a process with this pid exists on this machine (in this pid namespace).
+pub fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    unsafe { libc::kill(pid, 0) == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) }
+}
+
 /// `futimens(fd, times)`.
 pub fn futimens(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<()> {
     // SAFETY: valid fd and a two-element timespec array.
     check(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) }).map(drop)
+}
+
+/// Adds `O_NOATIME` to an open file's flags, so reading it leaves its access time alone
+/// (EPERM for a process that neither owns the file nor holds `CAP_FOWNER`).
+pub fn set_noatime(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl F_GETFL/F_SETFL on a valid fd, no pointers.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NOATIME) }).map(drop)
+}
+
+/// Reads a byte of `fd` with `O_NOATIME` lifted for that read, so that the file's own
+/// filesystem moves its access time by its mount's rule — without moving the change time, as
+/// setting the time with `futimens` would.
+pub fn read_for_atime(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl F_GETFL/F_SETFL on a valid fd, no pointers.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NOATIME) })?;
+    let r = pread_full(fd.as_raw_fd(), &mut [0u8; 1], 0);
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
+    r.map(drop)
 }
 
 /// `fstatvfs`.
@@ -651,14 +707,32 @@ pub fn privileged<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// What `/proc/PID/status` says of a process's rights: its supplementary groups and whether
+/// its effective capabilities hold `CAP_FSETID` (which keeps set-id bits through a write).
+#[derive(Debug, Clone, Default)]
+pub struct ProcCreds {
+    /// Supplementary groups.
+    pub groups: Vec<libc::gid_t>,
+    /// `CAP_FSETID` is effective.
+    pub cap_fsetid: bool,
+}
+
+/// The credentials of process `pid` (from `/proc/PID/status`).
+pub fn creds_of(pid: u32) -> io::Result<ProcCreds> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name)).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))
+    };
+    let groups = field("Groups:")?.split_ascii_whitespace().filter_map(|g| g.parse().ok()).collect();
+    let caps =
+        u64::from_str_radix(field("CapEff:")?.trim(), 16).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    const CAP_FSETID: u32 = 4;
+    Ok(ProcCreds { groups, cap_fsetid: caps & (1 << CAP_FSETID) != 0 })
+}
+
 /// The supplementary groups of process `pid` (from `/proc/PID/status`), for [`act_as`].
 pub fn groups_of(pid: u32) -> io::Result<Vec<libc::gid_t>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
-    Ok(line.split_ascii_whitespace().filter_map(|g| g.parse().ok()).collect())
+    creds_of(pid).map(|c| c.groups)
 }
 
 /// Where an xattr call goes: an open fd (a directory, an open file), a verified `O_PATH`

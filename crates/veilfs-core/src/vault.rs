@@ -12,6 +12,7 @@
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
+use crate::crash;
 use crate::error::{Error, IoContext, Result};
 use crate::file::{ContentCtx, CryptFile};
 use crate::kdf::Argon2Params;
@@ -95,6 +96,16 @@ pub struct Entry {
     pub identity: Identity,
     /// The backing `stat` of the entry.
     pub stat: libc::stat,
+}
+
+/// A regular file being written under an internal name until it is complete (see
+/// [`Vault::create_partial`]).
+#[derive(Debug)]
+pub struct PartialFile {
+    /// The entry it will become, naming the partial file on disk for now.
+    pub entry: Entry,
+    /// The file, open for writing.
+    pub file: CryptFile,
 }
 
 /// A listing problem: an on-disk entry that is not a valid entry of this directory.
@@ -560,7 +571,9 @@ impl Vault {
         let xc = crate::xattr::XattrCipher::new(&self.ctx.keys, self.ctx.cipher);
         let stored = xc.encrypt_name(&entry.identity, name)?;
         let blob = xc.encrypt_value(&entry.identity, &stored, value);
-        sys::XattrTarget::Handle(fd.as_fd()).set(stored.as_bytes(), &blob, 0).ctx(what)
+        sys::XattrTarget::Handle(fd.as_fd()).set(stored.as_bytes(), &blob, 0).ctx(what)?;
+        crash::point!("vault.xattr");
+        Ok(())
     }
 
     /// Computes the on-disk name of a new entry `name` of `kind` with `identity` in `dir`,
@@ -592,6 +605,7 @@ impl Vault {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(Error::io(dir.child_path(side), e)),
             }
+            crash::point!("vault.side_file");
         }
         Ok(key.entry_name(&s))
     }
@@ -608,6 +622,7 @@ impl Vault {
         let sub = Self::empty_dir(dir, on_disk)?;
         let tmp = crate::names::temp_name();
         sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
+        crash::point!("vault.remove_temp");
         // The IV file goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
         let _ = sys::privileged(|| sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false));
@@ -637,6 +652,7 @@ impl Vault {
     /// harmless and `fsck --repair` removes it.
     pub fn unlink_side_file(dir: &CipherDir, key: &NameKey) {
         if let Some(side) = &key.side_file {
+            crash::point!("vault.remove_side");
             let _ = sys::unlinkat(dir.fd(), side.as_bytes(), false);
         }
     }
@@ -670,8 +686,62 @@ impl Vault {
         let what = dir.child_path(&on_disk);
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let fd = sys::openat(dir.fd(), on_disk.as_bytes(), flags, mode & 0o7777).ctx(|| what.clone())?;
+        crash::point!("vault.create");
         let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
         Ok((on_disk, id, file))
+    }
+
+    /// Starts a regular file that becomes entry `name` of `dir` only once complete: it is
+    /// written under an internal name (`veilfs.part.<random>`, F§7.2), which no listing
+    /// shows, and [`commit_partial`](Self::commit_partial) renames it into place. So an
+    /// interrupted writer (`veilfs import`) never leaves a cut-off file under its final name,
+    /// where it would look complete. The returned entry names the partial file but has `name`'s
+    /// key, so its attributes can be set ([`set_attrs`](Self::set_attrs),
+    /// [`set_xattr`](Self::set_xattr)) before it appears.
+    pub fn create_partial(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<PartialFile> {
+        let key = self.names.name_key(&dir.iv, name)?;
+        let id: Identity = crate::random::bytes();
+        let on_disk = crate::names::part_name();
+        let what = dir.child_path(&on_disk);
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let fd = sys::openat(dir.fd(), on_disk.as_bytes(), flags, mode & 0o7777).ctx(|| what.clone())?;
+        let stat = sys::fstat(fd.as_fd()).ctx(|| what.clone())?;
+        let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        let entry = Entry { name: name.to_vec(), on_disk, key, kind: EntryKind::File, identity: id, stat };
+        Ok(PartialFile { entry, file })
+    }
+
+    /// Puts a complete partial file in place under its name, replacing `replaced` (the
+    /// existing entry of that name, found by the caller) if given; fails with EEXIST if
+    /// another entry has taken the name meanwhile. See [`rename_at`](Self::rename_at).
+    pub fn commit_partial(&self, dir: &CipherDir, p: PartialFile, replaced: Option<&Entry>) -> Result<Entry> {
+        let PartialFile { entry, file } = p;
+        drop(file);
+        let on_disk = self.rename_at(dir, &entry, dir, &entry.key, replaced)?;
+        let stat = sys::fstatat(dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
+        Ok(Entry { on_disk, stat, ..entry })
+    }
+
+    /// Removes a partial file that will not be completed.
+    pub fn discard_partial(&self, dir: &CipherDir, p: PartialFile) -> Result<()> {
+        drop(p.file);
+        sys::unlinkat(dir.fd(), p.entry.on_disk.as_bytes(), false).ctx(|| dir.child_path(&p.entry.on_disk))
+    }
+
+    /// Removes the partial files an interrupted writer left in `dir` (only under the vault
+    /// lock, where no other writer can be making one); returns how many.
+    pub fn remove_partials(&self, dir: &CipherDir) -> Result<usize> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let mut n = 0;
+        for r in raw.iter().filter(|r| r.name.starts_with(crate::names::PART_PREFIX.as_bytes())) {
+            let what = || dir.child_path(&String::from_utf8_lossy(&r.name));
+            let st = sys::fstatat(dir.fd(), &r.name).ctx(what)?;
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                sys::unlinkat(dir.fd(), &r.name, false).ctx(what)?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// The key of `name` in `dir`, or EEXIST if an entry has that name (lists the directory).
@@ -780,9 +850,11 @@ impl Vault {
         let mode = mode & 0o7777;
         let direct = mode & 0o700 == 0o700;
         sys::mkdirat(dir.fd(), tmp.as_bytes(), if direct { mode } else { 0o700 }).ctx(|| dir.child_path(&tmp))?;
+        crash::point!("vault.mkdir_temp");
         let result = (|| {
             let fd = sys::open_dir_at(dir.fd(), tmp.as_bytes()).ctx(|| dir.child_path(&tmp))?;
             sys::write_new_file(fd.as_fd(), DIRIV_NAME.as_bytes(), &iv, 0o400).ctx(|| dir.child_path(&tmp))?;
+            crash::point!("vault.mkdir_diriv");
             if !direct {
                 sys::chmod_fd(fd.as_fd(), mode).ctx(|| dir.child_path(&tmp))?;
             }
@@ -931,6 +1003,7 @@ impl Vault {
         let on_disk = self.entry_name_for(to, key, entry.kind, &entry.identity)?;
         sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
             .ctx(|| to.child_path(&on_disk))?;
+        crash::point!("vault.rename");
         if let Some(r) = replaced {
             if let Err(e) = self.remove_entry(to, &r.on_disk, r.kind, &r.identity) {
                 tracing::error!("rename: could not remove the replaced entry {}: {e}", to.child_path(&r.on_disk));
@@ -956,6 +1029,7 @@ impl Vault {
                 .ctx(|| fd.child_path(old))
         };
         mv(b_dir, &b.on_disk, b_dir, &tmp)?;
+        crash::point!("vault.exchange");
         mv(a_dir, &a.on_disk, b_dir, &a_new)?;
         mv(b_dir, &tmp, a_dir, &b_new)?;
         Ok((a_new, b_new))
@@ -975,6 +1049,7 @@ impl Vault {
     ) -> Result<String> {
         let on_disk = self.entry_name_for(to, key, kind, identity)?;
         sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        crash::point!("vault.link");
         Ok(on_disk)
     }
 

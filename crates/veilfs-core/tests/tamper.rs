@@ -162,10 +162,16 @@ fn truncation_is_detected() {
     let orig = std::fs::read(&p).unwrap();
     // At a block boundary (the classic undetected truncation), inside a block, inside the
     // header, and right after the header.
-    for cut in [H + 2 * CB, H + CB, H + CB + 1000, H + 3 * CB + 5, 20, H] {
+    for cut in [H + 2 * CB, H + CB, H + CB + 1000, H + 3 * CB + 5, 20] {
         std::fs::write(&p, &orig[..cut as usize]).unwrap();
         let r = read_file(&v, &root, "f");
         assert!(matches!(r, Err(Error::Auth { .. })), "truncation to {cut} bytes not detected: {r:?}");
+    }
+    // Cut to the header alone, or to nothing: an empty file (FORMAT.md §5.3, §5.6; what a
+    // crash after a first write's header leaves). No more than a cut to 0 bytes gives.
+    for cut in [H, 0] {
+        std::fs::write(&p, &orig[..cut as usize]).unwrap();
+        assert_eq!(read_file(&v, &root, "f").unwrap(), b"", "cut to {cut} bytes");
     }
 }
 

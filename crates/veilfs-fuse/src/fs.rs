@@ -233,10 +233,10 @@ impl Filesystem for VeilFs {
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.touch();
-        match self.do_open(ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), self.keep_cache()),
+        match self.do_open(ino.0, flags.0, caller(req)) {
+            Ok((fh, keep)) => reply.opened(FileHandle(fh), if keep { self.keep_cache() } else { FopenFlags::empty() }),
             Err(e) => reply.error(e.into()),
         }
     }
@@ -261,7 +261,7 @@ impl Filesystem for VeilFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -272,8 +272,8 @@ impl Filesystem for VeilFs {
         reply: ReplyWrite,
     ) {
         self.touch();
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.do_write(fh.0, offset, data, kill) {
+        let unprivileged = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID).then(|| caller(req));
+        match self.do_write(fh.0, offset, data, unprivileged) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e.into()),
         }
@@ -335,11 +335,13 @@ impl Filesystem for VeilFs {
                 1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
                 _ => match entries.get(i - 2) {
                     None => break,
-                    Some(e) => {
-                        let kind = attr::kind_from_dtype(e.d_type).unwrap_or(FileType::RegularFile);
-                        // READDIR only needs a hint for the inode number; LOOKUP gives the real one.
-                        reply.add(INodeNo(u64::MAX), (i + 1) as u64, kind, OsStr::from_bytes(&e.name))
-                    }
+                    Some(e) => match self.entry_ino(&node, e) {
+                        Ok(ino) => {
+                            let kind = attr::kind_from_dtype(e.d_type).unwrap_or(FileType::RegularFile);
+                            reply.add(INodeNo(ino), (i + 1) as u64, kind, OsStr::from_bytes(&e.name))
+                        }
+                        Err(_) => false, // vanished or damaged (logged): skipped, as by READDIRPLUS
+                    },
                 },
             };
             if full {
@@ -467,7 +469,8 @@ impl Filesystem for VeilFs {
         reply: ReplyCreate,
     ) {
         self.touch();
-        match self.acting(caller(req)).and_then(|_as| self.do_create(parent.0, name.as_bytes(), mode, flags)) {
+        let c = caller(req);
+        match self.acting(c).and_then(|_as| self.do_create(parent.0, name.as_bytes(), mode, flags, c)) {
             Ok((node, st, fh)) => {
                 reply.created(&self.opts.ttl, &self.attr_of(&node, &st), GEN, FileHandle(fh), self.keep_cache())
             }
@@ -477,7 +480,7 @@ impl Filesystem for VeilFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -486,7 +489,7 @@ impl Filesystem for VeilFs {
         reply: ReplyEmpty,
     ) {
         self.touch();
-        empty(reply, self.do_fallocate(fh.0, offset, length, mode));
+        empty(reply, self.do_fallocate(fh.0, offset, length, mode, caller(req)));
     }
 
     fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {

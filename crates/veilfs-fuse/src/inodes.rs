@@ -35,6 +35,8 @@ pub struct FileState {
     size: AtomicU64,
     size_lock: RwLock<()>,
     ranges: crate::rangelock::RangeLock,
+    /// The next READ must check whether the access time is due (see `ops/atime.rs`).
+    pub atime_due: std::sync::atomic::AtomicBool,
 }
 
 impl FileState {
@@ -268,25 +270,14 @@ impl NodeTable {
         make_dir: impl FnOnce() -> io::Result<Option<DirState>>,
     ) -> io::Result<Arc<Node>> {
         let ino = st.st_ino;
-        let known = {
-            let ids = self.ids.lock();
-            ids.get(&ino).copied()
-        };
-        if let Some((id, ident)) = known {
-            if ident == identity {
-                if let Some(n) = self.nodes.read().get(&id).cloned() {
-                    n.lookups.fetch_add(1, Ordering::Relaxed);
-                    n.add_link(parent, on_disk);
-                    return Ok(n);
-                }
-            }
+        let id = self.id_for(ino, identity);
+        if let Some(n) = self.nodes.read().get(&id).cloned() {
+            n.lookups.fetch_add(1, Ordering::Relaxed);
+            n.add_link(parent, on_disk);
+            return Ok(n);
         }
         // New to the kernel: build it outside the table lock (opening a directory is I/O).
         let dir = if kind == EntryKind::Dir { make_dir()? } else { None };
-        let id = match known {
-            Some((id, ident)) if ident == identity => id,
-            _ => self.next.fetch_add(1, Ordering::Relaxed),
-        };
         let node = Arc::new(Node {
             id,
             kind,
@@ -306,9 +297,22 @@ impl NodeTable {
             return Ok(existing.clone());
         }
         nodes.insert(id, node.clone());
-        drop(nodes);
-        self.ids.lock().insert(ino, (id, identity));
         Ok(node)
+    }
+
+    /// The node id of backing inode `ino` holding `identity`: the one it has (also after the
+    /// kernel forgot its node), or a new one, kept for it. READDIR gives it as the entry's
+    /// inode number before any lookup, and the lookup that follows makes the node with it.
+    pub fn id_for(&self, ino: u64, identity: Identity) -> u64 {
+        let mut ids = self.ids.lock();
+        match ids.get(&ino) {
+            Some((id, ident)) if *ident == identity => *id,
+            _ => {
+                let id = self.next.fetch_add(1, Ordering::Relaxed);
+                ids.insert(ino, (id, identity));
+                id
+            }
+        }
     }
 
     /// Drops `n` kernel lookups of `id`; the node goes when none are left.

@@ -30,7 +30,8 @@
 //! `ops/data.rs`, `ops/readdir.rs`, `ops/entries.rs`, `ops/rename.rs`, `ops/attrs.rs`,
 //! `ops/xattrs.rs`); `fs` is the fuser `Filesystem` shell; `inodes` the node table and each
 //! file's shared state; `dirs` each directory's fd, IV and name index; `handles`; `rangelock`;
-//! `attr` (stat conversion); `tests` drives `ops` on a temporary vault without /dev/fuse.
+//! `attr` (stat conversion); `reverse` the read-only view of `veilfs mount --reverse`, a
+//! front end of its own over `veilfs_core::reverse`; `tests` drives `ops` on a temporary vault without /dev/fuse.
 
 #![warn(missing_docs)]
 
@@ -41,11 +42,13 @@ mod handles;
 mod inodes;
 mod ops;
 mod rangelock;
+pub mod reverse;
 #[cfg(test)]
 mod tests;
 
 pub use fs::MAX_WRITE;
 pub use ops::{Activity, FsOptions, VeilFs};
+pub use reverse::{mount_reverse, ReverseFs};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -72,6 +75,7 @@ pub fn mount(
     activity: Arc<Activity>,
 ) -> std::io::Result<fuser::Session<VeilFs>> {
     let fs = VeilFs::new(vault, cfg.fs.clone(), activity)?;
+    let notifier = fs.notifier.clone();
     let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),
         // Not MountOption::Subtype: fuser's own mount(2) (root) drops it and the mount shows
@@ -79,15 +83,20 @@ pub fn mount(
         // fusermount3 (non-root) gets the same `subtype=veilfs` text either way.
         fuser::MountOption::CUSTOM("subtype=veilfs".into()),
         fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoAtime,
     ];
     if cfg.fs.read_only {
         options.push(fuser::MountOption::RO);
+    }
+    if cfg.fs.noatime {
+        // Shown in the mount table; the daemon keeps access times (FUSE inodes are S_NOATIME).
+        options.push(fuser::MountOption::NoAtime);
     }
     let mut config = fuser::Config::default();
     config.mount_options = options;
     config.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    fuser::Session::new(fs, mountpoint, &config)
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
+    Ok(session)
 }

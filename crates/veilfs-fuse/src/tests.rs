@@ -22,21 +22,22 @@ fn fs() -> (tempfile::TempDir, VeilFs) {
         ttl: Duration::from_secs(1),
         negative_ttl: Duration::ZERO,
         writeback: false,
+        noatime: false,
     };
     let fs = VeilFs::new(Arc::new(vault), opts, Arc::new(Activity::default())).unwrap();
     (t, fs)
 }
 
 fn write(fs: &VeilFs, parent: u64, name: &str, data: &[u8]) -> u64 {
-    let (node, _, fh) = fs.do_create(parent, name.as_bytes(), 0o644, libc::O_RDWR).unwrap();
-    assert_eq!(fs.do_write(fh, 0, data, false).unwrap(), data.len());
+    let (node, _, fh) = fs.do_create(parent, name.as_bytes(), 0o644, libc::O_RDWR, ME).unwrap();
+    assert_eq!(fs.do_write(fh, 0, data, None).unwrap(), data.len());
     fs.do_release(fh);
     node.id
 }
 
 fn read(fs: &VeilFs, parent: u64, name: &str) -> std::io::Result<Vec<u8>> {
     let (node, _) = fs.do_lookup(parent, name.as_bytes())?;
-    let fh = fs.do_open(node.id, libc::O_RDONLY)?;
+    let (fh, _) = fs.do_open(node.id, libc::O_RDONLY, ME)?;
     let mut out = Err(std::io::Error::from_raw_os_error(libc::EIO));
     fs.do_read(fh, 0, 1 << 20, |r| out = r.map(|d| d.to_vec()));
     fs.do_release(fh);
@@ -63,7 +64,7 @@ fn create_write_read_and_list() {
     assert_eq!(read(&fs, ROOT, "a").unwrap(), b"hello");
     assert_eq!(read(&fs, ROOT, &"long".repeat(50)).unwrap(), vec![7; 9000]);
     assert_eq!(names(&fs, ROOT), ["a".to_string(), "long".repeat(50)]);
-    assert_eq!(errno(fs.do_create(ROOT, b"a", 0o644, libc::O_RDWR | libc::O_EXCL)), libc::EEXIST);
+    assert_eq!(errno(fs.do_create(ROOT, b"a", 0o644, libc::O_RDWR | libc::O_EXCL, ME)), libc::EEXIST);
     assert_eq!(errno(fs.do_lookup(ROOT, b"missing")), libc::ENOENT);
 }
 

@@ -2,7 +2,9 @@
 //!
 //! AES-256-GCM (aws-lc-rs; ~8 GB/s per core with AES-NI) is the default; XChaCha20-Poly1305
 //! (RustCrypto) is for machines without AES instructions. Both use random nonces: 96 bits for
-//! GCM under a per-file key, 192 bits for XChaCha.
+//! GCM under a per-file key, 192 bits for XChaCha. AES-256-GCM-SIV (RFC 8452, aws-lc-rs) is
+//! the cipher of deterministic (reverse-mode) vaults, whose nonces are derived, not drawn
+//! (`crate::reverse`); a forward writer uses random nonces with it as with GCM.
 
 use crate::error::{Error, Result};
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};
@@ -21,13 +23,17 @@ pub enum ContentCipher {
     /// XChaCha20-Poly1305 with 192-bit random nonces.
     #[serde(rename = "XChaCha20-Poly1305")]
     XChaCha20Poly1305,
+    /// AES-256-GCM-SIV (nonce-misuse resistant), 96-bit nonces: the cipher of deterministic
+    /// vaults (feature `"deterministic"`, made by `veilfs init --reverse`).
+    #[serde(rename = "AES-256-GCM-SIV")]
+    Aes256GcmSiv,
 }
 
 impl ContentCipher {
     /// Nonce length in bytes.
     pub const fn nonce_len(self) -> usize {
         match self {
-            ContentCipher::Aes256Gcm => 12,
+            ContentCipher::Aes256Gcm | ContentCipher::Aes256GcmSiv => 12,
             ContentCipher::XChaCha20Poly1305 => 24,
         }
     }
@@ -42,6 +48,7 @@ impl ContentCipher {
         match self {
             ContentCipher::Aes256Gcm => "AES-256-GCM",
             ContentCipher::XChaCha20Poly1305 => "XChaCha20-Poly1305",
+            ContentCipher::Aes256GcmSiv => "AES-256-GCM-SIV",
         }
     }
 
@@ -50,6 +57,7 @@ impl ContentCipher {
         match s.to_ascii_lowercase().as_str() {
             "aes-256-gcm" | "aes256gcm" | "aes" | "gcm" => Some(ContentCipher::Aes256Gcm),
             "xchacha20-poly1305" | "xchacha" | "xchacha20" => Some(ContentCipher::XChaCha20Poly1305),
+            "aes-256-gcm-siv" | "gcm-siv" => Some(ContentCipher::Aes256GcmSiv),
             _ => None,
         }
     }
@@ -63,13 +71,18 @@ impl ContentCipher {
                 BlockKey::Gcm(aws_lc_rs::aead::LessSafeKey::new(unbound))
             }
             ContentCipher::XChaCha20Poly1305 => BlockKey::XChaCha(Box::new(XChaCha20Poly1305::new(key.into()))),
+            ContentCipher::Aes256GcmSiv => {
+                let unbound =
+                    aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM_SIV, key).expect("32-byte AES key");
+                BlockKey::Gcm(aws_lc_rs::aead::LessSafeKey::new(unbound))
+            }
         }
     }
 }
 
 /// A ready-to-use content key (key schedule computed once per file).
 pub enum BlockKey {
-    /// AES-256-GCM.
+    /// AES-256-GCM or AES-256-GCM-SIV (the same aws-lc-rs interface).
     Gcm(aws_lc_rs::aead::LessSafeKey),
     /// XChaCha20-Poly1305.
     XChaCha(Box<XChaCha20Poly1305>),

@@ -52,10 +52,12 @@ impl Layout {
     /// Plaintext size of a ciphertext file of `cipher_size` bytes, or an error if no valid
     /// file has that size (a cut-off header or a last block shorter than its overhead).
     pub fn plain_size(&self, cipher_size: u64) -> Result<u64> {
-        if cipher_size == 0 {
+        // A header alone is an empty file (docs/FORMAT.md §5.3): what a crash between a
+        // first write's header and its blocks leaves, no more to an attacker than a cut to 0.
+        if cipher_size == 0 || cipher_size == self.header() {
             return Ok(0);
         }
-        if cipher_size <= self.header() {
+        if cipher_size < self.header() {
             return Err(Error::auth(
                 "file",
                 format!("ciphertext of {cipher_size} bytes has no complete block after the header (truncated file)"),
@@ -136,8 +138,12 @@ mod tests {
         assert_eq!(L.cipher_size(4096), 36 + 4124);
         assert_eq!(L.cipher_size(4097), 36 + 4124 + 29);
         assert_eq!(L.plain_size(0).unwrap(), 0);
-        assert!(L.plain_size(36).is_err(), "a header without blocks is a truncated file");
-        assert!(L.plain_size(35).is_err());
+        assert_eq!(
+            L.plain_size(36).unwrap(),
+            0,
+            "a header alone is an empty file (a crash after a first write's header)"
+        );
+        assert!(L.plain_size(35).is_err(), "a cut-off header is a truncated file");
         assert!(L.plain_size(36 + 28).is_err(), "a block with no payload is invalid");
         assert!(L.plain_size(36 + 4124 + 10).is_err());
     }

@@ -14,19 +14,15 @@ impl VeilFs {
                 return Err(errno(libc::EISDIR));
             }
             match self.handles.file_opt(fh) {
-                Some(h) => {
-                    let f = node.file()?;
-                    let _w = f.resizing();
-                    let cur = self.current_size(f, &h.crypt)?;
-                    if size > i64::MAX as u64 / 2 {
-                        return Err(errno(libc::EFBIG));
-                    }
-                    h.crypt.truncate(size, cur).map_err(cerr)?;
-                    f.set_size(size);
-                }
+                // The reply carries the new mode.
+                Some(h) => self.resize(&node, &h.crypt, size, caller)?,
                 None => {
-                    let _as = self.acting(caller)?;
-                    self.truncate(&node, size)?
+                    let attr = self.truncate_by_name(&node, size, a, caller)?;
+                    if a.mode.is_none() && a.uid.is_none() && a.gid.is_none() {
+                        return Ok(attr);
+                    }
+                    let rest = SetAttr { size: None, atime: None, mtime: None, ..a.clone() };
+                    return self.do_setattr(ino, &rest, None, caller);
                 }
             }
         }
@@ -57,6 +53,22 @@ impl VeilFs {
         self.set_on_fd(&node, handle.as_fd(), a)
     }
 
+    /// truncate(2) by name: the file opened as the caller (whose write access the kernel
+    /// checked), then changed like an ftruncate(2) through that open file, with the times that
+    /// come along (the kernel's own, with the writeback cache). Returns the new attributes.
+    fn truncate_by_name(&self, node: &Arc<Node>, size: u64, a: &SetAttr, caller: Caller) -> io::Result<FileAttr> {
+        let crypt = {
+            let _as = self.acting(caller)?;
+            self.acquire(node)?
+        };
+        let r = self.resize(node, &crypt, size, caller).and_then(|()| {
+            let times = SetAttr { atime: a.atime, mtime: a.mtime, ..SetAttr::default() };
+            self.set_on_fd(node, crypt.backing().as_fd(), &times)
+        });
+        self.release_file(node);
+        r
+    }
+
     /// The ciphertext path of `node`, for log lines.
     pub(super) fn cipher_path(&self, node: &Node) -> String {
         match (&node.dir, node.link()) {
@@ -83,6 +95,7 @@ impl VeilFs {
         }
         if a.atime.is_some() || a.mtime.is_some() {
             sys::utimens_fd(fd, &a.times())?;
+            self.atime_recheck(node);
         }
         Ok(self.attr_of(node, &sys::fstat(fd)?))
     }

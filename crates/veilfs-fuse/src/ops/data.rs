@@ -14,6 +14,8 @@ impl VeilFs {
         dir: &DirState,
         on_disk: &str,
     ) -> io::Result<CryptFile> {
+        // Before the header is read.
+        no_backing_atime(fd.as_fd());
         let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), identity, dir.cd.child_path(on_disk))
             .map_err(cerr)?;
         // Only this process writes the file: holes left by out-of-order write-back can wait
@@ -99,8 +101,9 @@ impl VeilFs {
         }
     }
 
-    /// OPEN: returns the handle.
-    pub(crate) fn do_open(&self, ino: u64, flags: i32) -> io::Result<u64> {
+    /// OPEN (by `caller`): returns the handle, and whether the kernel may keep the file's
+    /// cached pages (not when a read is to update the access time, see `atime.rs`).
+    pub(crate) fn do_open(&self, ino: u64, flags: i32, caller: Caller) -> io::Result<(u64, bool)> {
         let node = self.nodes.get(ino)?;
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             self.check_writable()?;
@@ -110,14 +113,22 @@ impl VeilFs {
             let f = node.file()?;
             let _w = f.resizing();
             let cur = self.current_size(f, &crypt)?;
-            if let Err(e) = crypt.truncate(0, cur) {
-                self.release_file(&node);
-                return Err(cerr(e));
+            let r = crypt.truncate(0, cur).map_err(cerr).and_then(|()| {
+                f.set_size(0);
+                self.drop_setid(&node, &crypt, caller, false)
+            });
+            match r {
+                Ok(true) => self.invalidate_attr(node.id),
+                Ok(false) => {}
+                Err(e) => {
+                    self.release_file(&node);
+                    return Err(e);
+                }
             }
-            f.set_size(0);
         }
+        let keep = !self.atime_due_at_open(&node, &crypt, flags);
         self.activity.open_files.fetch_add(1, Ordering::Relaxed);
-        Ok(self.handles.add_file(OpenFile { node, crypt }))
+        Ok((self.handles.add_file(OpenFile { node, crypt }), keep))
     }
 
     /// RELEASE.
@@ -147,6 +158,7 @@ impl VeilFs {
                 }
                 h.crypt.read_at(&mut buf[..len as usize], off, cur).map_err(cerr)
             })
+            .inspect(|_| self.atime_after_read(f, &h.crypt))
         })();
         match res {
             Ok(0) => reply(Ok(&[])),
@@ -155,15 +167,19 @@ impl VeilFs {
         }
     }
 
-    /// WRITE.
-    pub(crate) fn do_write(&self, fh: u64, off: u64, data: &[u8], kill_suid: bool) -> io::Result<usize> {
+    /// WRITE. `unprivileged`: the writer, when the kernel says it lacks CAP_FSETID
+    /// (`FUSE_WRITE_KILL_SUIDGID`), so the file's set-id bits may have to go.
+    pub(crate) fn do_write(&self, fh: u64, off: u64, data: &[u8], unprivileged: Option<Caller>) -> io::Result<usize> {
         self.check_writable()?;
         let h = self.handles.file(fh)?;
         let f = h.node.file()?;
-        if kill_suid {
-            kill_suid_sgid(&h.crypt)?;
+        if let Some(c) = unprivileged {
+            if self.drop_setid(&h.node, &h.crypt, c, true)? {
+                self.invalidate_attr(h.node.id);
+            }
         }
         let end = off.checked_add(data.len() as u64).ok_or_else(|| errno(libc::EFBIG))?;
+        self.atime_recheck(&h.node);
         {
             // Inside the current size: only the touched blocks are locked, so writers to
             // different blocks of one file run in parallel.
@@ -184,27 +200,24 @@ impl VeilFs {
         Ok(data.len())
     }
 
-    /// Sets the plaintext size of `node`.
-    pub(crate) fn truncate(&self, node: &Arc<Node>, size: u64) -> io::Result<()> {
+    /// Sets the plaintext size of `node`, open as `crypt`, for `caller` (whose truncation may
+    /// clear set-id bits).
+    pub(crate) fn resize(&self, node: &Node, crypt: &CryptFile, size: u64, caller: Caller) -> io::Result<()> {
         self.check_writable()?;
         if size > i64::MAX as u64 / 2 {
             return Err(errno(libc::EFBIG));
         }
-        let crypt = self.acquire(node)?;
         let f = node.file()?;
-        let res = (|| {
-            let _w = f.resizing();
-            let cur = self.current_size(f, &crypt)?;
-            crypt.truncate(size, cur).map_err(cerr)?;
-            f.set_size(size);
-            Ok(())
-        })();
-        self.release_file(node);
-        res
+        let _w = f.resizing();
+        let cur = self.current_size(f, crypt)?;
+        crypt.truncate(size, cur).map_err(cerr)?;
+        f.set_size(size);
+        self.atime_recheck(node);
+        self.drop_setid(node, crypt, caller, false).map(drop)
     }
 
-    /// FALLOCATE (modes 0 and KEEP_SIZE; holes are punched by nothing yet).
-    pub(crate) fn do_fallocate(&self, fh: u64, off: u64, len: u64, mode: i32) -> io::Result<()> {
+    /// FALLOCATE (modes 0 and KEEP_SIZE; holes are punched by nothing yet) by `caller`.
+    pub(crate) fn do_fallocate(&self, fh: u64, off: u64, len: u64, mode: i32, caller: Caller) -> io::Result<()> {
         self.check_writable()?;
         let h = self.handles.file(fh)?;
         let f = h.node.file()?;
@@ -222,7 +235,53 @@ impl VeilFs {
             h.crypt.truncate(end, cur).map_err(cerr)?;
             f.set_size(end);
         }
+        self.atime_recheck(&h.node);
+        if self.drop_setid(&h.node, &h.crypt, caller, false)? {
+            self.invalidate_attr(h.node.id);
+        }
         Ok(())
+    }
+
+    /// After `caller` changed the content or size of an open file (WRITE, truncation,
+    /// FALLOCATE): clears its set-id bits as Linux does (`setattr_should_drop_suidgid`) unless
+    /// the caller holds `CAP_FSETID` — set-user-id always; set-group-id when the file is
+    /// group-executable or the caller is not in its group (without group-execute the bit
+    /// marks mandatory locking, which Linux keeps for the group's own writers). With
+    /// `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this to us, and fuser passes on only
+    /// WRITE's flag for it (`unprivileged`); for the other requests the caller's capabilities
+    /// are read from /proc. Returns whether the mode changed: a reply without attributes
+    /// must then have the kernel drop the mode it caches ([`invalidate_attr`](Self::invalidate_attr)).
+    pub(crate) fn drop_setid(
+        &self,
+        node: &Node,
+        crypt: &CryptFile,
+        caller: Caller,
+        unprivileged: bool,
+    ) -> io::Result<bool> {
+        let fd = crypt.backing().as_fd();
+        let st = sys::fstat(fd)?;
+        let mode = st.st_mode;
+        if mode & (libc::S_ISUID | libc::S_ISGID) == 0 || mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(false);
+        }
+        let creds = std::cell::OnceCell::new();
+        let creds = || creds.get_or_init(|| if caller.pid == 0 { None } else { sys::creds_of(caller.pid).ok() });
+        let privileged = !unprivileged && creds().as_ref().map_or(caller.uid == 0, |c| c.cap_fsetid);
+        if privileged {
+            return Ok(false);
+        }
+        let in_group = || caller.gid == st.st_gid || creds().as_ref().is_some_and(|c| c.groups.contains(&st.st_gid));
+        let mut drop = mode & libc::S_ISUID;
+        if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !in_group()) {
+            drop |= libc::S_ISGID;
+        }
+        if drop == 0 {
+            return Ok(false);
+        }
+        tracing::debug!("node {}: set-id bits {:o} cleared after a change by uid {}", node.id, drop, caller.uid);
+        // As the daemon: the caller need not own the file (Linux forces this change too).
+        sys::privileged(|| sys::fchmod(fd, mode & 0o7777 & !drop))?;
+        Ok(true)
     }
 
     /// LSEEK (SEEK_DATA / SEEK_HOLE) without the writeback cache: the backing file's answer,
@@ -257,13 +316,11 @@ impl VeilFs {
     }
 }
 
-/// Clears set-user-id (and set-group-id on group-executable files) after a write by an
-/// unprivileged process, which the kernel leaves to us with FUSE_HANDLE_KILLPRIV_V2.
-pub(super) fn kill_suid_sgid(c: &CryptFile) -> io::Result<()> {
-    let mode = sys::fstat(c.backing().as_fd())?.st_mode;
-    let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
-    if mode & libc::S_ISUID != 0 || mode & sgid_exec == sgid_exec {
-        sys::fchmod(c.backing().as_fd(), mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID))?;
+/// Reads of the backing file leave its access time alone (`O_NOATIME`): the mount keeps it
+/// by its own rule (`atime.rs`), whatever the backing filesystem's option. Best effort: a
+/// daemon may not set it on a file it does not own.
+pub(super) fn no_backing_atime(fd: std::os::fd::BorrowedFd<'_>) {
+    if let Err(e) = sys::set_noatime(fd) {
+        tracing::debug!("O_NOATIME: {e}");
     }
-    Ok(())
 }

@@ -22,13 +22,14 @@ impl VeilFs {
         Ok((self.node_at(parent, &key.d, on_disk, &st)?, st))
     }
 
-    /// CREATE: a new regular file, opened. Returns node, stat and handle.
+    /// CREATE (by `caller`): a new regular file, opened. Returns node, stat and handle.
     pub(crate) fn do_create(
         &self,
         parent: u64,
         name: &[u8],
         mode: u32,
         flags: i32,
+        caller: Caller,
     ) -> io::Result<(Arc<Node>, libc::stat, u64)> {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
@@ -41,11 +42,12 @@ impl VeilFs {
                 return Err(errno(libc::EEXIST));
             }
             let (node, st) = self.do_lookup(parent, name)?;
-            let fh = self.do_open(node.id, flags)?;
+            let (fh, _) = self.do_open(node.id, flags, caller)?;
             return Ok((node, st, fh));
         }
         let (on_disk, _, crypt) = self.vault.create_file_at(&dir.cd, &key, mode).map_err(cerr)?;
         crypt.set_defer_sparse(!self.opts.shared_storage);
+        data::no_backing_atime(crypt.backing().as_fd());
         let crypt = Arc::new(crypt);
         let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
         drop(guard);

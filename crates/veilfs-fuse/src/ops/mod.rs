@@ -21,6 +21,7 @@ use veilfs_core::names::NameKey;
 use veilfs_core::xattr::XattrCipher;
 use veilfs_core::{sys, ContentCtx, CryptFile, Entry, EntryKind, Identity, NameCipher, Vault};
 
+mod atime;
 mod attrs;
 mod data;
 mod entries;
@@ -44,6 +45,9 @@ pub struct FsOptions {
     pub negative_ttl: Duration,
     /// Ask for the kernel writeback cache.
     pub writeback: bool,
+    /// Reads never change access times (`noatime`); otherwise they do as with Linux's
+    /// `relatime` (see `ops/atime.rs`).
+    pub noatime: bool,
 }
 
 /// What a SETATTR asks to change (`None`: leave as is).
@@ -124,7 +128,7 @@ impl Activity {
         }
     }
 
-    fn set_ended(&self) {
+    pub(crate) fn set_ended(&self) {
         *self.ended.lock() = true;
         self.ended_cv.notify_all();
     }
@@ -152,6 +156,9 @@ pub struct VeilFs {
     pub(crate) writeback: bool,
     pub(crate) euid: u32,
     pub(crate) activity: Arc<Activity>,
+    /// Tells the kernel of changes it cannot see in replies; set once the session is
+    /// mounted (empty when the operations are driven without a kernel).
+    pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 pub(crate) fn errno(n: i32) -> io::Error {
@@ -209,6 +216,7 @@ impl VeilFs {
             euid,
             opts,
             activity,
+            notifier: Arc::default(),
         };
         Ok(fs)
     }
@@ -237,6 +245,17 @@ impl VeilFs {
             Err(errno(libc::EROFS))
         } else {
             Ok(())
+        }
+    }
+
+    /// Has the kernel drop the attributes it caches for node `ino` (a mode cleared by a
+    /// request whose reply carries none). Not while unmounting or for a node it forgot
+    /// (ENOENT): then there is nothing cached.
+    pub(crate) fn invalidate_attr(&self, ino: u64) {
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), -1, 0) {
+                tracing::debug!("node {ino}: attribute invalidation: {e}");
+            }
         }
     }
 

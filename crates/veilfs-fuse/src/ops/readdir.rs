@@ -56,6 +56,17 @@ impl VeilFs {
         self.vault.entry_d(&dir.cd, on_disk)
     }
 
+    /// The inode number of a READDIR entry: the node id its LOOKUP gives (kept for its
+    /// backing inode, see [`NodeTable::id_for`](crate::inodes::NodeTable::id_for)), so
+    /// `d_ino` is `st_ino` as on a local filesystem. Costs one `fstatat` and the check of
+    /// the entry's binding (which READDIRPLUS does as well).
+    pub(crate) fn entry_ino(&self, parent: &Node, e: &SnapEntry) -> io::Result<u64> {
+        let dir = parent.dir()?;
+        let st = sys::fstatat(dir.cd.fd(), e.on_disk.as_bytes())?;
+        let (_, identity) = self.identity(dir, &e.d, &e.on_disk, &st)?;
+        Ok(self.nodes.id_for(st.st_ino, identity))
+    }
+
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
     pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, libc::stat)> {
         let dir = parent.dir()?;

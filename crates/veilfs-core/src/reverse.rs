@@ -1,0 +1,676 @@
+//! Reverse mode: a read-only, deterministic ciphertext view of a plaintext directory.
+//!
+//! The data stays plaintext in PLAINDIR; a reverse mount shows, computed on demand, the vault
+//! that a forward writer *could* have made of it, so that rsync, restic or rclone copy
+//! ciphertext to untrusted storage. A copy of the view is an ordinary vault (feature
+//! `"deterministic"`, docs/FORMAT.md §17): `veilfs mount`, `export` and `fsck` read it.
+//!
+//! Everything the view shows is a function of (the reverse config, the plaintext path, the
+//! plaintext bytes), so the same tree gives byte-identical ciphertext across remounts and
+//! machines, and an incremental rsync sends only what changed:
+//!
+//! * identities (file IDs, directory IVs, symlink and special IDs) are
+//!   `HMAC16(ids key, label ‖ kind ‖ parent IV ‖ name)`: chained from the root IV in the
+//!   config, so they depend on the relative plaintext path, not on inode numbers (a copy of
+//!   PLAINDIR, `cp -a`, gives the same view), and nothing is written into PLAINDIR per file;
+//! * block nonces are `u64be(n) ‖ u8(last) ‖ 0 0 0` under AES-256-GCM-SIV, whose synthetic
+//!   tag makes a repeated nonce reveal only whether two plaintexts were equal;
+//! * names, bindings, long names, headers and symlink blobs are the forward format's own
+//!   code ([`NameCipher`], [`FileHeader`], [`BlockCodec`]) fed with those values.
+//!
+//! Reading block `n` reads only plaintext block `n`: `stat` maps the plaintext size with
+//! [`Layout::cipher_size`] and a read at any offset encrypts only the blocks it covers.
+
+use crate::config::{Secret, VaultConfig, FEATURE_DETERMINISTIC};
+use crate::content::{BlockCodec, ContentCipher, FileHeader, FileId, Layout, HEADER_LEN};
+use crate::error::{Error, IoContext, Result};
+use crate::kdf::KdfCeiling;
+use crate::keys::{hmac16, MasterKey, SecretBytes};
+use crate::names::{DirIv, EntryKind, Identity, NameKey, ParsedEntry, CONFIG_NAME, DIRIV_NAME};
+use crate::recovery::RecoveryKey;
+use crate::sys;
+use crate::vault::{path_components, InitOptions, Vault};
+use secrecy::SecretString;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// The reverse config in PLAINDIR (shown in the view as `veilfs.conf`, never as itself).
+pub const REVERSE_CONFIG_NAME: &str = ".veilfs.reverse.conf";
+/// HKDF label of the identity key (docs/FORMAT.md §17.2).
+const IDS_LABEL: &str = "deterministic-ids";
+/// HMAC prefix of an identity derivation.
+const ID_PREFIX: &[u8] = b"veilfs v1 reverse id\0";
+/// Longest stored symlink target (Linux's PATH_MAX minus the NUL).
+const SYMLINK_MAX: usize = 4095;
+
+/// The nonce of block `n` of a deterministic vault (docs/FORMAT.md §17.3).
+pub fn derived_nonce(n: u64, last: bool) -> [u8; 12] {
+    let mut out = [0u8; 12];
+    out[..8].copy_from_slice(&n.to_be_bytes());
+    out[8] = last as u8;
+    out
+}
+
+/// Encodes `blob` in base64url: its length without building it.
+const fn b64_len(n: usize) -> usize {
+    n / 3 * 4 + [0, 2, 3][n % 3]
+}
+
+/// gitignore-style exclude patterns, matched against plaintext paths relative to PLAINDIR.
+#[derive(Default)]
+pub struct Excludes {
+    set: Option<ignore::gitignore::Gitignore>,
+}
+
+impl std::fmt::Debug for Excludes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Excludes({} patterns)", self.set.as_ref().map_or(0, |s| s.num_ignores()))
+    }
+}
+
+impl Excludes {
+    /// Patterns given one by one (`--exclude`) and read from files (`--exclude-from`, one
+    /// pattern a line, `#` comments and blank lines skipped as in `.gitignore`).
+    pub fn new(root: &Path, patterns: &[String], files: &[PathBuf]) -> Result<Excludes> {
+        if patterns.is_empty() && files.is_empty() {
+            return Ok(Excludes::default());
+        }
+        let mut b = ignore::gitignore::GitignoreBuilder::new(root);
+        for f in files {
+            if let Some(e) = b.add(f) {
+                return Err(Error::Invalid(format!("--exclude-from {}: {e}", f.display())));
+            }
+        }
+        for p in patterns {
+            b.add_line(None, p).map_err(|e| Error::Invalid(format!("--exclude {p:?}: {e}")))?;
+        }
+        let set = b.build().map_err(|e| Error::Invalid(format!("exclude patterns: {e}")))?;
+        Ok(Excludes { set: Some(set) })
+    }
+
+    /// Whether the plaintext path `rel` (relative to PLAINDIR) is excluded.
+    pub fn excluded(&self, rel: &Path, is_dir: bool) -> bool {
+        self.set.as_ref().is_some_and(|s| s.matched(rel, is_dir).is_ignore())
+    }
+}
+
+/// An open plaintext directory and the IV its view has.
+#[derive(Debug)]
+pub struct PlainDir {
+    fd: OwnedFd,
+    /// The directory's view IV (the root IV from the config, else derived).
+    pub iv: DirIv,
+    /// Its path relative to PLAINDIR (empty for the top).
+    pub rel: PathBuf,
+}
+
+impl PlainDir {
+    /// The directory fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn is_top(&self) -> bool {
+        self.rel.as_os_str().is_empty()
+    }
+}
+
+/// A user entry of the view: a plaintext object and the entry that names it.
+#[derive(Clone, Debug)]
+pub struct ViewEntry {
+    /// The plaintext name.
+    pub name: Vec<u8>,
+    /// Object kind (from the plaintext `lstat`).
+    pub kind: EntryKind,
+    /// The derived identity.
+    pub identity: Identity,
+    /// How the name is stored (D, key, side file).
+    pub key: NameKey,
+    /// The plaintext `lstat`.
+    pub stat: libc::stat,
+}
+
+/// What a name in a view directory is.
+#[derive(Clone, Debug)]
+pub enum ViewKind {
+    /// A user entry.
+    Entry(Box<ViewEntry>),
+    /// `veilfs.diriv`: the directory's IV.
+    DirIv,
+    /// `veilfs.conf` at the top: the reverse config's bytes.
+    Config,
+    /// A long-name side file `veilfs.N.<h>` with its contents.
+    SideFile(Vec<u8>),
+}
+
+/// One name of a view directory.
+#[derive(Clone, Debug)]
+pub struct ViewItem {
+    /// The ciphertext name shown.
+    pub on_disk: String,
+    /// What it is.
+    pub kind: ViewKind,
+}
+
+/// An unlocked reverse vault over PLAINDIR.
+pub struct ReverseVault {
+    vault: Vault,
+    ids: SecretBytes<32>,
+    config_bytes: Vec<u8>,
+    config_stat: libc::stat,
+    excludes: Excludes,
+}
+
+impl std::fmt::Debug for ReverseVault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReverseVault").field("root", &self.vault.root_path()).finish_non_exhaustive()
+    }
+}
+
+impl ReverseVault {
+    /// Makes PLAINDIR (an existing directory) a reverse vault: writes
+    /// [`REVERSE_CONFIG_NAME`] into it and nothing else. `opts.cipher` is ignored (the cipher
+    /// is AES-256-GCM-SIV). Returns the recovery key to show once, if asked for.
+    pub fn create(plaindir: &Path, password: &SecretString, opts: &InitOptions) -> Result<Option<RecoveryKey>> {
+        if !plaindir.is_dir() {
+            return Err(Error::io(
+                plaindir.display().to_string(),
+                std::io::Error::new(std::io::ErrorKind::NotFound, "not an existing directory"),
+            ));
+        }
+        if plaindir.join(REVERSE_CONFIG_NAME).symlink_metadata().is_ok() {
+            return Err(Error::Invalid(format!(
+                "{} already holds {REVERSE_CONFIG_NAME}: it is a reverse vault already",
+                plaindir.display()
+            )));
+        }
+        opts.kdf.validate()?;
+        let master = MasterKey::generate();
+        let root_iv: DirIv = crate::random::bytes();
+        let mut cfg = VaultConfig::new(ContentCipher::Aes256GcmSiv, opts.block_size, &root_iv)?;
+        cfg.add_password_slot(&master, password, opts.kdf)?;
+        let rk = opts.recovery_key.then(RecoveryKey::generate);
+        if let Some(rk) = &rk {
+            cfg.add_recovery_slot(&master, rk);
+        }
+        cfg.seal(&master);
+        cfg.save_named(plaindir, REVERSE_CONFIG_NAME)?;
+        Ok(rk)
+    }
+
+    /// Opens the reverse vault of PLAINDIR with `secret`.
+    pub fn open_with(plaindir: &Path, secret: &Secret, slot: Option<u32>, ceiling: &KdfCeiling) -> Result<Self> {
+        let path = plaindir.join(REVERSE_CONFIG_NAME);
+        let cfg = VaultConfig::load_named(plaindir, REVERSE_CONFIG_NAME)?;
+        // The view shows these very bytes; parse them again so what is shown is what was checked.
+        let bytes = sys::read_meta_path(&path, crate::config::MAX_CONFIG_LEN)
+            .map_err(|e| Error::Config { path: path.clone(), detail: format!("cannot be read: {e}") })?;
+        if VaultConfig::parse(&bytes, &path)? != cfg {
+            return Err(Error::Config { path, detail: "changed while it was being read; try again".into() });
+        }
+        if !cfg.is_deterministic() {
+            return Err(Error::Config {
+                path,
+                detail: format!("lacks feature {FEATURE_DETERMINISTIC:?}: it is not a reverse config"),
+            });
+        }
+        let master = cfg.unlock_with(secret, slot, &path, ceiling)?;
+        let dirfd = sys::open_dir_path(plaindir).ctx(|| plaindir.display().to_string())?;
+        let config_stat =
+            sys::fstatat(dirfd.as_fd(), REVERSE_CONFIG_NAME.as_bytes()).ctx(|| path.display().to_string())?;
+        Ok(Self::from_parts(plaindir, cfg, master, bytes, config_stat))
+    }
+
+    /// Builds a reverse vault from a verified deterministic config, its master key, the
+    /// config's bytes and `stat` (shown as `veilfs.conf`).
+    pub fn from_parts(
+        plaindir: &Path,
+        config: VaultConfig,
+        master: MasterKey,
+        config_bytes: Vec<u8>,
+        config_stat: libc::stat,
+    ) -> Self {
+        let ids = master.derive(IDS_LABEL);
+        ReverseVault {
+            vault: Vault::from_parts(plaindir, config, master),
+            ids,
+            config_bytes,
+            config_stat,
+            excludes: Excludes::default(),
+        }
+    }
+
+    /// Sets the exclude patterns.
+    pub fn set_excludes(&mut self, excludes: Excludes) {
+        self.excludes = excludes;
+    }
+
+    /// The vault's keys, config and name cipher (its root path is PLAINDIR).
+    pub fn vault(&self) -> &Vault {
+        &self.vault
+    }
+
+    /// PLAINDIR.
+    pub fn plain_root(&self) -> &Path {
+        self.vault.root_path()
+    }
+
+    /// Block geometry of the view.
+    pub fn layout(&self) -> Layout {
+        self.vault.content().layout
+    }
+
+    /// The identity of the object `name` of `kind` in the view directory with IV `parent_iv`
+    /// (docs/FORMAT.md §17.2).
+    pub fn identity(&self, parent_iv: &DirIv, name: &[u8], kind: EntryKind) -> Identity {
+        // Reverse vaults bind every special file as the shared kind `0x04` (no `special-kinds`).
+        let byte = kind.binding_byte(crate::names::SpecialBinding::Shared);
+        hmac16(self.ids.expose(), &[ID_PREFIX, &[byte], parent_iv, name])
+    }
+
+    /// Opens the top of PLAINDIR.
+    pub fn root(&self) -> Result<PlainDir> {
+        let root = self.plain_root();
+        let fd = sys::open_dir_path(root).ctx(|| format!("opening {}", root.display()))?;
+        let iv = self.vault.config().root_iv().expect("checked at load");
+        Ok(PlainDir { fd, iv, rel: PathBuf::new() })
+    }
+
+    fn hidden(&self, dir: &PlainDir, name: &[u8], is_dir: bool) -> bool {
+        if dir.is_top() && name.starts_with(REVERSE_CONFIG_NAME.as_bytes()) {
+            // The config itself and its temporary file while `passwd` rewrites it.
+            let rest = &name[REVERSE_CONFIG_NAME.len()..];
+            if rest.is_empty() || rest == b".tmp" {
+                return true;
+            }
+        }
+        self.excludes.excluded(&dir.rel.join(std::ffi::OsStr::from_bytes(name)), is_dir)
+    }
+
+    /// The view entry of the plaintext object `name` in `dir`, `None` if it does not exist or
+    /// is excluded.
+    pub fn entry(&self, dir: &PlainDir, name: &[u8]) -> Result<Option<ViewEntry>> {
+        let st = match sys::fstatat(dir.fd(), name) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(Error::io(self.plain_path(dir, name), e)),
+        };
+        let kind = EntryKind::from_mode(st.st_mode);
+        if self.hidden(dir, name, kind == EntryKind::Dir) {
+            return Ok(None);
+        }
+        let identity = self.identity(&dir.iv, name, kind);
+        let key = self.vault.names().name_key(&dir.iv, name)?;
+        Ok(Some(ViewEntry { name: name.to_vec(), kind, identity, key, stat: st }))
+    }
+
+    /// The ciphertext name of `e` in `dir`.
+    pub fn on_disk(&self, dir: &PlainDir, e: &ViewEntry) -> String {
+        e.key.entry_name(&self.vault.names().bind(&dir.iv, &e.key.d, e.kind, &e.identity))
+    }
+
+    fn plain_path(&self, dir: &PlainDir, name: &[u8]) -> String {
+        self.plain_root().join(&dir.rel).join(std::ffi::OsStr::from_bytes(name)).display().to_string()
+    }
+
+    /// Every name of the view of `dir`: `veilfs.diriv`, `veilfs.conf` at the top, the user
+    /// entries and their long-name side files. Entries that vanish meanwhile are left out.
+    pub fn list(&self, dir: &PlainDir) -> Result<Vec<ViewItem>> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", self.plain_path(dir, b"")))?;
+        let mut out = Vec::with_capacity(raw.len() + 2);
+        out.push(ViewItem { on_disk: DIRIV_NAME.into(), kind: ViewKind::DirIv });
+        if dir.is_top() {
+            out.push(ViewItem { on_disk: CONFIG_NAME.into(), kind: ViewKind::Config });
+        }
+        for r in raw {
+            if r.name == b"." || r.name == b".." {
+                continue;
+            }
+            let Some(e) = self.entry(dir, &r.name)? else { continue };
+            let on_disk = self.on_disk(dir, &e);
+            if let (Some(side), Some(contents)) = (e.key.side_file.clone(), e.key.side_file_contents()) {
+                out.push(ViewItem { on_disk: side, kind: ViewKind::SideFile(contents.into_bytes()) });
+            }
+            out.push(ViewItem { on_disk, kind: ViewKind::Entry(Box::new(e)) });
+        }
+        Ok(out)
+    }
+
+    /// The view item called `on_disk` in `dir`, if there is one.
+    pub fn lookup(&self, dir: &PlainDir, on_disk: &[u8]) -> Result<Option<ViewItem>> {
+        if on_disk == DIRIV_NAME.as_bytes() {
+            return Ok(Some(ViewItem { on_disk: DIRIV_NAME.into(), kind: ViewKind::DirIv }));
+        }
+        if dir.is_top() && on_disk == CONFIG_NAME.as_bytes() {
+            return Ok(Some(ViewItem { on_disk: CONFIG_NAME.into(), kind: ViewKind::Config }));
+        }
+        match ParsedEntry::parse(on_disk) {
+            ParsedEntry::Short { key, .. } => {
+                let Some(d) = crate::names::b64_decode(key) else { return Ok(None) };
+                let Ok(name) = self.vault.names().decrypt_name(&dir.iv, &d) else { return Ok(None) };
+                let Some(e) = self.entry(dir, &name)? else { return Ok(None) };
+                let shown = self.on_disk(dir, &e);
+                Ok((shown.as_bytes() == on_disk)
+                    .then_some(ViewItem { on_disk: shown, kind: ViewKind::Entry(Box::new(e)) }))
+            }
+            // Long names and their side files are found by hash: list the directory.
+            ParsedEntry::Long { .. } | ParsedEntry::Internal => {
+                Ok(self.list(dir)?.into_iter().find(|i| i.on_disk.as_bytes() == on_disk))
+            }
+            ParsedEntry::Foreign => Ok(None),
+        }
+    }
+
+    /// Opens the plaintext subdirectory of entry `e` of `dir`.
+    pub fn open_subdir(&self, dir: &PlainDir, e: &ViewEntry) -> Result<PlainDir> {
+        let fd = sys::open_dir_at(dir.fd(), &e.name).ctx(|| self.plain_path(dir, &e.name))?;
+        Ok(PlainDir { fd, iv: e.identity, rel: dir.rel.join(std::ffi::OsStr::from_bytes(&e.name)) })
+    }
+
+    /// Opens the ciphertext view of the regular file `e` of `dir`.
+    pub fn open_file(&self, dir: &PlainDir, e: &ViewEntry) -> Result<ViewFile> {
+        let what = self.plain_path(dir, &e.name);
+        let fd = sys::openat(dir.fd(), &e.name, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOCTTY, 0)
+            .ctx(|| what.clone())?;
+        let st = sys::fstat(fd.as_fd()).ctx(|| what.clone())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::EISDIR)));
+        }
+        let ctx = self.vault.content();
+        Ok(ViewFile {
+            file: sys::into_file(fd),
+            codec: BlockCodec::new(ctx.cipher, &ctx.keys, e.identity),
+            header: FileHeader::new(e.identity).encode(&ctx.keys),
+            plain_size: st.st_size as u64,
+            layout: ctx.layout,
+            what,
+        })
+    }
+
+    /// The stored (encrypted) target of the symlink `e` of `dir`.
+    pub fn readlink(&self, dir: &PlainDir, e: &ViewEntry) -> Result<Vec<u8>> {
+        let target = sys::readlinkat(dir.fd(), &e.name).ctx(|| self.plain_path(dir, &e.name))?;
+        self.seal_target(&e.identity, &target)
+    }
+
+    /// `b64(ID ‖ block 0 (last) of target)` with the derived nonce (docs/FORMAT.md §8, §17).
+    pub fn seal_target(&self, id: &Identity, target: &[u8]) -> Result<Vec<u8>> {
+        let ctx = self.vault.content();
+        let codec = BlockCodec::new(ctx.cipher, &ctx.keys, *id);
+        let mut blob = vec![0u8; 16 + target.len() + codec.overhead()];
+        blob[..16].copy_from_slice(id);
+        blob[16..16 + codec.nonce_len()].copy_from_slice(&derived_nonce(0, true));
+        codec.seal_into_prefilled(0, true, target, &mut blob[16..]);
+        let enc = crate::names::b64_encode(&blob).into_bytes();
+        if enc.len() > SYMLINK_MAX {
+            return Err(Error::io("symlink", std::io::Error::from_raw_os_error(libc::ENAMETOOLONG)));
+        }
+        Ok(enc)
+    }
+
+    /// The `stat` the view shows for `item` of `dir`: the plaintext's metadata with the
+    /// ciphertext size; the vault's own files (IV, config, side files) carry the reverse
+    /// config's owner and times, so they look unchanged to rsync as long as it is.
+    pub fn view_stat(&self, dir: &PlainDir, item: &ViewItem) -> Result<libc::stat> {
+        let synthetic = |len: usize| {
+            let mut st = self.config_stat;
+            st.st_mode = libc::S_IFREG | 0o400;
+            st.st_nlink = 1;
+            st.st_size = len as i64;
+            st.st_blocks = (len as u64).div_ceil(512) as i64;
+            st
+        };
+        Ok(match &item.kind {
+            ViewKind::DirIv => synthetic(dir.iv.len()),
+            ViewKind::Config => synthetic(self.config_bytes.len()),
+            ViewKind::SideFile(c) => synthetic(c.len()),
+            ViewKind::Entry(e) => self.entry_stat(e),
+        })
+    }
+
+    /// The view `stat` of a user entry, from its plaintext `lstat`.
+    pub fn entry_stat(&self, e: &ViewEntry) -> libc::stat {
+        let mut st = e.stat;
+        match e.kind {
+            EntryKind::File => {
+                let c = self.layout().cipher_size(st.st_size as u64);
+                st.st_size = c as i64;
+                st.st_blocks = c.div_ceil(512) as i64;
+                // Hard links are separate files of the view (each path its own identity).
+                st.st_nlink = 1;
+            }
+            EntryKind::Symlink => {
+                let o = self.vault.content().cipher.overhead();
+                st.st_size = b64_len(16 + st.st_size as usize + o) as i64;
+            }
+            EntryKind::Dir | EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {}
+        }
+        st
+    }
+
+    /// The contents of a synthetic item (IV file, config, side file); `None` for entries.
+    pub fn synthetic_contents(&self, dir: &PlainDir, item: &ViewItem) -> Option<Vec<u8>> {
+        match &item.kind {
+            ViewKind::DirIv => Some(dir.iv.to_vec()),
+            ViewKind::Config => Some(self.config_bytes.clone()),
+            ViewKind::SideFile(c) => Some(c.clone()),
+            ViewKind::Entry(_) => None,
+        }
+    }
+
+    /// The view path (relative to the view's top) of a plaintext path relative to PLAINDIR.
+    pub fn encrypt_path(&self, path: &Path) -> Result<PathBuf> {
+        let mut dir = self.root()?;
+        let mut out = PathBuf::new();
+        let comps = path_components(path)?;
+        for (i, c) in comps.iter().enumerate() {
+            let e = self.entry(&dir, c)?.ok_or_else(|| not_found(path))?;
+            out.push(self.on_disk(&dir, &e));
+            if i + 1 < comps.len() {
+                dir = self.open_subdir(&dir, &e)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The plaintext path (relative to PLAINDIR) of a view path.
+    pub fn decrypt_path(&self, view_path: &Path) -> Result<PathBuf> {
+        let mut dir = self.root()?;
+        let mut out = PathBuf::new();
+        let comps = path_components(view_path)?;
+        for (i, c) in comps.iter().enumerate() {
+            let item = self.lookup(&dir, c)?.ok_or_else(|| not_found(view_path))?;
+            let ViewKind::Entry(e) = item.kind else {
+                return Err(Error::Invalid(format!("{} is a file of the vault itself", String::from_utf8_lossy(c))));
+            };
+            out.push(std::ffi::OsStr::from_bytes(&e.name));
+            if i + 1 < comps.len() {
+                dir = self.open_subdir(&dir, &e)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The derivations of a deterministic vault without a directory behind them: for the
+/// known-answer vectors (`tests/vectors.rs`).
+#[doc(hidden)]
+pub fn vector_parts(master: &MasterKey) -> ReverseVault {
+    let mut cfg = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[0; 16]).expect("valid block size");
+    cfg.seal(master);
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
+    let st: libc::stat = unsafe { std::mem::zeroed() };
+    ReverseVault::from_parts(Path::new("/nonexistent"), cfg, master.clone(), Vec::new(), st)
+}
+
+impl ReverseVault {
+    /// The identity key (known-answer vectors only).
+    #[doc(hidden)]
+    pub fn ids_key(&self) -> &[u8; 32] {
+        self.ids.expose()
+    }
+}
+
+fn not_found(path: &Path) -> Error {
+    Error::io(path.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
+}
+
+/// The ciphertext of one plaintext file, computed block by block on read.
+#[derive(Debug)]
+pub struct ViewFile {
+    file: File,
+    codec: BlockCodec,
+    header: [u8; HEADER_LEN],
+    plain_size: u64,
+    layout: Layout,
+    what: String,
+}
+
+impl ViewFile {
+    /// The file ID.
+    pub fn id(&self) -> &FileId {
+        self.codec.file_id()
+    }
+
+    /// Plaintext size when the file was opened.
+    pub fn plain_size(&self) -> u64 {
+        self.plain_size
+    }
+
+    /// Ciphertext size.
+    pub fn cipher_size(&self) -> u64 {
+        self.layout.cipher_size(self.plain_size)
+    }
+
+    /// Fills `buf` with the ciphertext at `off`; returns the bytes written (0 at the end).
+    /// Reads and encrypts only the plaintext blocks the range covers. A file that shrank
+    /// since it was opened is an I/O error (its ciphertext would not be that of any version).
+    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let csize = self.cipher_size();
+        if off >= csize || buf.is_empty() {
+            return Ok(0);
+        }
+        let end = csize.min(off + buf.len() as u64);
+        let h = HEADER_LEN as u64;
+        if off < h {
+            let stop = end.min(h);
+            buf[..(stop - off) as usize].copy_from_slice(&self.header[off as usize..stop as usize]);
+        }
+        if end > h {
+            self.blocks_into(off.max(h), end, &mut buf[(off.max(h) - off) as usize..(end - off) as usize])?;
+        }
+        Ok((end - off) as usize)
+    }
+
+    /// Ciphertext bytes `[from, to)` (both after the header) into `out`.
+    fn blocks_into(&self, from: u64, to: u64, out: &mut [u8]) -> Result<()> {
+        let (h, cb, bs) = (self.layout.header(), self.layout.cipher_block(), self.layout.block_size);
+        let (first, last) = ((from - h) / cb, (to - 1 - h) / cb);
+        let count = self.layout.block_count(self.plain_size);
+        let pstart = first * bs;
+        let pend = ((last + 1) * bs).min(self.plain_size);
+        let mut plain = vec![0u8; (pend - pstart) as usize];
+        let got = sys::pread_full(self.file.as_raw_fd(), &mut plain, pstart).ctx(|| self.what.clone())?;
+        if got != plain.len() {
+            return Err(Error::io(
+                self.what.clone(),
+                std::io::Error::other("the file shrank while it was being read; read it again"),
+            ));
+        }
+        let o = self.layout.overhead as usize;
+        let mut sealed = vec![0u8; bs as usize + o];
+        for n in first..=last {
+            let p = &plain[((n - first) * bs) as usize..];
+            let len = self.layout.block_len(n, self.plain_size) as usize;
+            let blk = &mut sealed[..len + o];
+            let is_last = n + 1 == count;
+            blk[..self.codec.nonce_len()].copy_from_slice(&derived_nonce(n, is_last));
+            self.codec.seal_into_prefilled(n, is_last, &p[..len], blk);
+            // Copy the part of this block inside [from, to).
+            let boff = self.layout.block_offset(n);
+            let (a, b) = (from.max(boff), to.min(boff + blk.len() as u64));
+            out[(a - from) as usize..(b - from) as usize]
+                .copy_from_slice(&blk[(a - boff) as usize..(b - boff) as usize]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kdf::Argon2Params;
+
+    const WEAK: Argon2Params = Argon2Params { memory_kib: 64, iterations: 1, parallelism: 1 };
+
+    fn reverse(dir: &Path) -> ReverseVault {
+        let pw = SecretString::from("pw".to_string());
+        let opts = InitOptions { kdf: WEAK, recovery_key: false, ..Default::default() };
+        ReverseVault::create(dir, &pw, &opts).unwrap();
+        ReverseVault::open_with(dir, &Secret::Password(pw), None, &KdfCeiling::DEFAULT).unwrap()
+    }
+
+    fn read_all(f: &ViewFile) -> Vec<u8> {
+        let mut out = vec![0u8; f.cipher_size() as usize];
+        assert_eq!(f.read_at(0, &mut out).unwrap(), out.len());
+        out
+    }
+
+    #[test]
+    fn reads_at_any_offset_agree_with_a_whole_read() {
+        let t = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3 * 4096 + 777).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(t.path().join("f"), &data).unwrap();
+        let rv = reverse(t.path());
+        let root = rv.root().unwrap();
+        let e = rv.entry(&root, b"f").unwrap().unwrap();
+        let f = rv.open_file(&root, &e).unwrap();
+        let whole = read_all(&f);
+        assert_eq!(whole.len() as u64, rv.layout().cipher_size(data.len() as u64));
+        for (off, len) in [(0, 1), (5, 40), (35, 2), (36, 4124), (4100, 9000), (12000, 10_000), (0, 1 << 20)] {
+            let mut part = vec![0u8; len];
+            let n = f.read_at(off, &mut part).unwrap();
+            let stop = (off as usize + len).min(whole.len());
+            assert_eq!(&part[..n], &whole[off as usize..stop], "offset {off} length {len}");
+        }
+        // Deterministic: a second open gives the same bytes.
+        assert_eq!(read_all(&rv.open_file(&root, &e).unwrap()), whole);
+    }
+
+    #[test]
+    fn identities_depend_on_path_not_inode() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("d/x"), b"x").unwrap();
+        let rv = reverse(t.path());
+        let root = rv.root().unwrap();
+        let d = rv.entry(&root, b"d").unwrap().unwrap();
+        let sub = rv.open_subdir(&root, &d).unwrap();
+        let x1 = rv.entry(&sub, b"x").unwrap().unwrap();
+        std::fs::remove_file(t.path().join("d/x")).unwrap();
+        std::fs::write(t.path().join("d/x"), b"y").unwrap();
+        let x2 = rv.entry(&sub, b"x").unwrap().unwrap();
+        assert_eq!(x1.identity, x2.identity);
+        assert_eq!(rv.on_disk(&sub, &x1), rv.on_disk(&sub, &x2));
+        assert_ne!(rv.identity(&sub.iv, b"x", EntryKind::File), rv.identity(&sub.iv, b"x", EntryKind::Dir));
+        // Paths round-trip through the view.
+        let view = rv.encrypt_path(Path::new("d/x")).unwrap();
+        assert_eq!(rv.decrypt_path(&view).unwrap(), Path::new("d/x"));
+    }
+
+    #[test]
+    fn the_config_is_shown_as_veilfs_conf_and_excludes_hide_entries() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("keep"), b"k").unwrap();
+        std::fs::write(t.path().join("skip.tmp"), b"s").unwrap();
+        let mut rv = reverse(t.path());
+        rv.set_excludes(Excludes::new(t.path(), &["*.tmp".into()], &[]).unwrap());
+        let root = rv.root().unwrap();
+        let names: Vec<String> = rv.list(&root).unwrap().into_iter().map(|i| i.on_disk).collect();
+        assert!(names.contains(&"veilfs.conf".to_string()) && names.contains(&"veilfs.diriv".to_string()));
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with(".veilfs")));
+    }
+}

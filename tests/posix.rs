@@ -1,0 +1,335 @@
+//! POSIX behaviour the standard suites check, each compared with a kernel filesystem: the
+//! same operations run on the mount and on a tmpfs (the `plain` directory beside the vault,
+//! or a tmpfs mounted with the same option), and both must answer alike (issue 12).
+
+mod common;
+use common::*;
+use std::fs;
+use std::os::unix::fs::{DirEntryExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+/// Every entry of `dir` whose inode number from readdir (`d_ino`) is not its `st_ino`, and
+/// how many entries there were. The whole listing is read before the first `stat` (a lookup
+/// between two READDIR requests makes the kernel ask the next one with attributes).
+fn dino_mismatches(dir: &Path) -> (usize, Vec<String>) {
+    let listed: Vec<(std::path::PathBuf, u64)> =
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap()).map(|e| (e.path(), e.ino())).collect();
+    let bad: Vec<String> = listed
+        .iter()
+        .filter_map(|(p, d_ino)| {
+            let st_ino = fs::symlink_metadata(p).unwrap().ino();
+            (*d_ino != st_ino).then(|| format!("{:?}: d_ino {d_ino} st_ino {st_ino}", p.file_name().unwrap()))
+        })
+        .collect();
+    (listed.len(), bad)
+}
+
+/// A directory of `n` entries with long names (so a listing takes several READDIR requests,
+/// and the kernel asks for the later ones without attributes): files, directories, symlinks
+/// and hard links.
+fn populate(dir: &Path, n: usize) {
+    fs::create_dir(dir).unwrap();
+    for i in 0..n {
+        let p = dir.join(format!("{i:04}-{}", "x".repeat(120)));
+        match i % 4 {
+            0 | 1 => fs::write(&p, b"x").unwrap(),
+            2 => fs::create_dir(&p).unwrap(),
+            _ => std::os::unix::fs::symlink("target", &p).unwrap(),
+        }
+    }
+    fs::hard_link(dir.join(format!("0000-{}", "x".repeat(120))), dir.join("hardlink")).unwrap();
+}
+
+/// READDIR (without attributes) gives every entry its real inode number, the one `stat`
+/// gives: on a fresh mount (the kernel asks READDIRPLUS only for the first part of a large
+/// listing), again from the kernel's cached listing, and after the entries were looked up.
+#[test]
+fn readdir_inode_numbers_are_the_stat_inode_numbers() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    populate(&m.m("d"), 400);
+    populate(&m.plain.join("d"), 400);
+    m.remount();
+    for (what, dir) in [("tmpfs", m.plain.join("d")), ("fresh mount", m.m("d")), ("cached listing", m.m("d"))] {
+        let (n, bad) = dino_mismatches(&dir);
+        assert_eq!(n, 401, "{what}");
+        assert!(
+            bad.is_empty(),
+            "{what}: {} of {n} entries with another d_ino: {:?}",
+            bad.len(),
+            &bad[..bad.len().min(3)]
+        );
+    }
+    // A listing the kernel asks for without attributes from the start: its entries are
+    // known already (looked up just now).
+    m.remount();
+    let names: Vec<_> = fs::read_dir(m.m("d")).unwrap().map(|e| e.unwrap().path()).collect();
+    let inos: Vec<u64> = names.iter().map(|p| fs::symlink_metadata(p).unwrap().ino()).collect();
+    let again: Vec<u64> = names.iter().map(|p| fs::symlink_metadata(p).unwrap().ino()).collect();
+    assert_eq!(inos, again, "inode numbers stay");
+    let (_, bad) = dino_mismatches(&m.m("d"));
+    assert!(bad.is_empty(), "after lookups: {} entries with another d_ino: {:?}", bad.len(), &bad[..bad.len().min(3)]);
+}
+
+/// What the set-id test does to one file: who owns it, its mode, and the change.
+struct SetIdCase {
+    name: String,
+    owner: (u32, u32),
+    mode: u32,
+    /// A shell command the test user runs on the file (`F`), or `None` for the root changes.
+    user_cmd: Option<String>,
+}
+
+/// The set-id cases: files of the user changed by the user in every way that may clear set-id
+/// bits, files of root (the user not in their group, or in it through a supplementary group)
+/// written by the user, and files root writes or gives away.
+fn setid_cases(uid: u32, gid: u32, other_gid: u32) -> Vec<SetIdCase> {
+    let ops = [
+        ("write", "printf x >> F"),
+        ("ftruncate", "truncate -s 1 F"),
+        ("truncate", "perl -e 'truncate($ARGV[0], 1) or die $!' F"),
+        ("fallocate", "fallocate -l 8192 F"),
+        ("fallocate-keep-size", "fallocate -n -l 65536 F"),
+        ("open-trunc", ": > F"),
+    ];
+    let mut cases = Vec::new();
+    let mut add = |name: String, owner, mode, user_cmd: Option<String>| {
+        cases.push(SetIdCase { name, owner, mode, user_cmd });
+    };
+    for mode in [0o6755, 0o6745, 0o2755, 0o2745, 0o4755] {
+        for (op, cmd) in ops.iter().chain(&[("chgrp", "chgrp GROUP F")]) {
+            let cmd = cmd.replace("GROUP", &gid.to_string());
+            add(format!("own-{op}-{mode:o}"), (uid, gid), mode, Some(cmd));
+        }
+    }
+    for mode in [0o6777, 0o2777, 0o2767] {
+        for (op, cmd) in &ops {
+            add(format!("root-{op}-{mode:o}"), (0, 0), mode, Some(cmd.to_string()));
+        }
+        add(format!("group-write-{mode:o}"), (0, other_gid), mode, Some("printf x >> F".into()));
+    }
+    for mode in [0o6755, 0o2755, 0o2745] {
+        add(format!("by-root-write-{mode:o}"), (0, 0), mode, None);
+        add(format!("by-root-chown-{mode:o}"), (0, 0), mode, None);
+    }
+    cases
+}
+
+/// Runs the set-id cases in `dir`; returns each file's mode after its change.
+fn setid_run(dir: &Path, cases: &[SetIdCase], user: &TestUser, other_gid: u32) -> Vec<(String, String)> {
+    let path = |c: &SetIdCase| dir.join(&c.name);
+    for c in cases {
+        fs::write(path(c), b"0123456789").unwrap();
+        std::os::unix::fs::chown(path(c), Some(c.owner.0), Some(c.owner.1)).unwrap();
+        fs::set_permissions(path(c), fs::Permissions::from_mode(c.mode)).unwrap();
+    }
+    let script: String = cases
+        .iter()
+        .filter_map(|c| {
+            c.user_cmd.as_ref().map(|cmd| format!("{} || exit 1\n", cmd.replace('F', &path(c).display().to_string())))
+        })
+        .collect();
+    let o = user.sh_in_groups(30, &[other_gid], &format!("set -e\n{script}"));
+    assert!(o.status.success(), "the user's changes in {}: {}", dir.display(), text(&o));
+    for c in cases.iter().filter(|c| c.user_cmd.is_none()) {
+        if c.name.starts_with("by-root-write") {
+            use std::io::Write;
+            fs::OpenOptions::new().append(true).open(path(c)).unwrap().write_all(b"x").unwrap();
+        } else {
+            std::os::unix::fs::chown(path(c), Some(user.uid), None).unwrap();
+        }
+    }
+    // Read at once: the attribute cache must already hold the new mode.
+    cases.iter().map(|c| (c.name.clone(), format!("{:o}", fs::metadata(path(c)).unwrap().mode() & 0o7777))).collect()
+}
+
+/// Set-user-id and set-group-id bits are cleared by a write, truncate (by path and by fd),
+/// fallocate, `O_TRUNC` open and chown exactly as tmpfs clears them — set-group-id without
+/// group-execute kept for the file's group only — and the mode `stat` shows is the new one
+/// at once, not after the attribute cache expires. The writer is an unprivileged user of a
+/// root `--allow-other` mount; root's own writes keep the bits.
+#[test]
+fn set_id_bits_are_cleared_as_tmpfs_clears_them() {
+    let Some(m) = Mounted::new("64m", &["--allow-other"]) else { return };
+    let user = TestUser::new("vfpsx");
+    let other = TestUser::new("vfpsg");
+    let cases = setid_cases(user.uid, user.uid, other.uid);
+    let tmpfs = setid_run(&m.plain, &cases, &user, other.uid);
+    let veilfs = setid_run(&m.mnt, &cases, &user, other.uid);
+    let find = |name: &str| tmpfs.iter().find(|(n, _)| n == name).map(|(_, m)| m.as_str());
+    // The reference did what it should (the changes ran).
+    assert_eq!(find("own-write-6755"), Some("755"));
+    assert_eq!(find("own-write-2745"), Some("2745"));
+    assert_eq!(find("root-write-2767"), Some("767"));
+    assert_eq!(find("by-root-write-6755"), Some("6755"));
+    let differ: Vec<String> = tmpfs
+        .iter()
+        .zip(&veilfs)
+        .filter(|(a, b)| a != b)
+        .map(|((n, t), (_, v))| format!("{n}: tmpfs {t}, veilfs {v}"))
+        .collect();
+    assert!(differ.is_empty(), "{} of {} cases differ: {differ:#?}", differ.len(), cases.len());
+}
+
+/// A buffer of `len` bytes of `byte` at a 4 KiB-aligned address (for O_DIRECT).
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize, byte: u8) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a non-zero size; freed with the same layout in Drop.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null());
+        // SAFETY: `ptr` points to `len` writable bytes.
+        unsafe { std::ptr::write_bytes(ptr, byte, len) };
+        Aligned { ptr, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align(self.len, 4096).unwrap()) };
+    }
+}
+
+/// What a buffered reader of `path` sees after another descriptor overwrote the file with
+/// O_DIRECT (and, second, after a buffered write through a third one, read back with
+/// O_DIRECT): (the bytes read buffered, the bytes read direct).
+fn direct_and_buffered(path: &Path) -> (Vec<u8>, Vec<u8>) {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const LEN: usize = 64 * 1024;
+    fs::write(path, vec![b'a'; LEN]).unwrap();
+    let mut reader = fs::File::open(path).unwrap();
+    let mut before = Vec::new();
+    reader.read_to_end(&mut before).unwrap();
+    assert_eq!(before, vec![b'a'; LEN], "first read of {}", path.display());
+    let direct = fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path).unwrap();
+    direct.write_all_at(Aligned::new(LEN, b'b').bytes(), 0).unwrap();
+    let mut seen = Vec::new();
+    reader.seek(std::io::SeekFrom::Start(0)).unwrap();
+    reader.read_to_end(&mut seen).unwrap();
+    // The other way round: a buffered write (through the page cache), read with O_DIRECT.
+    let mut writer = fs::OpenOptions::new().write(true).open(path).unwrap();
+    writer.write_all(&vec![b'c'; LEN]).unwrap();
+    let buf = Aligned::new(LEN, 0);
+    // SAFETY: `buf` owns LEN writable bytes at an aligned address.
+    let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&direct), buf.ptr.cast(), LEN, 0) };
+    assert_eq!(n, LEN as isize, "O_DIRECT read of {}: {}", path.display(), std::io::Error::last_os_error());
+    (seen, buf.bytes().to_vec())
+}
+
+/// A file written with O_DIRECT through one descriptor reads back new through another that
+/// read it buffered before (the kept page cache is dropped), and a buffered write is seen by
+/// an O_DIRECT read — as on tmpfs. With and without the writeback cache.
+#[test]
+fn o_direct_and_buffered_io_see_each_other() {
+    for extra in [&[][..], &["--no-writeback"][..]] {
+        let Some(m) = Mounted::new("64m", extra) else { return };
+        let summary = |(seen, direct): (Vec<u8>, Vec<u8>)| {
+            let first = |v: &[u8], b: u8| v.iter().position(|&x| x != b);
+            (seen.len(), first(&seen, b'b'), direct.len(), first(&direct, b'c'))
+        };
+        let tmpfs = summary(direct_and_buffered(&m.plain.join("f")));
+        assert_eq!(tmpfs, (65536, None, 65536, None), "tmpfs");
+        let veilfs = summary(direct_and_buffered(&m.m("f")));
+        assert_eq!(veilfs, tmpfs, "veilfs {extra:?}: (length, first stale byte) of the buffered and the direct read");
+    }
+}
+
+/// Sets the access and modification times of `p` to `secs` seconds from now.
+fn set_times(p: &Path, atime: i64, mtime: i64) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let t = |d: i64| libc::timespec { tv_sec: now + d, tv_nsec: 0 };
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a two-element timespec array.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t(atime), t(mtime)].as_ptr(), 0) };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+/// A sequence of reads, writes and time changes on a file in `dir`: after each step, whether
+/// its access time moved.
+fn atime_steps(dir: &Path) -> Vec<(&'static str, bool)> {
+    use std::io::Write;
+    let f = dir.join("atime");
+    let atime = || {
+        let m = fs::metadata(&f).unwrap();
+        (m.atime(), m.atime_nsec())
+    };
+    let append = || fs::OpenOptions::new().append(true).open(&f).unwrap().write_all(b"more").unwrap();
+    let read = || assert!(!fs::read(&f).unwrap().is_empty());
+    fs::write(&f, b"hello").unwrap();
+    set_times(&f, -100, -50);
+    let steps: [(&str, &dyn Fn()); 8] = [
+        ("read, atime older than mtime", &read),
+        ("read again", &read),
+        ("set atime a day old", &|| set_times(&f, -90_000, -95_000)),
+        ("read, atime older than ctime", &read),
+        ("read again", &read),
+        ("append", &append),
+        ("open and close, no read", &|| drop(fs::File::open(&f).unwrap())),
+        ("read after the append", &read),
+    ];
+    let ctime = || fs::metadata(&f).map(|m| (m.ctime(), m.ctime_nsec())).unwrap();
+    let mut out = Vec::new();
+    for (what, step) in steps {
+        let (before, ctime_before) = (atime(), ctime());
+        step();
+        out.push((what, atime() != before));
+        if what.starts_with("read") || what.starts_with("open") {
+            assert_eq!(ctime(), ctime_before, "{}: {what} moved the change time", dir.display());
+        }
+    }
+    out
+}
+
+/// Access times as Linux's `relatime` keeps them by default (a read moves the access time when
+/// it is not newer than the last modification or change), whatever the backing filesystem's
+/// own option; never moved by reads with `--noatime` — each compared with a tmpfs mounted the
+/// same way.
+#[test]
+fn access_times_follow_relatime_and_noatime_as_on_tmpfs() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    assert!(mount_entry(&m.mnt).unwrap().mount_opts.contains("relatime"));
+    let relatime = atime_steps(&m.plain);
+    assert_eq!(relatime[0], ("read, atime older than mtime", true), "tmpfs relatime: {relatime:?}");
+    assert_eq!(relatime[1], ("read again", false), "tmpfs relatime: {relatime:?}");
+    assert_eq!(atime_steps(&m.mnt), relatime, "veilfs (default) against tmpfs relatime");
+
+    // A backing store mounted strictatime adds nothing: the daemon's own reads of the
+    // ciphertext (headers, blocks) never move access times.
+    let remount = |opt: &str| {
+        let o = run("mount", &["-o", &format!("remount,{opt}"), m.tmpfs.path.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    remount("strictatime");
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), relatime, "veilfs (default) on a strictatime backing store");
+
+    remount("noatime");
+    let noatime = atime_steps(&m.plain);
+    assert!(noatime.iter().all(|(what, moved)| !moved || what.starts_with("set")), "tmpfs noatime: {noatime:?}");
+    // The access time moves by a read of the backing file (setting it would move the change
+    // time too), so on a noatime backing store the mount is noatime whatever it asks for.
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), noatime, "veilfs (default) on a noatime backing store");
+    remount("relatime");
+    m.extra = vec!["--noatime".into()];
+    m.remount();
+    assert!(mount_entry(&m.mnt).unwrap().mount_opts.contains("noatime"));
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), noatime, "veilfs --noatime against tmpfs noatime");
+    // -o noatime is the same option.
+    m.extra = vec!["-o".into(), "noatime".into()];
+    m.remount();
+    fs::remove_file(m.m("atime")).unwrap();
+    assert_eq!(atime_steps(&m.mnt), noatime, "veilfs -o noatime");
+}
