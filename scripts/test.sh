@@ -12,6 +12,8 @@ python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install -q matplotl
 cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The reference reader (tests/vectors/reference_reader.py) runs inside `tests/vectors.rs` too.
+python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
 cargo test --workspace --release "$@"
 <<<<<<< HEAD
 # The mount test group again as an ordinary user, through fusermount3 (as root only: it makes
@@ -30,5 +32,4 @@ bash scripts/fuzz.sh --quick
 # The benchmark harness's own unit tests (no root, no mounts; the timed runs stay out of here).
 python3 -m unittest discover -s bench/tests
 # An independent Python reader (written from docs/FORMAT.md) must agree with the vectors.
-python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
 python3 tests/vectors/reference_reader.py --vectors tests/vectors/v1.json

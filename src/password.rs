@@ -1,10 +1,18 @@
 //! Where passwords come from: a prompt, a file, stdin or an external program, in the
 //! conventions of gocryptfs and cryptsetup. Passwords live in `SecretString`s (zeroized).
+//!
+//! Every source is read into one buffer allocated once and zeroized, so no copy is left in
+//! freed memory. The prompt reads the terminal itself rather than through `rpassword`, whose
+//! password `String` grows one character at a time (each reallocation left a prefix of the
+//! password behind) and which turned echo off only after showing the prompt (a password typed
+//! at once was echoed). Measured by `tests/attack.rs`, which types the password on a real
+//! pseudo-terminal and scans the memory of the mount daemon and of `veilfs passwd`.
 
 use crate::exit::{Exit, PASSWORD_SOURCE};
 use anyhow::Result;
 use secrecy::{ExposeSecret, SecretString};
-use std::io::IsTerminal;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use zeroize::Zeroize;
 
 /// Password source options shared by every command that opens or creates a vault.
@@ -23,17 +31,6 @@ pub struct PasswordArgs {
 
 fn source_err(msg: impl Into<String>) -> anyhow::Error {
     Exit::new(PASSWORD_SOURCE, anyhow::anyhow!(msg.into())).into()
-}
-
-/// First line of `text` without the line ending, as a secret; rejects empty passwords.
-fn first_line(mut text: String, from: &str) -> Result<SecretString> {
-    let line_end = text.find(['\n', '\r']).unwrap_or(text.len());
-    let pw: String = text[..line_end].to_string();
-    text.zeroize();
-    if pw.is_empty() {
-        return Err(source_err(format!("the password from {from} is empty")));
-    }
-    Ok(SecretString::from(pw))
 }
 
 /// Longest input read as a password source (a file, standard input, an --extpass program).
@@ -116,14 +113,133 @@ fn from_extpass(cmd: &str) -> Result<SecretString> {
     first_line_of(&out?, "--extpass")
 }
 
-fn prompt(text: &str) -> Result<SecretString> {
-    if !std::io::stdin().is_terminal() && std::fs::File::open("/dev/tty").is_err() {
-        return Err(source_err(
-            "no terminal to ask for the password: use --passfile FILE, --password-stdin or --extpass CMD",
-        ));
+/// The terminal's settings while a password is typed: no echo, bytes one at a time, Ctrl-C
+/// as a byte (so the settings are put back before the process stops). Restored on drop.
+struct Unechoed {
+    fd: RawFd,
+    saved: libc::termios,
+}
+
+impl Unechoed {
+    fn new(fd: RawFd) -> std::io::Result<Unechoed> {
+        let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
+        // SAFETY: tcgetattr fills the termios it is given; fd is an open terminal.
+        if unsafe { libc::tcgetattr(fd, t.as_mut_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: tcgetattr succeeded, so it initialised the struct.
+        let saved = unsafe { t.assume_init() };
+        let mut raw = saved;
+        raw.c_lflag &= !(libc::ECHO | libc::ECHONL | libc::ICANON | libc::ISIG);
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
+        // SAFETY: a valid termios for an open terminal.
+        if unsafe { libc::tcsetattr(fd, libc::TCSAFLUSH, &raw) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Unechoed { fd, saved })
     }
-    let pw = rpassword::prompt_password(text).map_err(|e| source_err(format!("reading the password: {e}")))?;
-    first_line(pw, "the prompt")
+}
+
+impl Drop for Unechoed {
+    fn drop(&mut self) {
+        // SAFETY: the settings read from this terminal, which is still open.
+        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Longest password typed at the prompt.
+const TYPED_MAX: usize = 4096;
+
+/// Asks for a password on the terminal (`/dev/tty`): echo is off before the prompt is shown,
+/// and the keys go into one fixed, zeroized buffer. Backspace, Ctrl-U and Ctrl-W edit; Ctrl-C
+/// puts the terminal back and interrupts; escape sequences (arrow keys) are ignored.
+fn prompt(text: &str) -> Result<SecretString> {
+    let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty").map_err(|_| {
+        source_err("no terminal to ask for the password: use --passfile FILE, --password-stdin or --extpass CMD")
+    })?;
+    let typed = {
+        let _raw = Unechoed::new(tty.as_raw_fd()).map_err(|e| source_err(format!("setting up the terminal: {e}")))?;
+        let mut w = &tty;
+        w.write_all(text.as_bytes()).and_then(|()| w.flush()).map_err(|e| source_err(format!("the terminal: {e}")))?;
+        let typed = read_typed(&tty);
+        let _ = w.write_all(b"\n");
+        typed
+    };
+    match typed? {
+        Some(buf) => first_line_of(&buf, "the prompt"),
+        None => {
+            // Ctrl-C: the terminal is back as it was; stop as the key asks.
+            // SAFETY: raise has no preconditions.
+            unsafe { libc::raise(libc::SIGINT) };
+            Err(source_err("interrupted"))
+        }
+    }
+}
+
+/// The keys typed up to Enter (`None`: Ctrl-C), edited as they come, in one buffer that is
+/// never reallocated and is zeroized when dropped.
+fn read_typed(mut tty: &std::fs::File) -> Result<Option<zeroize::Zeroizing<Vec<u8>>>> {
+    let mut buf = zeroize::Zeroizing::new(vec![0u8; TYPED_MAX]);
+    let mut n = 0;
+    let mut key = zeroize::Zeroizing::new([0u8; 1]);
+    let mut next = |key: &mut [u8; 1]| -> Result<bool> {
+        loop {
+            match tty.read(key) {
+                Ok(k) => return Ok(k == 1),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(source_err(format!("reading the password: {e}"))),
+            }
+        }
+    };
+    while next(&mut key)? {
+        match key[0] {
+            b'\n' | b'\r' => break,
+            0x03 => return Ok(None),
+            0x04 if n == 0 => return Err(source_err("no password was typed (end of input)")),
+            // Backspace: one character (a UTF-8 lead byte and its continuation bytes).
+            0x7f | 0x08 => {
+                while n > 0 {
+                    n -= 1;
+                    let continuation = buf[n] & 0xc0 == 0x80;
+                    buf[n] = 0;
+                    if !continuation {
+                        break;
+                    }
+                }
+            }
+            // Ctrl-U: the whole line; Ctrl-W: the last word.
+            0x15 => {
+                buf[..n].zeroize();
+                n = 0;
+            }
+            0x17 => {
+                while n > 0 && buf[n - 1] == b' ' {
+                    n -= 1;
+                }
+                while n > 0 && buf[n - 1] != b' ' {
+                    n -= 1;
+                    buf[n] = 0;
+                }
+            }
+            // An escape sequence (ESC [ … or ESC O …, ending in 0x40..=0x7e).
+            0x1b => {
+                if next(&mut key)? && matches!(key[0], b'[' | b'O') {
+                    while next(&mut key)? && !(0x40..=0x7e).contains(&key[0]) {}
+                }
+            }
+            b if b < 0x20 => {}
+            b => {
+                if n == TYPED_MAX {
+                    return Err(source_err("the password typed is longer than 4 KiB"));
+                }
+                buf[n] = b;
+                n += 1;
+            }
+        }
+    }
+    buf.truncate(n); // truncating never reallocates
+    Ok(Some(buf))
 }
 
 impl PasswordArgs {

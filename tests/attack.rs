@@ -1,7 +1,9 @@
 //! Attacks on a mounted vault and on the offline tools, each test named by its attack:
 //! an ordinary user of a root `--allow-other` mount who swaps the ciphertext behind their own
 //! files for links and FIFOs; FIFOs, devices and links planted where the format keeps its
-//! small files; and a password left in the daemon's memory. docs/SECURITY.md §8 names them.
+//! small files; and a password left in the memory of the daemon or of an offline command,
+//! whether it came from standard input or was typed at the prompt of a real pseudo-terminal.
+//! docs/SECURITY.md §8 names them.
 
 mod common;
 use common::*;
@@ -269,6 +271,31 @@ fn fifos_links_and_directories_planted_in_the_ciphertext_are_integrity_errors_ne
 }
 
 #[test]
+fn device_node_replaced_under_a_live_mount_is_an_integrity_error_not_a_new_device() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Some(m) = Mounted::new("64m", &[]) else { return };
+    let null = m.m("null");
+    assert!(run("mknod", &[null.to_str().unwrap(), "c", "1", "3"]).status.success());
+    // An O_PATH handle: its stat asks the mount (GETATTR) about the node it knows, without a
+    // new LOOKUP of the name.
+    let handle = std::os::unix::fs::OpenOptionsExt::custom_flags(fs::OpenOptions::new().read(true), libc::O_PATH)
+        .open(&null)
+        .unwrap();
+    let st = handle.metadata().unwrap();
+    assert!(st.file_type().is_char_device() && st.rdev() == libc::makedev(1, 3), "{st:?}");
+    // Behind the mount (which knows the node now), /dev/null becomes the first disk.
+    let backing =
+        fs::read_dir(&m.cipher).unwrap().flatten().find(|e| e.file_type().unwrap().is_char_device()).unwrap().path();
+    fs::remove_file(&backing).unwrap();
+    assert!(run("mknod", &[backing.to_str().unwrap(), "c", "8", "0"]).status.success());
+    std::thread::sleep(Duration::from_millis(1500)); // past the kernel's attribute cache
+    let got = handle.metadata().map(|st| st.rdev());
+    assert_eq!(got.map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "stat of the replaced node");
+    let err = fs::symlink_metadata(&null).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "lookup of the replaced node");
+}
+
+#[test]
 fn a_config_that_is_a_fifo_or_endless_is_refused_at_once() {
     let Some(mut m) = Mounted::new("64m", &[]) else { return };
     m.umount();
@@ -303,18 +330,66 @@ fn password_given_on_stdin_leaves_no_copy_in_the_daemon_memory() {
     let Some(mut m) = Mounted::new("64m", &[]) else { return };
     m.umount();
     // The vault's password is fixed by the fixture; change it to a unique one first.
-    let pw = format!("pw-{:016x}-unique", std::process::id() as u64 * 0x9e37_79b9_7f4a_7c15);
-    let o =
-        sh(&format!("printf '%s\\n%s\\n' '{PASSWORD}' '{pw}' | {BIN} passwd {} --password-stdin", m.cipher.display()));
-    assert!(o.status.success(), "passwd: {}", text(&o));
+    let pw = unique_password(&m);
     let o =
         sh(&format!("printf '%s\\n' '{pw}' | {BIN} mount {} {} --password-stdin", m.cipher.display(), m.mnt.display()));
     assert!(o.status.success(), "mount: {}", text(&o));
     let pid = daemon_pid(&m.mnt).expect("the mount daemon");
     fs::write(m.m("f"), b"use the mount a little").unwrap();
-    let hits = scan_memory(pid, pw.as_bytes());
+    let copies = password_copies(pid, &pw);
     let _ = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
-    assert_eq!(hits, 0, "the password is still in the daemon's memory ({hits} copies)");
+    assert_eq!(copies, (0, 0), "copies of the password (whole, first 8 bytes) in the daemon's memory");
+}
+
+/// A password of this test run only, with a distinctive first 8 bytes, set on the vault of
+/// `m` (unmounted).
+fn unique_password(m: &Mounted) -> String {
+    let pw = format!("pw-{:016x}-unique", std::process::id() as u64 * 0x9e37_79b9_7f4a_7c15);
+    let o = sh(&format!(
+        "printf '%s\\n%s\\n' '{PASSWORD}' '{pw}' | {BIN} passwd {} --password-stdin --kdf-memory 8 --kdf-iterations 1",
+        m.cipher.display()
+    ));
+    assert!(o.status.success(), "passwd: {}", text(&o));
+    pw
+}
+
+/// Copies of `pw` in process `pid`: whole, and of its first 8 bytes (what a growing buffer
+/// leaves behind at each reallocation).
+fn password_copies(pid: u32, pw: &str) -> (usize, usize) {
+    (scan_memory(pid, pw.as_bytes()), scan_memory(pid, &pw.as_bytes()[..8]))
+}
+
+#[test]
+fn password_typed_at_the_prompt_leaves_no_copy_in_the_daemon_memory() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    let pw = unique_password(&m);
+    let (cipher, mnt) = (m.cipher.to_str().unwrap(), m.mnt.to_str().unwrap());
+    let Some(session) = on_pty(&[&BIN, "mount", cipher, mnt], &[&pw]) else { return };
+    let (code, out) = session.finish();
+    let _unmount = UnmountOnDrop(m.mnt.clone());
+    assert_eq!(code, 0, "mount at the prompt: {out}");
+    assert!(out.contains("Password: ") && !out.contains(&pw), "prompted without echo: {out:?}");
+    let pid = daemon_pid(&m.mnt).expect("the mount daemon");
+    fs::write(m.m("f"), b"use the mount a little").unwrap();
+    let copies = password_copies(pid, &pw);
+    let _ = run(&BIN, &["umount", mnt]);
+    assert_eq!(copies, (0, 0), "copies of the typed password (whole, first 8 bytes) in the daemon's memory");
+}
+
+#[test]
+fn password_typed_at_the_prompt_leaves_no_copy_in_an_offline_command_after_unlock() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    let pw = unique_password(&m);
+    // `passwd` has unlocked the vault with the typed password and asks for the new one.
+    let Some(session) = on_pty(&[&BIN, "passwd", m.cipher.to_str().unwrap()], &[&pw]) else { return };
+    let copies = password_copies(session.pid, &pw);
+    let asking = fs::read_to_string(format!("/proc/{}/cmdline", session.pid)).is_ok();
+    let _ = run("kill", &["-KILL", &session.pid.to_string()]);
+    let (_, out) = session.finish();
+    assert!(asking && out.contains("New password: "), "passwd unlocked and asks for the new password: {out}");
+    assert_eq!(copies, (0, 0), "copies of the typed password (whole, first 8 bytes) in passwd's memory");
 }
 
 /// How often `needle` occurs in the readable memory of process `pid`.

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use veilfs_core::content::header::FLAG_SPARSE;
 use veilfs_core::content::{BlockCodec, ContentCipher, FileHeader};
 use veilfs_core::keys::MasterKey;
+use veilfs_core::names::SpecialBinding;
 use veilfs_core::{EntryKind, NameCipher, RecoveryKey, Secret, VaultConfig};
 
 fn hex(b: &[u8]) -> String {
@@ -32,8 +33,9 @@ const MASTER: [u8; 32] = [
     0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10,
 ];
 
-/// Computes every deterministic vector from fixed inputs.
-fn compute(config_vector: Value) -> Value {
+/// Computes every deterministic vector from fixed inputs; the two config vectors (made with
+/// random salts) are passed in.
+fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
     let mk = MasterKey::from_bytes(MASTER);
     let k = mk.subkeys();
     let file_id = arr::<16>("a0a1a2a3a4a5a6a7a8a9aaabacadaeaf");
@@ -55,7 +57,7 @@ fn compute(config_vector: Value) -> Value {
         .iter()
         .map(|&flags| json!({"flags": flags, "file_id": hex(&file_id), "bytes": hex(&FileHeader { flags, id: file_id }.encode(&k))}))
         .collect();
-    let nc = NameCipher::new(&k);
+    let nc = NameCipher::new(&k, SpecialBinding::ByType);
     let iv = arr::<16>("c0c1c2c3c4c5c6c7c8c9cacbcccdcecf");
     let identity = arr::<16>("d0d1d2d3d4d5d6d7d8d9dadbdcdddedf");
     let mut names = Vec::new();
@@ -71,6 +73,7 @@ fn compute(config_vector: Value) -> Value {
             "side_file": key.side_file, "side_file_contents": key.side_file_contents(),
         }));
     }
+    let special_bindings = special_bindings(&k, &iv);
     // Deterministic (reverse) vaults, docs/FORMAT.md §17: identities, a GCM-SIV block with
     // its derived nonce, and a symlink blob.
     let rv = veilfs_core::reverse::vector_parts(&mk);
@@ -112,10 +115,43 @@ fn compute(config_vector: Value) -> Value {
         "content": content,
         "headers": headers,
         "names": names,
+        "special_bindings": special_bindings,
         "recovery_key": {"bytes": hex(&rk_bytes), "display": rk_display},
         "config": config_vector,
+        "config_special_kinds": config_special_kinds,
         "deterministic": deterministic,
     })
+}
+
+/// The binding of each special-file type, in a vault with the feature `special-kinds` (own
+/// kind byte; a device's identity starts with its number) and in one without (all `0x04`).
+fn special_bindings(k: &veilfs_core::keys::SubKeys, iv: &[u8; 16]) -> Vec<Value> {
+    let random = arr::<16>("d0d1d2d3d4d5d6d7d8d9dadbdcdddedf");
+    let mut out = Vec::new();
+    for specials in [SpecialBinding::ByType, SpecialBinding::Shared] {
+        let nc = NameCipher::new(k, specials);
+        for (name, kind, rdev) in [
+            ("fifo", EntryKind::Fifo, 0),
+            ("socket", EntryKind::Socket, 0),
+            ("null", EntryKind::CharDevice, libc::makedev(1, 3)),
+            ("sda", EntryKind::BlockDevice, libc::makedev(8, 0)),
+        ] {
+            let mut identity = random;
+            if kind.is_device() && specials == SpecialBinding::ByType {
+                identity[..8].copy_from_slice(&rdev.to_le_bytes());
+            }
+            nc.check_device(kind, &identity, rdev).unwrap();
+            let key = nc.name_key(iv, name.as_bytes()).unwrap();
+            let s = nc.bind(iv, &key.d, kind, &identity);
+            let features: Vec<&str> = if specials == SpecialBinding::ByType { vec!["special-kinds"] } else { vec![] };
+            out.push(json!({
+                "features": features, "type": format!("{kind:?}"), "rdev": rdev,
+                "kind": kind.binding_byte(specials), "dir_iv": hex(iv), "name": name, "identity": hex(&identity),
+                "d": hex(&key.d), "s": hex(&s), "entry": key.entry_name(&s),
+            }));
+        }
+    }
+    out
 }
 
 fn config_vector() -> Value {
@@ -135,17 +171,21 @@ fn config_vector() -> Value {
 #[test]
 fn format_v1_known_answers() {
     if std::env::var_os("VEILFS_REGEN_VECTORS").is_some() {
-        // Keep the committed config (it has random salts) unless there is none yet.
-        let committed = std::fs::read_to_string(path()).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok());
-        let v = compute(committed.map(|c| c["config"].clone()).unwrap_or_else(config_vector));
+        // The committed configs stay: `config` is a vault made before `special-kinds` existed,
+        // which must keep opening.
+        let old: Value = std::fs::read_to_string(path()).map_or(Value::Null, |t| serde_json::from_str(&t).unwrap());
+        let keep = |key: &str| if old[key].is_null() { config_vector() } else { old[key].clone() };
+        let v = compute(keep("config"), keep("config_special_kinds"));
         std::fs::create_dir_all(path().parent().unwrap()).unwrap();
         std::fs::write(path(), serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
         return;
     }
     let committed: Value =
         serde_json::from_str(&std::fs::read_to_string(path()).expect("tests/vectors/v1.json")).unwrap();
-    let fresh = compute(committed["config"].clone());
-    for key in ["master_key", "subkeys", "content", "headers", "names", "recovery_key", "deterministic"] {
+    let fresh = compute(committed["config"].clone(), committed["config_special_kinds"].clone());
+    for key in
+        ["master_key", "subkeys", "content", "headers", "names", "special_bindings", "recovery_key", "deterministic"]
+    {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }
     // Content vectors decrypt with the committed file key, independently of the key schedule.
@@ -162,14 +202,79 @@ fn format_v1_known_answers() {
         key.open(&on_disk[..nl], &aad, &mut body, &on_disk[on_disk.len() - 16..]).unwrap();
         assert_eq!(hex(&body), c["plaintext"].as_str().unwrap());
     }
-    // The committed config unlocks to the committed master key and authenticates.
-    let t = tempfile::tempdir().unwrap();
-    std::fs::write(t.path().join("veilfs.conf"), committed["config"]["file"].as_str().unwrap()).unwrap();
-    let cfg = VaultConfig::load(t.path()).unwrap();
-    let pw = Secret::Password(SecretString::from(committed["config"]["password"].as_str().unwrap().to_string()));
-    let mk = cfg.unlock(&pw, None, &t.path().join("veilfs.conf")).unwrap();
-    assert_eq!(hex(mk.expose_secret()), committed["config"]["master_key"].as_str().unwrap());
+    // The committed configs unlock to their master keys and authenticate: one made before the
+    // feature `special-kinds` (it keeps opening, binding special files the old way) and one
+    // with it.
+    for (key, specials) in [("config", SpecialBinding::Shared), ("config_special_kinds", SpecialBinding::ByType)] {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("veilfs.conf"), committed[key]["file"].as_str().unwrap()).unwrap();
+        let cfg = VaultConfig::load(t.path()).unwrap();
+        assert_eq!(cfg.special_binding(), specials, "{key}");
+        let pw = Secret::Password(SecretString::from(committed[key]["password"].as_str().unwrap().to_string()));
+        let mk = cfg.unlock(&pw, None, &t.path().join("veilfs.conf")).unwrap();
+        assert_eq!(hex(mk.expose_secret()), committed[key]["master_key"].as_str().unwrap(), "{key}");
+    }
     // The recovery key display decodes to its bytes.
     let rk = RecoveryKey::parse(committed["recovery_key"]["display"].as_str().unwrap()).unwrap();
     assert_eq!(hex(rk.bytes()), committed["recovery_key"]["bytes"].as_str().unwrap());
+}
+
+/// The Python reference reader, written from docs/FORMAT.md alone, decrypts a vault holding a
+/// FIFO, a socket and a character device, made with the feature `special-kinds` and as a
+/// vault from before it, and finds the tree it was imported from. Device nodes need root (as
+/// the mount tests do); python3 with `cryptography` is required under CI=true.
+#[test]
+fn reference_reader_reads_special_files_of_vaults_with_and_without_special_kinds() {
+    use std::process::Command;
+    let py = Command::new("python3").args(["-c", "import cryptography"]).output();
+    if !py.is_ok_and(|o| o.status.success()) {
+        let msg = "the reference reader needs python3 with cryptography (pip install cryptography)";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
+        eprintln!("SKIPPED: {msg}");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_veilfs");
+    let run = |args: &[&str]| {
+        let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{args:?}: {text}");
+        text
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (src, pf) = (t.path().join("src"), t.path().join("pass"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("file"), b"contents").unwrap();
+    std::fs::write(&pf, "pw\n").unwrap();
+    drop(std::os::unix::net::UnixListener::bind(src.join("socket")).unwrap());
+    let s = |p: &str| src.join(p).to_str().unwrap().to_string();
+    run(&["mknod", &s("fifo"), "p"]);
+    run(&["mknod", &s("null"), "c", "1", "3"]);
+    for with_feature in [true, false] {
+        let v = t.path().join(if with_feature { "new" } else { "old" });
+        let (v_s, pf_s) = (v.to_str().unwrap(), pf.to_str().unwrap());
+        run(&[bin, "init", v_s, "--passfile", pf_s, "--kdf-memory", "8", "--kdf-iterations", "1", "--no-recovery-key"]);
+        let secret = || Secret::Password(SecretString::from("pw".to_string()));
+        if !with_feature {
+            let mut vault = veilfs_core::Vault::open(&v, &secret(), None).unwrap();
+            let mut cfg = vault.config().clone();
+            cfg.features.retain(|f| f != "special-kinds");
+            vault.save_config(cfg).unwrap();
+        }
+        run(&[bin, "import", &format!("{}/.", src.display()), v_s, "--passfile", pf_s]);
+        let vault = veilfs_core::Vault::open(&v, &secret(), None).unwrap();
+        let specials = if with_feature { SpecialBinding::ByType } else { SpecialBinding::Shared };
+        assert_eq!(vault.names().specials(), specials);
+        let reader = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/reference_reader.py");
+        let out = run(&[
+            "python3",
+            reader.to_str().unwrap(),
+            "--vault",
+            v_s,
+            "--password-file",
+            pf_s,
+            "--compare",
+            src.to_str().unwrap(),
+        ]);
+        assert!(out.contains(" 0 failed") && out.contains("compared 4 vault entries"), "{specials:?}: {out}");
+    }
 }

@@ -1,11 +1,14 @@
 //! One verdict per tampering, whichever front end meets it: each attack of the tamper
 //! catalogue (crates/veilfs-core/tests/tamper.rs) plus hard-link substitution, a forged
-//! duplicate entry and a directory IV copied from another directory is applied to a copy of
-//! one vault, and the mount, `veilfs cat`, `veilfs export` and `veilfs fsck` must agree.
+//! duplicate entry, a directory IV copied from another directory and special files changed
+//! behind their entries (a FIFO made a socket, a device given another number, two devices
+//! swapped) is applied to a copy of one vault, and the mount, `veilfs cat` (`ls -l` for
+//! symlinks and special files), `veilfs export` and `veilfs fsck` must agree.
 
 mod common;
 use common::*;
 use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// What reading the probed object through the mount must give.
@@ -37,7 +40,14 @@ struct Objects {
     x: PathBuf,
     s1: PathBuf,
     s2: PathBuf,
+    /// A FIFO and two character devices (1:3 and 1:5).
+    fifo: PathBuf,
+    null: PathBuf,
+    zero: PathBuf,
 }
+
+/// Special files of the vault: probed by `lstat` through the mount and `veilfs ls -l`.
+const SPECIALS: [&str; 3] = ["fifo", "null", "zero"];
 
 const BLOCK: u64 = 4096 + 28;
 const HEADER: u64 = 36;
@@ -187,6 +197,39 @@ fn cases() -> Vec<Case> {
                 fs::copy(&o.b, forged).unwrap();
             },
         },
+        Case {
+            name: "FIFO swapped to socket",
+            probe: "fifo",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                fs::remove_file(&o.fifo).unwrap();
+                drop(std::os::unix::net::UnixListener::bind(&o.fifo).unwrap());
+            },
+        },
+        Case {
+            name: "device number changed",
+            probe: "null",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                // /dev/null (1:3) becomes the first disk (8:0), same type and name.
+                fs::remove_file(&o.null).unwrap();
+                assert!(run("mknod", &[o.null.to_str().unwrap(), "c", "8", "0"]).status.success());
+            },
+        },
+        Case {
+            name: "two specials swapped",
+            probe: "null",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                let tmp = o.cipher.join("swap");
+                fs::rename(&o.null, &tmp).unwrap();
+                fs::rename(&o.zero, &o.null).unwrap();
+                fs::rename(&tmp, &o.zero).unwrap();
+            },
+        },
     ]
 }
 
@@ -208,6 +251,14 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
     fs::write(m.m("d2/y"), b"y").unwrap();
     std::os::unix::fs::symlink("target-one", m.m("s1")).unwrap();
     std::os::unix::fs::symlink("target-two", m.m("s2")).unwrap();
+    for args in [vec!["fifo", "p"], vec!["null", "c", "1", "3"], vec!["zero", "c", "1", "5"]] {
+        let path = m.m(args[0]);
+        let o = run("mknod", &[&[path.to_str().unwrap()], &args[1..]].concat());
+        assert!(o.status.success(), "mknod {args:?} through the mount: {}", text(&o));
+    }
+    let null = fs::symlink_metadata(m.m("null")).unwrap();
+    assert!(null.file_type().is_char_device() && null.rdev() == libc::makedev(1, 3), "{null:?}");
+    assert!(fs::symlink_metadata(m.m("fifo")).unwrap().file_type().is_fifo());
     m.umount();
     let o = Objects {
         cipher: m.cipher.clone(),
@@ -218,7 +269,18 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         x: encrypt_path(&m, "d1/x"),
         s1: encrypt_path(&m, "s1"),
         s2: encrypt_path(&m, "s2"),
+        fifo: encrypt_path(&m, "fifo"),
+        null: encrypt_path(&m, "null"),
+        zero: encrypt_path(&m, "zero"),
     };
+    // Untouched, every front end accepts them: the verdicts below are about the tampering.
+    let (c, pf) = (m.cipher.to_str().unwrap(), m.passfile.to_str().unwrap());
+    for p in SPECIALS {
+        let ls = run(&BIN, &["ls", "-l", &format!("{c}/{p}"), "--passfile", pf]);
+        assert!(ls.status.success(), "ls -l {p}: {}", text(&ls));
+    }
+    let fsck = run(&BIN, &["fsck", c, "--passfile", pf]);
+    assert!(fsck.status.success(), "fsck of the untouched vault: {}", text(&fsck));
     let pristine = m.tmpfs.path.join("pristine");
     assert!(run("cp", &["-a", m.cipher.to_str().unwrap(), pristine.to_str().unwrap()]).status.success());
     let (cipher, pass) = (m.cipher.to_str().unwrap().to_string(), m.passfile.to_str().unwrap().to_string());
@@ -230,8 +292,11 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         (case.tamper)(&o);
         let _ = fs::remove_dir_all(&out);
         let target = format!("{cipher}/{}", case.probe);
+        let special = SPECIALS.contains(&case.probe);
         let cat_args: Vec<&str> = if case.probe.starts_with('s') {
             vec!["ls", "-l", &cipher, "--passfile", &pass]
+        } else if special {
+            vec!["ls", "-l", &target, "--passfile", &pass]
         } else {
             vec!["cat", &target, "--passfile", &pass]
         };
@@ -240,8 +305,13 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         let fsck = run(&BIN, &["fsck", &cipher, "--json", "--passfile", &pass]);
         m.mount();
         let probe = m.m(case.probe);
-        let mounted =
-            if case.probe.starts_with('s') { fs::read_link(&probe).map(|_| Vec::new()) } else { fs::read(&probe) };
+        let mounted = if case.probe.starts_with('s') {
+            fs::read_link(&probe).map(|_| Vec::new())
+        } else if special {
+            fs::symlink_metadata(&probe).map(|_| Vec::new())
+        } else {
+            fs::read(&probe)
+        };
         m.umount();
         let got_mount = match &mounted {
             Ok(data) => {

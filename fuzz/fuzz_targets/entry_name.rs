@@ -11,7 +11,15 @@ use veilfs_core::names::{b64_decode, b64_encode, validate_name, ParsedEntry, LON
 use veilfs_core::{EntryKind, Error, NameCipher};
 use veilfs_fuzz::{names, split_nul, ENTRY_IV};
 
-const KINDS: [EntryKind; 4] = [EntryKind::File, EntryKind::Dir, EntryKind::Symlink, EntryKind::Special];
+const KINDS: [EntryKind; 7] = [
+    EntryKind::File,
+    EntryKind::Dir,
+    EntryKind::Symlink,
+    EntryKind::Fifo,
+    EntryKind::Socket,
+    EntryKind::CharDevice,
+    EntryKind::BlockDevice,
+];
 
 fuzz_target!(|data: &[u8]| {
     let (name, side) = split_nul(data);

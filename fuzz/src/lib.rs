@@ -34,7 +34,7 @@ pub fn subkeys() -> &'static SubKeys {
 /// The name cipher of [`MASTER`].
 pub fn names() -> &'static NameCipher {
     static N: OnceLock<NameCipher> = OnceLock::new();
-    N.get_or_init(|| NameCipher::new(subkeys()))
+    N.get_or_init(|| NameCipher::new(subkeys(), veilfs_core::names::SpecialBinding::ByType))
 }
 
 /// The fixed recovery key.

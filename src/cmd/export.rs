@@ -201,7 +201,9 @@ impl Exporter<'_> {
                     && matches!((std::fs::read_link(out), self.vault.readlink(dir, e)),
                                 (Ok(a), Ok(b)) if a.as_os_str().as_bytes() == b)
             }
-            EntryKind::Special => x.mode() & libc::S_IFMT == st.st_mode & libc::S_IFMT && x.rdev() == st.st_rdev,
+            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
+                x.mode() & libc::S_IFMT == st.st_mode & libc::S_IFMT && x.rdev() == st.st_rdev
+            }
             EntryKind::Dir => x.is_dir(),
         }
     }
@@ -264,8 +266,9 @@ impl Exporter<'_> {
                 }
             }
         }
-        let device = matches!(st.st_mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK);
-        if e.kind == EntryKind::Special && device && !self.preserve_special {
+        // Type and (in a vault with `special-kinds`) device number were verified with the
+        // entry's binding (Vault::verified_identity), from this same `stat`.
+        if e.kind.is_device() && !self.preserve_special {
             self.withheld += 1;
             self.pb.suspend(|| {
                 eprintln!("veilfs: export: {}: device node not made (--preserve-special makes it)", out.display())

@@ -111,7 +111,9 @@ fn identical(vault: &Vault, dir: &CipherDir, e: &Entry, src: &Path, m: &std::fs:
         EntryKind::Symlink if ft.is_symlink() => {
             matches!((vault.readlink(dir, e), std::fs::read_link(src)), (Ok(a), Ok(b)) if a == b.as_os_str().as_bytes())
         }
-        EntryKind::Special => e.stat.st_mode & libc::S_IFMT == m.mode() & libc::S_IFMT && e.stat.st_rdev == m.rdev(),
+        EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
+            e.stat.st_mode & libc::S_IFMT == m.mode() & libc::S_IFMT && e.stat.st_rdev == m.rdev()
+        }
         _ => false,
     }
 }

@@ -67,7 +67,7 @@ pub fn run(a: Args) -> Result<i32> {
         }
         results.insert(cipher.name().into(), serde_json::json!({"encrypt_mb_s": enc, "decrypt_mb_s": dec}));
     }
-    let nc = NameCipher::new(&keys);
+    let nc = NameCipher::new(&keys, veilfs_core::names::SpecialBinding::ByType);
     let iv = [3u8; 16];
     let names = rate(a.seconds, || {
         let k = nc.name_key(&iv, b"a-typical-file-name.txt").expect("valid name");

@@ -496,6 +496,116 @@ pub fn new_vault(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (cipher, mnt, pass)
 }
 
+/// Drives a command on a pseudo-terminal (python3's `pty`): it types each answer after the
+/// next prompt (output that ends in ": " and waits for input), then reports the child's pid once it asks again or
+/// has exited, and finally its exit code and output. The answers reach the program only
+/// through the terminal (not its arguments or environment).
+const PTY_DRIVER: &str = r#"
+import os, pty, select, sys, time
+args = sys.argv[1:]
+answers = [sys.stdin.readline().rstrip("\n") for _ in range(int(sys.stdin.readline()))]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(args[0], args)
+out, status = b"", None
+def pump(timeout):
+    global out
+    if select.select([fd], [], [], timeout)[0]:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            data = b""
+        out += data
+        return bool(data)
+    return False
+def exited():
+    global status
+    if status is None:
+        p, st = os.waitpid(pid, os.WNOHANG)
+        if p:
+            status = st
+    return status is not None
+def prompted(pos):
+    deadline = time.time() + 60
+    while not out[pos:].endswith(b": ") and not exited() and time.time() < deadline:
+        pump(0.05)
+    return out[pos:].endswith(b": ")
+pos = 0
+for a in answers:
+    if not prompted(pos):
+        break
+    pos = len(out)
+    os.write(fd, a.encode() + b"\n")
+prompted(pos)
+print(f"child {pid}", flush=True)
+while not exited():
+    pump(0.05)
+while pump(0.1):
+    pass
+sys.stdout.write(out.decode("utf-8", "replace"))
+sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
+"#;
+
+/// A command running on a pseudo-terminal, see [`on_pty`].
+pub struct OnPty {
+    driver: std::process::Child,
+    lines: std::io::BufReader<std::process::ChildStdout>,
+    /// The program's pid: it has read every answer and asks again, or has exited.
+    pub pid: u32,
+}
+
+/// Runs `args` on a pseudo-terminal, typing `answers` at its prompts. `None` (a skip) when
+/// python3 is missing, except under CI=true, where that panics.
+pub fn on_pty(args: &[&str], answers: &[&str]) -> Option<OnPty> {
+    use std::io::{BufRead, Write};
+    if !which("python3") {
+        let msg = "terminal tests need python3";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
+        eprintln!("SKIPPED: {msg}");
+        return None;
+    }
+    let mut driver = Command::new("python3")
+        .arg("-c")
+        .arg(PTY_DRIVER)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = driver.stdin.take().unwrap();
+    writeln!(stdin, "{}", answers.len()).unwrap();
+    for a in answers {
+        writeln!(stdin, "{a}").unwrap();
+    }
+    drop(stdin);
+    let mut lines = std::io::BufReader::new(driver.stdout.take().unwrap());
+    let mut first = String::new();
+    lines.read_line(&mut first).unwrap();
+    let pid = first.trim().strip_prefix("child ").and_then(|p| p.parse().ok());
+    let pid = pid.unwrap_or_else(|| panic!("the pty driver did not start {args:?}: {first:?}"));
+    Some(OnPty { driver, lines, pid })
+}
+
+impl OnPty {
+    /// Waits for the program to end: its exit code and everything it wrote to the terminal.
+    pub fn finish(mut self) -> (i32, String) {
+        use std::io::Read;
+        let mut out = String::new();
+        self.lines.read_to_string(&mut out).unwrap();
+        let code = self.driver.wait().unwrap().code().unwrap_or(-1);
+        (code, out)
+    }
+}
+
+impl Drop for OnPty {
+    fn drop(&mut self) {
+        // The program loses its terminal with the driver, and ends.
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
 /// Every name, file's bytes and symlink target under `p`, in sorted order (so two trees with
 /// the same contents dump equal whatever their readdir order).
 pub fn dump_tree(p: &Path) -> Vec<u8> {

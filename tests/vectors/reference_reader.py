@@ -254,18 +254,42 @@ def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
 
 # ---------------------------------------------------------------- §6 names
 
-KIND_FILE, KIND_DIR, KIND_SYMLINK, KIND_SPECIAL = 1, 2, 3, 4
-KIND_NAMES = {1: "file", 2: "dir", 3: "symlink", 4: "special"}
+KIND_FILE, KIND_DIR, KIND_SYMLINK = 1, 2, 3
+# §6.3 and §9: with the feature "special-kinds" each special type has its own kind; without
+# it every special file is 0x04 (KIND_SPECIAL, the same byte as a FIFO).
+KIND_FIFO, KIND_SOCKET, KIND_CHR, KIND_BLK = 4, 5, 6, 7
+KIND_SPECIAL = 4
+KIND_NAMES = {1: "file", 2: "dir", 3: "symlink", 4: "fifo", 5: "socket", 6: "chardev", 7: "blockdev"}
+SPECIAL_KINDS = "special-kinds"
 
 
-def kind_of_mode(mode: int) -> int:
+def kind_of_mode(mode: int, special_kinds: bool = True) -> int:
+    """The kind byte bound in S for a backing st_mode (§6.3)."""
     if stat.S_ISREG(mode):
         return KIND_FILE
     if stat.S_ISDIR(mode):
         return KIND_DIR
     if stat.S_ISLNK(mode):
         return KIND_SYMLINK
-    return KIND_SPECIAL
+    if not special_kinds:
+        return KIND_SPECIAL
+    if stat.S_ISSOCK(mode):
+        return KIND_SOCKET
+    if stat.S_ISCHR(mode):
+        return KIND_CHR
+    if stat.S_ISBLK(mode):
+        return KIND_BLK
+    return KIND_FIFO
+
+
+def is_special(mode: int) -> bool:
+    return kind_of_mode(mode) >= KIND_FIFO
+
+
+def check_device(special_kinds: bool, mode: int, identity: bytes, rdev: int):
+    """§9: with "special-kinds", a device's identity starts with u64le(st_rdev)."""
+    if special_kinds and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and identity[:8] != rdev.to_bytes(8, "little"):
+        raise IntegrityError(f"device number {os.major(rdev)}:{os.minor(rdev)} is not the one its entry promises")
 
 
 def valid_name(n: bytes) -> bool:
@@ -317,6 +341,7 @@ SLOT_FIELDS = ["id", "kind", "kdf", "wrapped_key"]
 KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism", "salt"],
               "hkdf-sha256": ["algorithm", "salt"]}
 FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic"}
 
 
 def canonical_json(obj) -> bytes:
@@ -395,11 +420,11 @@ def parse_config(text: bytes) -> dict:
     # §3.3 structural checks.
     if cfg["format"] != "veilfs" or cfg["version"] != 1:
         raise ConfigError(f"format {cfg['format']!r} version {cfg['version']} is not veilfs v1")
-    # §17: "deterministic" is the one optional feature, and goes with AES-256-GCM-SIV.
-    det = "deterministic" in cfg["features"]
-    if set(cfg["features"]) - {"deterministic"} != FEATURES_V1 or len(cfg["features"]) != len(set(cfg["features"])):
-        raise ConfigError(f"feature set {cfg['features']} is not the v1 set")
-    if det != (cfg["cipher"] == "AES-256-GCM-SIV"):
+    feats = cfg["features"]
+    if len(set(feats)) != len(feats) or not FEATURES_V1 <= set(feats) <= FEATURES_V1 | OPTIONAL_FEATURES:
+        raise ConfigError(f"feature set {feats} is not a v1 set")
+    # §17: "deterministic" goes with AES-256-GCM-SIV, and only with it.
+    if ("deterministic" in feats) != (cfg["cipher"] == "AES-256-GCM-SIV"):
         raise ConfigError("cipher AES-256-GCM-SIV and feature deterministic must go together")
     B = cfg["block_size"]
     if not (512 <= B <= 1 << 20) or B & (B - 1):
@@ -523,6 +548,7 @@ class Vault:
         self.aead = ContentAead(cfg["cipher"])
         self.block_size = cfg["block_size"]
         self.root_iv = unb64(cfg["root_dir_iv"])
+        self.special_kinds = SPECIAL_KINDS in cfg["features"]
         self.errors: list[tuple[bytes, str]] = []
 
     @classmethod
@@ -588,10 +614,11 @@ class Vault:
                 if not valid_name(name):
                     raise IntegrityError("name decrypts to an invalid name")
                 st = os.lstat(cpath)
-                kind = kind_of_mode(st.st_mode)
+                kind = kind_of_mode(st.st_mode, self.special_kinds)
                 identity = siv_decrypt(self.keys["binding"], [iv, d, bytes([kind])], unb64(s64))
                 if len(identity) != 16:
                     raise IntegrityError("identity is not 16 bytes")
+                check_device(self.special_kinds, st.st_mode, identity, st.st_rdev)
             except (IntegrityError, ValueError, UnicodeDecodeError, FileNotFoundError) as e:
                 self._err(cpath, f"entry does not decode: {e}")
                 continue
@@ -693,7 +720,7 @@ def run_vectors(path: str, t: Tally):
         t.check(siv_decrypt(keys["names"], [iv], hx(n["d"])) == n["name"].encode(), f"{what}: decrypt D")
         t.check(siv_decrypt(keys["binding"], [iv, hx(n["d"]), bytes([n["kind"]])], hx(n["s"])) == ident,
                 f"{what}: open S")
-        kinds = {KIND_FILE, KIND_DIR, KIND_SYMLINK, KIND_SPECIAL} - {n["kind"]}
+        kinds = set(KIND_NAMES) - {n["kind"]}
         for k in kinds:
             try:
                 siv_decrypt(keys["binding"], [iv, hx(n["d"]), bytes([k])], hx(n["s"]))
@@ -702,6 +729,35 @@ def run_vectors(path: str, t: Tally):
                 t.check(True, "")
         cls_ = classify(entry.encode())
         t.check(cls_[0] == ("long" if side else "short"), f"{what}: classified as {cls_[0]}")
+    modes = {"Fifo": stat.S_IFIFO, "Socket": stat.S_IFSOCK, "CharDevice": stat.S_IFCHR, "BlockDevice": stat.S_IFBLK}
+    for n in v["special_bindings"]:
+        sk = SPECIAL_KINDS in n["features"]
+        what = f"special {n['type']} ({'with' if sk else 'without'} {SPECIAL_KINDS})"
+        iv, ident, mode = hx(n["dir_iv"]), hx(n["identity"]), modes[n["type"]]
+        kind = kind_of_mode(mode, sk)
+        t.check(kind == n["kind"], f"{what}: kind byte", f"{kind} vs {n['kind']}")
+        d = name_d(keys, iv, n["name"].encode())
+        s = binding_s(keys, iv, d, kind, ident)
+        t.check(d.hex() == n["d"] and s.hex() == n["s"], f"{what}: D and S")
+        t.check(entry_names(d, s)[0] == n["entry"], f"{what}: entry name")
+        try:
+            check_device(sk, mode, ident, n["rdev"])
+            t.check(True, "")
+        except IntegrityError as e:
+            t.check(False, f"{what}: device number", str(e))
+        if sk and n["type"] in ("CharDevice", "BlockDevice"):
+            try:
+                check_device(sk, mode, ident, n["rdev"] + 1)
+                t.check(False, f"{what}: another device number must fail")
+            except IntegrityError:
+                t.check(True, "")
+        # With the feature, S opens only as its own special type; without, as every one.
+        for other, omode in modes.items():
+            try:
+                siv_decrypt(keys["binding"], [iv, d, bytes([kind_of_mode(omode, sk)])], s)
+                t.check(not sk or omode == mode, f"{what}: S must not open as {other}")
+            except IntegrityError:
+                t.check(sk and omode != mode, f"{what}: S must open as {other} without the feature")
     # §17: deterministic vaults. Identities, derived nonces, GCM-SIV blocks, a symlink blob.
     det = v["deterministic"]
     ids_key = hkdf(b"veilfs v1", master, b"deterministic-ids", 32)
@@ -728,11 +784,15 @@ def run_vectors(path: str, t: Tally):
     t.check(recovery_parse(rk["display"]) == hx(rk["bytes"]), "recovery key parse")
     t.check(recovery_parse(rk["display"].lower().replace("-", " ").replace("0", "o")) == hx(rk["bytes"]),
             "recovery key parse (lowercase, spaces, O for 0)")
+    for key, sk in [("config", False), ("config_special_kinds", True)]:
+        conf = v[key]
+        cfg = parse_config(conf["file"].encode())
+        t.check((SPECIAL_KINDS in cfg["features"]) == sk, f"{key}: feature {SPECIAL_KINDS}")
+        mk, slot = unlock(cfg, conf["password"].encode(), "password")
+        t.check(mk.hex() == conf["master_key"], f"{key} unlock: master key")
+        t.check(config_mac(cfg, mk) == cfg["mac"], f"{key} MAC")
     conf = v["config"]
     cfg = parse_config(conf["file"].encode())
-    mk, slot = unlock(cfg, conf["password"].encode(), "password")
-    t.check(mk.hex() == conf["master_key"], "config unlock: master key")
-    t.check(config_mac(cfg, mk) == cfg["mac"], "config MAC")
     try:
         unlock(cfg, b"wrong password", "password")
         t.check(False, "config: wrong password must fail")
@@ -795,7 +855,7 @@ def compare(vault: Vault, src: str, t: Tally, verbose: bool):
         ent, obj = got[rel]
         sst = os.lstat(expected[rel])
         vst = ent["stat"]
-        kind = kind_of_mode(sst.st_mode)
+        kind = kind_of_mode(sst.st_mode, vault.special_kinds)
         t.check(kind == ent["kind"], f"{what}: kind", f"{KIND_NAMES[ent['kind']]} vs {KIND_NAMES[kind]}")
         if kind == KIND_FILE:
             with open(expected[rel], "rb") as f:
@@ -804,7 +864,7 @@ def compare(vault: Vault, src: str, t: Tally, verbose: bool):
                     f"{what}: ciphertext size matches §5.3")
         elif kind == KIND_SYMLINK:
             t.check(obj == os.readlink(expected[rel]), f"{what}: symlink target")
-        elif kind == KIND_SPECIAL:
+        elif is_special(sst.st_mode):
             t.check(stat.S_IFMT(sst.st_mode) == stat.S_IFMT(vst.st_mode) and sst.st_rdev == vst.st_rdev,
                     f"{what}: special file type and device")
         if kind != KIND_SYMLINK:

@@ -26,10 +26,16 @@ use std::path::{Path, PathBuf};
 pub const FORMAT_NAME: &str = "veilfs";
 /// The on-disk format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
-/// Feature flags of format v1. All are required; a config naming one this build does not
-/// know was made by a newer veilfs and is refused.
+/// Feature flags of format v1 that every vault names. A config naming a feature this build
+/// does not know was made by a newer veilfs and is refused.
 pub const FEATURES_V1: &[&str] =
     &["header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"];
+/// Each special-file type bound as its own kind, a device's number in its identity
+/// (docs/FORMAT.md §9). Every new vault names it; vaults made before it lack it and keep the
+/// shared kind `0x04`.
+pub const FEATURE_SPECIAL_KINDS: &str = "special-kinds";
+/// Features a v1 vault may name besides [`FEATURES_V1`].
+pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
 /// this feature requires and which needs it (docs/FORMAT.md §17). Readers need nothing else.
@@ -143,10 +149,16 @@ impl VaultConfig {
             creator: format!("veilfs {}", env!("CARGO_PKG_VERSION")),
             cipher,
             block_size,
+            // Deterministic (reverse) vaults keep the shared special-file kind for now: their
+            // special-file identities are derived, not random (docs/FORMAT.md §17).
             features: FEATURES_V1
                 .iter()
                 .copied()
-                .chain((cipher == ContentCipher::Aes256GcmSiv).then_some(FEATURE_DETERMINISTIC))
+                .chain(std::iter::once(if cipher == ContentCipher::Aes256GcmSiv {
+                    FEATURE_DETERMINISTIC
+                } else {
+                    FEATURE_SPECIAL_KINDS
+                }))
                 .map(String::from)
                 .collect(),
             root_dir_iv: b64_encode(root_iv),
@@ -219,9 +231,12 @@ impl VaultConfig {
                 self.version
             ));
         }
-        for f in &self.features {
-            if !FEATURES_V1.contains(&f.as_str()) && f != FEATURE_DETERMINISTIC {
+        for (i, f) in self.features.iter().enumerate() {
+            if !FEATURES_V1.contains(&f.as_str()) && !OPTIONAL_FEATURES.contains(&f.as_str()) {
                 return Err(format!("needs feature {f:?}, unknown to this veilfs; upgrade veilfs"));
+            }
+            if self.features[..i].contains(f) {
+                return Err(format!("names feature {f:?} twice"));
             }
         }
         for f in FEATURES_V1 {
@@ -249,6 +264,20 @@ impl VaultConfig {
             return Err("has no key slots".into());
         }
         Ok(())
+    }
+
+    /// Whether the config names feature `f`.
+    pub fn has_feature(&self, f: &str) -> bool {
+        self.features.iter().any(|x| x == f)
+    }
+
+    /// How the vault binds special files: by type (feature `special-kinds`) or all as one kind.
+    pub fn special_binding(&self) -> crate::names::SpecialBinding {
+        if self.has_feature(FEATURE_SPECIAL_KINDS) {
+            crate::names::SpecialBinding::ByType
+        } else {
+            crate::names::SpecialBinding::Shared
+        }
     }
 
     /// Whether this is a deterministic (reverse-mode) vault: feature [`FEATURE_DETERMINISTIC`].
@@ -551,6 +580,31 @@ mod tests {
         assert!(cfg.unlock(&Secret::Recovery(rk), None, Path::new("x")).is_ok());
         assert!(cfg.unlock(&password("right"), None, Path::new("x")).is_ok());
         assert!(matches!(cfg.unlock(&password("wrong"), None, Path::new("x")), Err(Error::WrongPassword)));
+    }
+
+    #[test]
+    fn new_vaults_bind_specials_by_type_and_vaults_without_the_feature_still_parse() {
+        let p = Path::new("veilfs.conf");
+        let (mut cfg, master) = config_with_password("pw");
+        assert!(cfg.has_feature(FEATURE_SPECIAL_KINDS));
+        assert_eq!(cfg.special_binding(), crate::names::SpecialBinding::ByType);
+        // A vault made before the feature: the six v1 features only.
+        cfg.features.retain(|f| f != FEATURE_SPECIAL_KINDS);
+        cfg.seal(&master);
+        let old = VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p).unwrap();
+        assert_eq!(old.special_binding(), crate::names::SpecialBinding::Shared);
+        assert!(old.unlock(&password("pw"), None, p).is_ok());
+        // Unknown, missing and repeated features are refused.
+        let k = FEATURE_SPECIAL_KINDS;
+        for features in [vec![k, "from-the-future"], vec![k, k], vec![]] {
+            let mut c = cfg.clone();
+            c.features.extend(features.iter().map(|f| f.to_string()));
+            if features.is_empty() {
+                c.features.retain(|x| x != "xattrs");
+            }
+            let r = VaultConfig::parse(&serde_json::to_vec(&c).unwrap(), p);
+            assert!(matches!(r, Err(Error::Config { .. })), "{:?}", c.features);
+        }
     }
 
     #[test]

@@ -367,7 +367,8 @@ impl<'a> Checker<'a> {
                 self.report.symlinks += 1;
                 self.vault.readlink(dir, &e).map(drop)
             }
-            EntryKind::Special => {
+            // Its type and (with `special-kinds`) device number were checked with its binding.
+            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
                 self.report.specials += 1;
                 Ok(())
             }
@@ -493,13 +494,13 @@ impl<'a> Checker<'a> {
             return Err(Error::Invalid("lost+found itself".into()));
         }
         let kind = EntryKind::from_mode(st.st_mode);
-        let identity = carried_identity(self.vault, dir, on_disk, kind).unwrap_or_else(crate::random::bytes);
+        let identity = carried_identity(self.vault, dir, on_disk, st).unwrap_or_else(crate::random::bytes);
         self.moved += 1;
         let kind_name = match kind {
             EntryKind::File => "file",
             EntryKind::Dir => "dir",
             EntryKind::Symlink => "symlink",
-            EntryKind::Special => "special",
+            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => "special",
         };
         let tag = crate::names::b64_encode(&crate::keys::hmac16(b"lost+found", &[on_disk.as_bytes()])[..6]);
         let name = format!("{kind_name}-{tag}-{}", self.moved);
@@ -510,9 +511,11 @@ impl<'a> Checker<'a> {
     }
 }
 
-/// The identity an object carries in itself: a file's header ID, a directory's IV file, a
-/// symlink's ID. `None` when it carries none that can be read.
-fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, kind: EntryKind) -> Option<Identity> {
+/// The identity an object (backing `st`) carries in itself: a file's header ID, a directory's
+/// IV file, a symlink's ID, a device's number (`special-kinds`). `None` when it carries none
+/// that can be read.
+fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &libc::stat) -> Option<Identity> {
+    let kind = EntryKind::from_mode(st.st_mode);
     match kind {
         EntryKind::File => {
             let fd = Vault::open_content(dir, on_disk, libc::O_RDONLY, 0).ok()?;
@@ -529,7 +532,9 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, kind: EntryKi
             let blob = b64_decode(std::str::from_utf8(&stored).ok()?)?;
             blob.get(..16)?.try_into().ok()
         }
-        EntryKind::Special => None,
+        EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
+            Some(vault.names().new_identity(kind, st.st_rdev))
+        }
     }
 }
 

@@ -17,6 +17,13 @@
 //! files (open findings 2.1 and 2.3 of the 2017 gocryptfs audit). Renames and hard links
 //! stay cheap: only the name (`D` and `S`) is recomputed; the identity is read from `S`.
 //!
+//! Special files (FIFOs, sockets, devices) carry no identity of their own. In a vault with
+//! the config feature `special-kinds` each type has its own kind byte and a device's identity
+//! starts with its device number, checked against the backing `st_rdev` whenever the entry is
+//! used ([`NameCipher::check_device`]), so a FIFO cannot become a socket or a device and a
+//! device cannot change its number. Older vaults bind every special file as kind `0x04` with
+//! a random identity ([`SpecialBinding::Shared`], docs/FORMAT.md §9).
+//!
 //! Cost: `S` takes 44 of the 255 characters of a Linux name, so plaintext names up to 142
 //! bytes are stored directly; longer ones (up to 255) use the long-name scheme:
 //! `veilfs.L.<base64url(SHA-256(D))>.<base64url(S)>` plus a side file
@@ -56,7 +63,8 @@ pub type DirIv = [u8; DIRIV_LEN];
 pub type Identity = [u8; 16];
 
 /// What kind of object an entry names; part of the binding so a file cannot be replaced by
-/// a directory or a symlink under the same name.
+/// a directory or a symlink under the same name. The discriminant is the kind byte bound in
+/// `S` ([`binding_byte`](Self::binding_byte); docs/FORMAT.md §6.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum EntryKind {
@@ -66,20 +74,64 @@ pub enum EntryKind {
     Dir = 2,
     /// Symbolic link (identity = the ID inside its encrypted target).
     Symlink = 3,
-    /// FIFO, socket or device node (identity = random).
-    Special = 4,
+    /// FIFO (identity = random).
+    Fifo = 4,
+    /// Unix domain socket (identity = random).
+    Socket = 5,
+    /// Character device (identity = its device number and random bytes, see
+    /// [`NameCipher::new_identity`]).
+    CharDevice = 6,
+    /// Block device (identity as for [`CharDevice`](Self::CharDevice)).
+    BlockDevice = 7,
 }
 
 impl EntryKind {
-    /// The kind of a `st_mode`.
+    /// The kind of a `st_mode`. A zero file type is a regular file, as for mknod(2); the
+    /// kernel refuses every other value outside the seven types, so `stat` never shows one.
     pub fn from_mode(mode: u32) -> Self {
         match mode & libc::S_IFMT {
-            libc::S_IFREG => EntryKind::File,
             libc::S_IFDIR => EntryKind::Dir,
             libc::S_IFLNK => EntryKind::Symlink,
-            _ => EntryKind::Special,
+            libc::S_IFIFO => EntryKind::Fifo,
+            libc::S_IFSOCK => EntryKind::Socket,
+            libc::S_IFCHR => EntryKind::CharDevice,
+            libc::S_IFBLK => EntryKind::BlockDevice,
+            _ => EntryKind::File,
         }
     }
+
+    /// A FIFO, socket or device node: an object with no content of its own.
+    pub fn is_special(self) -> bool {
+        matches!(self, EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice)
+    }
+
+    /// A character or block device.
+    pub fn is_device(self) -> bool {
+        matches!(self, EntryKind::CharDevice | EntryKind::BlockDevice)
+    }
+
+    /// The byte bound in `S` for this kind under `specials`: its own discriminant, except
+    /// that a vault without `special-kinds` binds every special file as `0x04`.
+    pub fn binding_byte(self, specials: SpecialBinding) -> u8 {
+        match specials {
+            SpecialBinding::Shared if self.is_special() => LEGACY_SPECIAL,
+            _ => self as u8,
+        }
+    }
+}
+
+/// The one kind byte of every special file in a vault without `special-kinds`.
+pub const LEGACY_SPECIAL: u8 = 0x04;
+
+/// How a vault binds special files (the config feature `special-kinds`, docs/FORMAT.md §9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecialBinding {
+    /// Vaults made without the feature: every special file is kind `0x04` with a random
+    /// identity, so its type and device number are not authenticated.
+    Shared,
+    /// Feature `special-kinds`: each type has its own kind byte, and a device's identity is
+    /// `u64le(st_rdev) ‖ 8 random bytes`, checked against the backing object on every use.
+    ByType,
 }
 
 /// Checks that `name` is a name Linux allows in a directory (not `.`/`..`).
@@ -260,6 +312,7 @@ pub fn b64_encode(b: &[u8]) -> String {
 pub struct NameCipher {
     names: SivPool,
     binding: SivPool,
+    specials: SpecialBinding,
 }
 
 /// AES-SIV instances for one key, kept for reuse. Setting one up (two AES-256 key
@@ -299,9 +352,45 @@ impl std::fmt::Debug for NameCipher {
 }
 
 impl NameCipher {
-    /// A name cipher from the vault's subkeys.
-    pub fn new(keys: &SubKeys) -> Self {
-        NameCipher { names: SivPool::new(&keys.names), binding: SivPool::new(&keys.binding) }
+    /// A name cipher from the vault's subkeys, binding special files as `specials` says
+    /// (from the vault's config: [`VaultConfig::special_binding`](crate::VaultConfig::special_binding)).
+    pub fn new(keys: &SubKeys, specials: SpecialBinding) -> Self {
+        NameCipher { names: SivPool::new(&keys.names), binding: SivPool::new(&keys.binding), specials }
+    }
+
+    /// How this vault binds special files.
+    pub fn specials(&self) -> SpecialBinding {
+        self.specials
+    }
+
+    /// A fresh identity for a new object of `kind`: 16 random bytes, except that with
+    /// [`SpecialBinding::ByType`] a device's identity is `u64le(rdev) ‖ 8 random bytes`.
+    pub fn new_identity(&self, kind: EntryKind, rdev: libc::dev_t) -> Identity {
+        let mut id: Identity = crate::random::bytes();
+        if kind.is_device() && self.specials == SpecialBinding::ByType {
+            id[..8].copy_from_slice(&rdev.to_le_bytes());
+        }
+        id
+    }
+
+    /// Checks that a device whose entry promises `identity` still has the device number it
+    /// was made with (`rdev` = the backing `st_rdev`). With [`SpecialBinding::Shared`], and for
+    /// anything but a device, there is nothing to check.
+    pub fn check_device(&self, kind: EntryKind, identity: &Identity, rdev: libc::dev_t) -> Result<()> {
+        if !kind.is_device() || self.specials != SpecialBinding::ByType || identity[..8] == rdev.to_le_bytes() {
+            return Ok(());
+        }
+        let promised = u64::from_le_bytes(identity[..8].try_into().expect("8 bytes"));
+        Err(Error::auth(
+            "device",
+            format!(
+                "number {}:{} differs from the {}:{} its entry promises (device node replaced)",
+                libc::major(rdev),
+                libc::minor(rdev),
+                libc::major(promised),
+                libc::minor(promised)
+            ),
+        ))
     }
 
     /// `D` for `name` in the directory with IV `iv`.
@@ -377,7 +466,7 @@ impl NameCipher {
     pub fn bind(&self, iv: &DirIv, d: &[u8], kind: EntryKind, identity: &Identity) -> [u8; 32] {
         let v = self
             .binding
-            .with(|siv| siv.encrypt([iv.as_slice(), d, &[kind as u8]], identity))
+            .with(|siv| siv.encrypt([iv.as_slice(), d, &[kind.binding_byte(self.specials)]], identity))
             .expect("SIV encryption of 16 bytes");
         v.try_into().expect("SIV of 16 bytes is 32 bytes")
     }
@@ -388,7 +477,7 @@ impl NameCipher {
         let s = b64_decode(s_b64).ok_or_else(|| Error::auth("name binding", "is not base64url"))?;
         let id = self
             .binding
-            .with(|siv| siv.decrypt([iv.as_slice(), d, &[kind as u8]], s.as_slice()))
+            .with(|siv| siv.decrypt([iv.as_slice(), d, &[kind.binding_byte(self.specials)]], s.as_slice()))
             .map_err(|_| Error::auth("name binding", "does not verify (entry moved, swapped or changed type)"))?;
         id.try_into().map_err(|_| Error::auth("name binding", "has the wrong length"))
     }
@@ -401,7 +490,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn cipher() -> NameCipher {
-        NameCipher::new(&MasterKey::from_bytes([7; 32]).subkeys())
+        NameCipher::new(&MasterKey::from_bytes([7; 32]).subkeys(), SpecialBinding::ByType)
     }
 
     #[test]
@@ -477,6 +566,58 @@ mod tests {
         let other = c.name_key(&iv1, b"other.pdf").unwrap();
         assert!(c.unbind(&iv1, &other.d, EntryKind::File, &s64).is_err());
         assert!(c.decrypt_name(&iv2, &k.d).is_err());
+    }
+
+    const SPECIALS: [EntryKind; 4] =
+        [EntryKind::Fifo, EntryKind::Socket, EntryKind::CharDevice, EntryKind::BlockDevice];
+
+    #[test]
+    fn special_kinds_bind_each_type_and_device_number_only_with_the_feature() {
+        let keys = MasterKey::from_bytes([7; 32]).subkeys();
+        let (by_type, shared) =
+            (NameCipher::new(&keys, SpecialBinding::ByType), NameCipher::new(&keys, SpecialBinding::Shared));
+        let iv = [5u8; 16];
+        let k = by_type.name_key(&iv, b"node").unwrap();
+        for kind in SPECIALS {
+            assert_eq!(EntryKind::from_mode(kind_mode(kind)), kind);
+            let s64 = b64_encode(&by_type.bind(&iv, &k.d, kind, &[3; 16]));
+            for other in SPECIALS {
+                assert_eq!(by_type.unbind(&iv, &k.d, other, &s64).is_ok(), other == kind, "{kind:?} as {other:?}");
+                // Without the feature every special file is one kind (0x04): the legacy gap.
+                let legacy = b64_encode(&shared.bind(&iv, &k.d, kind, &[3; 16]));
+                assert_eq!(shared.unbind(&iv, &k.d, other, &legacy).unwrap(), [3; 16]);
+            }
+            assert_eq!(kind.binding_byte(SpecialBinding::Shared), LEGACY_SPECIAL);
+        }
+        assert_eq!(EntryKind::Fifo.binding_byte(SpecialBinding::ByType), 0x04);
+        assert_eq!(EntryKind::BlockDevice.binding_byte(SpecialBinding::ByType), 0x07);
+        // A device's identity carries its number; another number is an integrity error.
+        let disk = libc::makedev(8, 0);
+        let id = by_type.new_identity(EntryKind::BlockDevice, disk);
+        assert_eq!(id[..8], disk.to_le_bytes());
+        assert_ne!(id, by_type.new_identity(EntryKind::BlockDevice, disk), "8 random bytes follow");
+        by_type.check_device(EntryKind::BlockDevice, &id, disk).unwrap();
+        let err = by_type.check_device(EntryKind::BlockDevice, &id, libc::makedev(1, 3)).unwrap_err();
+        assert!(
+            matches!(&err, Error::Auth { detail, .. } if detail.contains("1:3") && detail.contains("8:0")),
+            "{err}"
+        );
+        // Not checked for FIFOs, nor in a vault without the feature.
+        by_type.check_device(EntryKind::Fifo, &id, libc::makedev(1, 3)).unwrap();
+        let legacy_id = shared.new_identity(EntryKind::BlockDevice, disk);
+        shared.check_device(EntryKind::BlockDevice, &legacy_id, libc::makedev(1, 3)).unwrap();
+    }
+
+    fn kind_mode(kind: EntryKind) -> u32 {
+        match kind {
+            EntryKind::Fifo => libc::S_IFIFO,
+            EntryKind::Socket => libc::S_IFSOCK,
+            EntryKind::CharDevice => libc::S_IFCHR,
+            EntryKind::BlockDevice => libc::S_IFBLK,
+            EntryKind::File => libc::S_IFREG,
+            EntryKind::Dir => libc::S_IFDIR,
+            EntryKind::Symlink => libc::S_IFLNK,
+        }
     }
 
     #[test]

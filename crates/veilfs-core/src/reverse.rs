@@ -265,7 +265,9 @@ impl ReverseVault {
     /// The identity of the object `name` of `kind` in the view directory with IV `parent_iv`
     /// (docs/FORMAT.md §17.2).
     pub fn identity(&self, parent_iv: &DirIv, name: &[u8], kind: EntryKind) -> Identity {
-        hmac16(self.ids.expose(), &[ID_PREFIX, &[kind as u8], parent_iv, name])
+        // Reverse vaults bind every special file as the shared kind `0x04` (no `special-kinds`).
+        let byte = kind.binding_byte(crate::names::SpecialBinding::Shared);
+        hmac16(self.ids.expose(), &[ID_PREFIX, &[byte], parent_iv, name])
     }
 
     /// Opens the top of PLAINDIR.
@@ -443,7 +445,7 @@ impl ReverseVault {
                 let o = self.vault.content().cipher.overhead();
                 st.st_size = b64_len(16 + st.st_size as usize + o) as i64;
             }
-            EntryKind::Dir | EntryKind::Special => {}
+            EntryKind::Dir | EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {}
         }
         st
     }

@@ -189,7 +189,7 @@ impl Vault {
     /// Builds a vault from a verified config and its master key.
     pub fn from_parts(cipherdir: &Path, config: VaultConfig, master: MasterKey) -> Vault {
         let keys: SubKeys = master.subkeys();
-        let names = Arc::new(NameCipher::new(&keys));
+        let names = Arc::new(NameCipher::new(&keys, config.special_binding()));
         let ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys));
         Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master }
     }
@@ -335,10 +335,8 @@ impl Vault {
         }
         let d = self.names.entry_d(&parsed, |side| Self::read_side_file(dir, side)).map_err(|e| relabel(e, &what()))?;
         let name = self.names.decrypt_name(&dir.iv, &d).map_err(|e| relabel(e, &what()))?;
-        let kind = EntryKind::from_mode(st.st_mode);
-        let identity = self
-            .names
-            .unbind(&dir.iv, &d, kind, parsed.binding().expect("user entry"))
+        let (kind, identity) = self
+            .verified_identity(&dir.iv, &d, parsed.binding().expect("user entry"), &st)
             .map_err(|e| relabel(e, &what()))?;
         let key = NameCipher::key_for_d(d);
         Ok(Some(Entry { name, on_disk: String::from_utf8_lossy(on_disk).into_owned(), key, kind, identity, stat: st }))
@@ -442,10 +440,9 @@ impl Vault {
             }
             let on_disk = String::from_utf8_lossy(&r.name).into_owned();
             let st = sys::fstatat(dir.fd(), &r.name).ctx(|| dir.child_path(&on_disk))?;
-            let kind = EntryKind::from_mode(st.st_mode);
             let binding = parsed.binding().expect("user entry");
-            let identity = match self.names.unbind(&dir.iv, &key.d, kind, binding) {
-                Ok(id) => id,
+            let (kind, identity) = match self.verified_identity(&dir.iv, &key.d, binding, &st) {
+                Ok(found) => found,
                 Err(e) => {
                     forged = Some(relabel(e, &dir.child_path(&on_disk)));
                     continue;
@@ -770,14 +767,51 @@ impl Vault {
         Ok(sub)
     }
 
-    /// The identity the entry `on_disk` of `dir` (with `D` = `d`, of `kind`) promises: its
-    /// binding, verified. An integrity error names the entry.
-    pub fn unbind_entry(&self, dir: &CipherDir, d: &[u8], on_disk: &str, kind: EntryKind) -> Result<Identity> {
+    /// The kind and identity the entry `on_disk` of `dir` (with `D` = `d`, backing `st`)
+    /// promises: its binding, verified against the backing object (see
+    /// [`verified_identity`](Self::verified_identity)). An integrity error names the entry.
+    pub fn unbind_entry(
+        &self,
+        dir: &CipherDir,
+        d: &[u8],
+        on_disk: &str,
+        st: &libc::stat,
+    ) -> Result<(EntryKind, Identity)> {
         let what = || dir.child_path(on_disk);
         let binding = ParsedEntry::parse(on_disk.as_bytes())
             .binding()
             .ok_or_else(|| Error::auth(what(), "is not a veilfs entry name"))?;
-        self.names.unbind(&dir.iv, d, kind, binding).map_err(|e| relabel(e, &what()))
+        self.verified_identity(&dir.iv, d, binding, st).map_err(|e| relabel(e, &what()))
+    }
+
+    /// The one check of an entry's binding against its backing object, for every front end
+    /// (listing, lookup, the mount, fsck): the kind comes from the backing `st_mode`, the
+    /// binding `s_b64` must open for it, and a device must still have the device number its
+    /// identity carries (vaults with `special-kinds`, docs/FORMAT.md §9).
+    pub fn verified_identity(
+        &self,
+        iv: &DirIv,
+        d: &[u8],
+        s_b64: &str,
+        st: &libc::stat,
+    ) -> Result<(EntryKind, Identity)> {
+        let kind = EntryKind::from_mode(st.st_mode);
+        let identity = self.names.unbind(iv, d, kind, s_b64)?;
+        self.names.check_device(kind, &identity, st.st_rdev)?;
+        Ok((kind, identity))
+    }
+
+    /// Checks that the backing object `st`, met again by a handle that holds `kind` and
+    /// `identity` from an earlier verification, is still of that kind and, for a device, that
+    /// number. `what` names it in the integrity error.
+    pub fn check_object(&self, kind: EntryKind, identity: &Identity, st: &libc::stat, what: &str) -> Result<()> {
+        if EntryKind::from_mode(st.st_mode) != kind {
+            return Err(Error::auth(
+                what,
+                format!("is {} where its entry names another kind", sys::type_name(st.st_mode)),
+            ));
+        }
+        self.names.check_device(kind, identity, st.st_rdev).map_err(|e| relabel(e, what))
     }
 
     /// `D` of the entry `on_disk` of `dir`, read from its name or, for a long name, its side
@@ -894,17 +928,23 @@ impl Vault {
     }
 
     /// Creates a FIFO, socket or device node.
-    pub fn mknod(&self, dir: &CipherDir, name: &[u8], mode: u32, rdev: u64) -> Result<Entry> {
+    pub fn mknod(&self, dir: &CipherDir, name: &[u8], mode: u32, rdev: libc::dev_t) -> Result<Entry> {
         let key = self.absent_key(dir, name)?;
         let (on_disk, id) = self.mknod_at(dir, &key, mode, rdev)?;
         self.entry_after_create(dir, name, key, on_disk, EntryKind::from_mode(mode), id)
     }
 
     /// Creates a FIFO, socket or device node under `key` in `dir` (the caller knows the name
-    /// is free).
-    pub fn mknod_at(&self, dir: &CipherDir, key: &NameKey, mode: u32, rdev: u64) -> Result<(String, Identity)> {
-        let id: Identity = crate::random::bytes();
-        let on_disk = self.entry_name_for(dir, key, EntryKind::from_mode(mode), &id)?;
+    /// is free). A device's identity carries `rdev` ([`NameCipher::new_identity`]); a number
+    /// that mknod(2) would cut to 32 bits is refused (EINVAL), as the node would not be the
+    /// device asked for.
+    pub fn mknod_at(&self, dir: &CipherDir, key: &NameKey, mode: u32, rdev: libc::dev_t) -> Result<(String, Identity)> {
+        let kind = EntryKind::from_mode(mode);
+        if !kind.is_special() || (kind.is_device() && u32::try_from(rdev).is_err()) {
+            return Err(Error::io(dir.child_path(&key.key), std::io::Error::from_raw_os_error(libc::EINVAL)));
+        }
+        let id = self.names.new_identity(kind, rdev);
+        let on_disk = self.entry_name_for(dir, key, kind, &id)?;
         sys::mknodat(dir.fd(), on_disk.as_bytes(), mode, rdev).ctx(|| dir.child_path(&on_disk))?;
         Ok((on_disk, id))
     }

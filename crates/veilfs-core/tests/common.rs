@@ -46,3 +46,13 @@ pub fn cipher_path(v: &Vault, dir: &CipherDir, name: &str) -> PathBuf {
 pub fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(seed as u32).to_le_bytes()[1]).collect()
 }
+
+/// A vault as made before the config feature `special-kinds` existed (docs/FORMAT.md §9):
+/// the six original features only, so every special file is bound as kind 0x04.
+pub fn legacy_vault(dir: &Path) -> Vault {
+    let mut v = new_vault(dir);
+    let mut cfg = v.config().clone();
+    cfg.features.retain(|f| f != veilfs_core::config::FEATURE_SPECIAL_KINDS);
+    v.save_config(cfg).unwrap();
+    reopen(dir)
+}

@@ -98,7 +98,7 @@ impl VeilFs {
             } else {
                 let rdev = attr::rdev_from_fuse(rdev);
                 let (on_disk, _) = self.vault.mknod_at(&dir.cd, key, mode, rdev).map_err(cerr)?;
-                Ok((on_disk, libc::DT_UNKNOWN))
+                Ok((on_disk, dtype(kind)))
             }
         })
     }
@@ -189,7 +189,7 @@ impl VeilFs {
             let from = &src.parent.dir()?.cd;
             let on_disk =
                 self.vault.link_at(from, &src.on_disk, node.kind, &node.identity, &dir.cd, key).map_err(cerr)?;
-            Ok((on_disk, if node.kind == EntryKind::File { libc::DT_REG } else { libc::DT_UNKNOWN }))
+            Ok((on_disk, dtype(node.kind)))
         })
     }
 }
@@ -199,6 +199,9 @@ pub(super) fn dtype(k: EntryKind) -> u8 {
         EntryKind::File => libc::DT_REG,
         EntryKind::Dir => libc::DT_DIR,
         EntryKind::Symlink => libc::DT_LNK,
-        EntryKind::Special => libc::DT_UNKNOWN,
+        EntryKind::Fifo => libc::DT_FIFO,
+        EntryKind::Socket => libc::DT_SOCK,
+        EntryKind::CharDevice => libc::DT_CHR,
+        EntryKind::BlockDevice => libc::DT_BLK,
     }
 }

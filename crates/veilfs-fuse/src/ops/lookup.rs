@@ -46,8 +46,7 @@ impl VeilFs {
         on_disk: &str,
         st: &libc::stat,
     ) -> io::Result<(EntryKind, Identity)> {
-        let kind = EntryKind::from_mode(st.st_mode);
-        Ok((kind, self.vault.unbind_entry(&dir.cd, d, on_disk, kind).map_err(cerr)?))
+        self.vault.unbind_entry(&dir.cd, d, on_disk, st).map_err(cerr)
     }
 
     /// The node of entry `on_disk` of `parent` (counts one kernel lookup).
@@ -100,10 +99,15 @@ impl VeilFs {
         }
         let found = node.find_link(|l| {
             let dir = l.parent.dir.as_ref()?;
-            sys::fstatat(dir.cd.fd(), l.on_disk.as_bytes()).ok()
+            let st = sys::fstatat(dir.cd.fd(), l.on_disk.as_bytes()).ok()?;
+            Some((dir.cd.child_path(&l.on_disk), st))
         });
         // A deleted, closed object stays ESTALE here (answering with its last attributes made
         // stress-ng's inotify IN_DELETE_SELF check time out); only SETATTR uses them.
-        found.ok_or_else(|| errno(libc::ESTALE))
+        let (what, st) = found.ok_or_else(|| errno(libc::ESTALE))?;
+        // What is under the name now must still be what the entry promised: a device node
+        // replaced by one of another type or number is an integrity error, not new attributes.
+        self.vault.check_object(node.kind, &node.identity, &st, &what).map_err(cerr)?;
+        Ok(st)
     }
 }
