@@ -143,6 +143,14 @@ impl<'a> Checker<'a> {
         self.report.problems.len() - 1
     }
 
+    /// With `--repair`: unlinks the leftover file `name` of `dir` (problem `i`), saying `done`.
+    fn remove_leftover(&mut self, i: usize, dir: &CipherDir, name: &str, done: &str) {
+        if self.repair {
+            let r = sys::unlinkat(dir.fd(), name.as_bytes(), false).ctx(|| dir.child_path(name)).map(|()| done.into());
+            self.repaired(i, r);
+        }
+    }
+
     fn repaired(&mut self, i: usize, r: Result<String>) {
         match r {
             Ok(what) => self.report.problems[i].repaired = Some(what),
@@ -212,12 +220,7 @@ impl<'a> Checker<'a> {
                     None,
                     "a config update was interrupted (the config itself is intact)".into(),
                 );
-                if self.repair {
-                    let r = sys::unlinkat(dir.fd(), &r.name, false)
-                        .ctx(|| dir.child_path(&name))
-                        .map(|()| "removed".into());
-                    self.repaired(i, r);
-                }
+                self.remove_leftover(i, &dir, &name, "removed");
                 continue;
             }
             if name.starts_with(crate::names::PART_PREFIX) {
@@ -229,12 +232,7 @@ impl<'a> Checker<'a> {
                     Some(&plain),
                     "an interrupted import left a partial copy".into(),
                 );
-                if self.repair {
-                    let r = sys::unlinkat(dir.fd(), &r.name, false)
-                        .ctx(|| dir.child_path(&name))
-                        .map(|()| "removed (an unfinished copy; import it again)".into());
-                    self.repaired(i, r);
-                }
+                self.remove_leftover(i, &dir, &name, "removed (an unfinished copy; import it again)");
                 continue;
             }
             if name.starts_with(TEMP_PREFIX) {
@@ -454,19 +452,19 @@ impl<'a> Checker<'a> {
         e: &Entry,
         (data, s): (Vec<u8>, crate::file::Salvaged),
     ) -> Result<String> {
-        let (on_disk, _, f) = self.vault.create_file_at(dir, &e.key, e.stat.st_mode & 0o7777)?;
-        let size =
-            f.write_at(&data, 0, 0)
-                .map(|_| data.len() as u64)
-                .or_else(|x| if data.is_empty() { Ok(0) } else { Err(x) })?;
+        let (on_disk, id, f) = self.vault.create_file_at(dir, &e.key, e.stat.st_mode & 0o7777)?;
+        f.write_at(&data, 0, 0)?;
         f.sync(false)?;
-        let (fd, _) = Vault::entry_handle(dir, &on_disk, EntryKind::File, 0)?;
-        let _ = sys::chown_fd(fd.as_fd(), e.stat.st_uid, e.stat.st_gid);
+        let size = data.len() as u64;
+        let new = self.vault.entry_after_create(dir, &e.name, e.key.clone(), on_disk, EntryKind::File, id)?;
+        // Owner and times as the damaged file had them, where this user may set them (a
+        // non-root fsck cannot give a file away); the salvage stands either way.
+        let _ = self.vault.set_attrs(dir, &new, None, Some((e.stat.st_uid, e.stat.st_gid)), None);
         let times = [
             libc::timespec { tv_sec: e.stat.st_atime, tv_nsec: e.stat.st_atime_nsec },
             libc::timespec { tv_sec: e.stat.st_mtime, tv_nsec: e.stat.st_mtime_nsec },
         ];
-        let _ = sys::utimens_fd(fd.as_fd(), &times);
+        let _ = self.vault.set_attrs(dir, &new, None, None, Some(&times));
         let lost: Vec<String> = s.lost.iter().map(|(a, b)| format!("{a}..{b}")).collect();
         Ok(format!(
             "salvaged {size} bytes under its name ({} authenticated; lost byte ranges: {})",

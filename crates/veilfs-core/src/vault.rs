@@ -657,7 +657,8 @@ impl Vault {
         }
     }
 
-    fn entry_after_create(
+    /// The [`Entry`] of an object just made as `on_disk` in `dir` (one `fstatat`).
+    pub(crate) fn entry_after_create(
         &self,
         dir: &CipherDir,
         name: &[u8],
