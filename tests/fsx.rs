@@ -1233,7 +1233,7 @@ impl Fsx {
                     self.close_all();
                 }
                 self.log(format!("fixup: rm -r {rel}"));
-                let f = |p: PathBuf| std::fs::remove_dir_all(p).map_err(|e| Errno(e.raw_os_error().unwrap_or(0)));
+                let f = |p: PathBuf| rm_r(&p).map_err(|e| Errno(e.raw_os_error().unwrap_or(0)));
                 self.same(&format!("rm -r {rel}"), f(self.pm(rel)), f(self.pp(rel)));
                 self.cmp_lstat(rel);
             }
@@ -1405,4 +1405,26 @@ fn reproducer_open_unlinked_file_stays_usable() {
         }
     }
     assert!(failures.is_empty(), "operations on open files whose name is gone failed:\n{}", failures.join("\n"));
+}
+
+/// `rm -r` that does the same on both trees whatever their listing order: each directory is
+/// first given `u+rwx` (an ordinary user's fsx makes directories that deny their owner, and
+/// `remove_dir_all` stops at the first error, after removing whatever the listing order put
+/// first), entries go in name order, and the first error is returned after trying them all.
+fn rm_r(p: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let st = std::fs::symlink_metadata(p)?;
+    if !st.is_dir() {
+        return std::fs::remove_file(p);
+    }
+    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(st.permissions().mode() | 0o700));
+    let mut names: Vec<_> = std::fs::read_dir(p)?.filter_map(|e| e.ok().map(|e| e.file_name())).collect();
+    names.sort();
+    let mut first = Ok(());
+    for n in names {
+        if let Err(e) = rm_r(&p.join(n)) {
+            first = first.and(Err(e));
+        }
+    }
+    first.and_then(|()| std::fs::remove_dir(p))
 }

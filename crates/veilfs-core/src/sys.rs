@@ -213,7 +213,12 @@ pub struct RawDirEntry {
 /// Lists a directory (all entries, including `.`/`..`) without following any path.
 pub fn read_dir_fd(dir: BorrowedFd<'_>) -> io::Result<Vec<RawDirEntry>> {
     // Read through a fresh fd of the same directory so the caller's fd offset is untouched.
-    let own = open_dir_at(dir, b".")?;
+    // Reopening "." needs the search right on it; `/proc/self/fd/N` needs only the read right,
+    // as listing on Linux does (a directory of mode 0600 lists for its owner).
+    let own = open_dir_at(dir, b".").or_else(|e| match e.raw_os_error() {
+        Some(libc::EACCES) => open_dir_path(std::path::Path::new(OsStr::from_bytes(fd_path(dir).as_bytes()))),
+        _ => Err(e),
+    })?;
     let raw = own.as_raw_fd();
     std::mem::forget(own);
     // SAFETY: `raw` is an open directory fd we own; fdopendir takes ownership of it.
@@ -705,6 +710,15 @@ pub fn privileged<R>(f: impl FnOnce() -> R) -> R {
         std::process::abort();
     }
     r
+}
+
+/// The user id this thread's filesystem calls are checked with: the caller it acts as
+/// ([`act_as`]), else the effective user id.
+pub fn fs_uid() -> u32 {
+    ACTING.with_borrow(|a| a.as_ref().map(|(u, _, _)| *u)).unwrap_or_else(|| {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        unsafe { libc::geteuid() }
+    })
 }
 
 /// What `/proc/PID/status` says of a process's rights: its supplementary groups and whether

@@ -373,10 +373,12 @@ impl Vault {
     /// Opens the subdirectory `on_disk` of `parent` whose entry promises IV `iv`, checking its
     /// IV file (see [`check_diriv`](Self::check_diriv)).
     pub fn open_subdir(&self, parent: &CipherDir, on_disk: &str, iv: DirIv) -> Result<CipherDir> {
-        let fd = sys::open_dir_at(parent.fd(), on_disk.as_bytes()).ctx(|| parent.child_path(on_disk))?;
-        let dir = CipherDir { fd, iv, path: parent.path.join(on_disk) };
-        self.check_diriv(&dir)?;
-        Ok(dir)
+        owner_access(parent, on_disk, || {
+            let fd = sys::open_dir_at(parent.fd(), on_disk.as_bytes()).ctx(|| parent.child_path(on_disk))?;
+            let dir = CipherDir { fd, iv, path: parent.path.join(on_disk) };
+            self.check_diriv(&dir)?;
+            Ok(dir)
+        })
     }
 
     /// Lists `dir`: its decrypted entries, and the on-disk entries that failed to decrypt
@@ -619,13 +621,25 @@ impl Vault {
         if kind != EntryKind::Dir {
             return sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(what);
         }
+        owner_access(dir, on_disk, || self.remove_dir_entry(dir, on_disk, identity))
+    }
+
+    /// [`remove_entry`](Self::remove_entry) of a directory.
+    fn remove_dir_entry(&self, dir: &CipherDir, on_disk: &str, identity: &Identity) -> Result<()> {
+        let what = || dir.child_path(on_disk);
         let sub = Self::empty_dir(dir, on_disk)?;
         let tmp = crate::names::temp_name();
         sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
         crash::point!("vault.remove_temp");
         // The IV file goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
-        let _ = sys::privileged(|| sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false));
+        if let Err(e) = sys::privileged(|| sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false)) {
+            // A directory whose mode denies its owner write access (see `owner_access`).
+            if e.raw_os_error() == Some(libc::EACCES) {
+                let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
+                return Err(Error::io(what(), e));
+            }
+        }
         if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
             // Something appeared inside meanwhile: put it back as it was.
             let _ = sys::privileged(|| sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), identity, 0o400));
@@ -997,7 +1011,7 @@ impl Vault {
             match (entry.kind == EntryKind::Dir, r.kind == EntryKind::Dir) {
                 (false, true) => return errno(libc::EISDIR),
                 (true, false) => return errno(libc::ENOTDIR),
-                (true, true) => drop(Self::empty_dir(to, &r.on_disk)?),
+                (true, true) => drop(owner_access(to, &r.on_disk, || Self::empty_dir(to, &r.on_disk))?),
                 (false, false) => {}
             }
         }
@@ -1141,4 +1155,84 @@ pub fn path_components(path: &Path) -> Result<Vec<&[u8]>> {
         }
     }
     Ok(out)
+}
+
+/// The lock of [`owner_access`]: one grant at a time, so a second grant never takes the
+/// first one's temporary mode for the directory's own.
+static GRANT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `f` (a step on the directory `name` of `dir`) and, if the backing store refuses it
+/// with EACCES because a directory's mode denies its owner (`chmod 000`, `0300`, `0644` on a
+/// directory: allowed on Linux, where the owner still sees, stats and removes such a
+/// directory), runs it once more with the owner's `rwx` granted for the moment on `dir` and
+/// on `name`, then puts the modes back.
+///
+/// Why: the format keeps an IV file inside every directory, which the engine must read to
+/// open it and remove to remove it, and a lookup lists the directory (the binding is not
+/// computable from the name). A daemon running as root never notices (it passes every
+/// permission check); a user's own mount, or a root daemon acting as the owner, would
+/// otherwise show such a directory as missing after a remount and refuse `rmdir` with
+/// EACCES where Linux says ENOTEMPTY. Only for the owner (as the kernel lets only the owner
+/// chmod); a crash inside the grant leaves the directory with `u+rwx` added, nothing else.
+fn owner_access<T>(dir: &CipherDir, name: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let denied = |e: &Error| matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EACCES));
+    match f() {
+        Err(e) if denied(&e) => {}
+        r => return r,
+    }
+    let _g = GRANT.lock().unwrap_or_else(|e| e.into_inner());
+    let parent = Grant::new(dir.fd());
+    let child = sys::open_path_at(dir.fd(), name.as_bytes()).ok();
+    let child = child.as_ref().map(|(fd, _)| Grant::new(fd.as_fd()));
+    let r = f();
+    drop(child);
+    drop(parent);
+    r
+}
+
+/// Runs `f` with the owner's `rwx` added to the mode of the directory behind `fd` (any fd on
+/// it, `O_PATH` too) for the moment, as [`owner_access`] does: for a step inside it that
+/// already failed with EACCES.
+pub fn with_owner_rwx<T, E>(
+    fd: BorrowedFd<'_>,
+    f: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    let _g = GRANT.lock().unwrap_or_else(|e| e.into_inner());
+    let _grant = Grant::new(fd);
+    f()
+}
+
+/// The owner's `rwx` on one directory, added by [`Grant::new`] if this thread's filesystem
+/// uid owns it and its mode lacks them, taken away again on drop (unless something changed
+/// the mode meanwhile). Only under `GRANT`.
+struct Grant<'a> {
+    fd: BorrowedFd<'a>,
+    mode: Option<(u32, u64)>,
+}
+
+impl<'a> Grant<'a> {
+    fn new(fd: BorrowedFd<'a>) -> Self {
+        let mut g = Grant { fd, mode: None };
+        let Ok(st) = sys::fstat(fd) else { return g };
+        let mode = st.st_mode & 0o7777;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != sys::fs_uid() || mode & 0o700 == 0o700 {
+            return g;
+        }
+        match sys::chmod_fd(fd, mode | 0o700) {
+            Ok(()) => g.mode = Some((mode, st.st_ino)),
+            Err(e) => tracing::debug!("backing inode {}: owner access not granted: {e}", st.st_ino),
+        }
+        g
+    }
+}
+
+impl Drop for Grant<'_> {
+    fn drop(&mut self) {
+        let Some((mode, ino)) = self.mode else { return };
+        if sys::fstat(self.fd).is_ok_and(|now| now.st_mode & 0o7777 == mode | 0o700) {
+            if let Err(e) = sys::chmod_fd(self.fd, mode) {
+                tracing::warn!("backing inode {ino}: mode {mode:o} not restored: {e}");
+            }
+        }
+    }
 }

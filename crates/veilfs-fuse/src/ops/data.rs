@@ -180,22 +180,37 @@ impl VeilFs {
         }
         let end = off.checked_add(data.len() as u64).ok_or_else(|| errno(libc::EFBIG))?;
         self.atime_recheck(&h.node);
+        let keep = self.setid_kept(&h.crypt)?;
+        let r = self.write_locked(&h.crypt, f, off, end, data);
+        self.restore_setid(&h.crypt, keep);
+        r
+    }
+
+    /// The part of [`do_write`](Self::do_write) under the file's locks.
+    fn write_locked(
+        &self,
+        crypt: &CryptFile,
+        f: &crate::inodes::FileState,
+        off: u64,
+        end: u64,
+        data: &[u8],
+    ) -> io::Result<usize> {
         {
             // Inside the current size: only the touched blocks are locked, so writers to
             // different blocks of one file run in parallel.
             let _s = f.sized();
-            let cur = self.current_size(f, &h.crypt)?;
+            let cur = self.current_size(f, crypt)?;
             if end <= cur {
                 if let Some((first, last)) = self.layout.blocks_touched(off, data.len() as u64) {
                     let _r = f.blocks(first, last, true);
-                    h.crypt.write_at(data, off, cur).map_err(cerr)?;
+                    crypt.write_at(data, off, cur).map_err(cerr)?;
                 }
                 return Ok(data.len());
             }
         }
         let _w = f.resizing();
-        let cur = self.current_size(f, &h.crypt)?;
-        let new = h.crypt.write_at(data, off, cur).map_err(cerr)?;
+        let cur = self.current_size(f, crypt)?;
+        let new = crypt.write_at(data, off, cur).map_err(cerr)?;
         f.set_size(new);
         Ok(data.len())
     }
@@ -210,7 +225,10 @@ impl VeilFs {
         let f = node.file()?;
         let _w = f.resizing();
         let cur = self.current_size(f, crypt)?;
-        crypt.truncate(size, cur).map_err(cerr)?;
+        let keep = self.setid_kept(crypt)?;
+        let r = crypt.truncate(size, cur).map_err(cerr);
+        self.restore_setid(crypt, keep);
+        r?;
         f.set_size(size);
         self.atime_recheck(node);
         self.drop_setid(node, crypt, caller, false).map(drop)
@@ -230,11 +248,15 @@ impl VeilFs {
         // Reserve the ciphertext space, so later writes cannot fail with ENOSPC.
         let start = self.layout.block_offset(self.layout.block_of(off));
         let cend = self.layout.cipher_size(end);
-        sys::fallocate(h.crypt.backing().as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))?;
-        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > cur {
-            h.crypt.truncate(end, cur).map_err(cerr)?;
-            f.set_size(end);
-        }
+        let keep = self.setid_kept(&h.crypt)?;
+        let r =
+            sys::fallocate(h.crypt.backing().as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))
+                .and_then(|()| match mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > cur {
+                    true => h.crypt.truncate(end, cur).map_err(cerr).map(|()| f.set_size(end)),
+                    false => Ok(()),
+                });
+        self.restore_setid(&h.crypt, keep);
+        r?;
         self.atime_recheck(&h.node);
         if self.drop_setid(&h.node, &h.crypt, caller, false)? {
             self.invalidate_attr(h.node.id);
@@ -282,6 +304,37 @@ impl VeilFs {
         // As the daemon: the caller need not own the file (Linux forces this change too).
         sys::privileged(|| sys::fchmod(fd, mode & 0o7777 & !drop))?;
         Ok(true)
+    }
+
+    /// A daemon without `CAP_FSETID` (one running as the mounting user) has the backing
+    /// filesystem apply Linux's set-id rule to *its own* writes, truncations and allocations,
+    /// so the bits would go also where Linux keeps them for the one who asked: a write through
+    /// a shared mapping (written back later, by nobody), or a writer holding `CAP_FSETID`.
+    /// Returns the mode to put back after the change (`None` for a root daemon, or when the
+    /// file has no set-id bit); the plaintext rule itself is [`drop_setid`](Self::drop_setid)'s.
+    fn setid_kept(&self, crypt: &CryptFile) -> io::Result<Option<u32>> {
+        if self.euid == 0 {
+            return Ok(None);
+        }
+        let mode = sys::fstat(crypt.backing().as_fd())?.st_mode;
+        Ok((mode & (libc::S_ISUID | libc::S_ISGID) != 0).then_some(mode & 0o7777))
+    }
+
+    /// Puts back the set-id bits [`setid_kept`](Self::setid_kept) saw, if the backing
+    /// filesystem cleared them (best effort: a failure leaves the file as Linux would for an
+    /// unprivileged writer, and is logged).
+    fn restore_setid(&self, crypt: &CryptFile, keep: Option<u32>) {
+        let Some(mode) = keep else { return };
+        let fd = crypt.backing().as_fd();
+        match sys::fstat(fd) {
+            // Only when nothing but set-id bits changed (a chmod meanwhile wins).
+            Ok(st) if st.st_mode & 0o7777 != mode && st.st_mode & 0o1777 == mode & 0o1777 => {
+                if let Err(e) = sys::fchmod(fd, mode) {
+                    tracing::warn!("set-id bits of backing inode {} not restored: {e}", st.st_ino);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// LSEEK (SEEK_DATA / SEEK_HOLE) without the writeback cache: the backing file's answer,

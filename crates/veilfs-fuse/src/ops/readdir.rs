@@ -62,7 +62,7 @@ impl VeilFs {
     /// the entry's binding (which READDIRPLUS does as well).
     pub(crate) fn entry_ino(&self, parent: &Node, e: &SnapEntry) -> io::Result<u64> {
         let dir = parent.dir()?;
-        let st = sys::fstatat(dir.cd.fd(), e.on_disk.as_bytes())?;
+        let st = Self::stat_entry(dir, &e.on_disk)?;
         let (_, identity) = self.identity(dir, &e.d, &e.on_disk, &st)?;
         Ok(self.nodes.id_for(st.st_ino, identity))
     }
@@ -70,7 +70,19 @@ impl VeilFs {
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
     pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, libc::stat)> {
         let dir = parent.dir()?;
-        let st = sys::fstatat(dir.cd.fd(), e.on_disk.as_bytes())?;
+        let st = Self::stat_entry(dir, &e.on_disk)?;
         Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
+    }
+
+    /// The backing stat of entry `on_disk` of `dir`. A directory that its owner may read but
+    /// not search (mode 0600) still lists on Linux; the entry's stat then needs the owner's
+    /// search right for a moment (`with_owner_rwx`, for a daemon that is not root).
+    fn stat_entry(dir: &DirState, on_disk: &str) -> io::Result<libc::stat> {
+        sys::fstatat(dir.cd.fd(), on_disk.as_bytes()).or_else(|e| match e.raw_os_error() {
+            Some(libc::EACCES) => {
+                veilfs_core::vault::with_owner_rwx(dir.cd.fd(), || sys::fstatat(dir.cd.fd(), on_disk.as_bytes()))
+            }
+            _ => Err(e),
+        })
     }
 }
