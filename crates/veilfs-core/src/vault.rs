@@ -19,13 +19,14 @@ use crate::kdf::Argon2Params;
 use crate::keys::{MasterKey, SubKeys};
 use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry, DIRIV_LEN, DIRIV_NAME};
 use crate::recovery::RecoveryKey;
+use crate::sys::Stat;
 use crate::sys::{self, MetaError};
 
 /// Largest long-name side file: `base64url(D)` of a 255-byte name is 362 bytes.
 const SIDE_FILE_MAX: usize = 512;
 use secrecy::SecretString;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,7 +96,7 @@ pub struct Entry {
     /// The identity the name promises.
     pub identity: Identity,
     /// The backing `stat` of the entry.
-    pub stat: libc::stat,
+    pub stat: Stat,
 }
 
 /// A regular file being written under an internal name until it is complete (see
@@ -164,7 +165,7 @@ impl Vault {
         let dirfd = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
         sys::write_new_file(dirfd.as_fd(), DIRIV_NAME.as_bytes(), &root_iv, 0o400)
             .ctx(|| format!("writing {}/{DIRIV_NAME}", cipherdir.display()))?;
-        sys::fsync(dirfd.as_raw_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
+        sys::fsync(dirfd.as_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
         cfg.save(cipherdir)?;
         Ok((Vault::from_parts(cipherdir, cfg, master), rk))
     }
@@ -325,7 +326,7 @@ impl Vault {
     }
 
     /// Decodes one raw on-disk entry of `dir` (`st` = its backing stat).
-    pub fn decode_entry(&self, dir: &CipherDir, on_disk: &[u8], st: libc::stat) -> Result<Option<Entry>> {
+    pub fn decode_entry(&self, dir: &CipherDir, on_disk: &[u8], st: Stat) -> Result<Option<Entry>> {
         let parsed = ParsedEntry::parse(on_disk);
         let what = || dir.child_path(&String::from_utf8_lossy(on_disk));
         match parsed {
@@ -500,7 +501,7 @@ impl Vault {
     /// A verified `O_PATH` handle on the object of `entry` in `dir`: of the entry's kind and
     /// the inode the entry was listed with. Attribute changes act on this handle, so a link
     /// planted under the entry's name is never followed (docs/SECURITY.md §8).
-    pub fn entry_handle(dir: &CipherDir, on_disk: &str, kind: EntryKind, ino: u64) -> Result<(OwnedFd, libc::stat)> {
+    pub fn entry_handle(dir: &CipherDir, on_disk: &str, kind: EntryKind, ino: u64) -> Result<(OwnedFd, Stat)> {
         let what = || dir.child_path(on_disk);
         let (fd, st) = sys::open_path_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
         if EntryKind::from_mode(st.st_mode) != kind {
@@ -771,13 +772,7 @@ impl Vault {
     /// The kind and identity the entry `on_disk` of `dir` (with `D` = `d`, backing `st`)
     /// promises: its binding, verified against the backing object (see
     /// [`verified_identity`](Self::verified_identity)). An integrity error names the entry.
-    pub fn unbind_entry(
-        &self,
-        dir: &CipherDir,
-        d: &[u8],
-        on_disk: &str,
-        st: &libc::stat,
-    ) -> Result<(EntryKind, Identity)> {
+    pub fn unbind_entry(&self, dir: &CipherDir, d: &[u8], on_disk: &str, st: &Stat) -> Result<(EntryKind, Identity)> {
         let what = || dir.child_path(on_disk);
         let binding = ParsedEntry::parse(on_disk.as_bytes())
             .binding()
@@ -789,13 +784,7 @@ impl Vault {
     /// (listing, lookup, the mount, fsck): the kind comes from the backing `st_mode`, the
     /// binding `s_b64` must open for it, and a device must still have the device number its
     /// identity carries (vaults with `special-kinds`, docs/FORMAT.md §9).
-    pub fn verified_identity(
-        &self,
-        iv: &DirIv,
-        d: &[u8],
-        s_b64: &str,
-        st: &libc::stat,
-    ) -> Result<(EntryKind, Identity)> {
+    pub fn verified_identity(&self, iv: &DirIv, d: &[u8], s_b64: &str, st: &Stat) -> Result<(EntryKind, Identity)> {
         let kind = EntryKind::from_mode(st.st_mode);
         let identity = self.names.unbind(iv, d, kind, s_b64)?;
         self.names.check_device(kind, &identity, st.st_rdev)?;
@@ -805,7 +794,7 @@ impl Vault {
     /// Checks that the backing object `st`, met again by a handle that holds `kind` and
     /// `identity` from an earlier verification, is still of that kind and, for a device, that
     /// number. `what` names it in the integrity error.
-    pub fn check_object(&self, kind: EntryKind, identity: &Identity, st: &libc::stat, what: &str) -> Result<()> {
+    pub fn check_object(&self, kind: EntryKind, identity: &Identity, st: &Stat, what: &str) -> Result<()> {
         if EntryKind::from_mode(st.st_mode) != kind {
             return Err(Error::auth(
                 what,
@@ -1118,7 +1107,7 @@ fn relabel(e: Error, what: &str) -> Error {
     }
 }
 
-fn ctime(st: &libc::stat) -> (i64, i64) {
+fn ctime(st: &Stat) -> (i64, i64) {
     (st.st_ctime, st.st_ctime_nsec)
 }
 

@@ -1,6 +1,7 @@
 //! OPENDIR and READDIR(PLUS): a snapshot of the directory index, names decrypted once.
 
 use super::*;
+use veilfs_core::sys::Stat;
 
 impl VeilFs {
     /// OPENDIR.
@@ -68,7 +69,7 @@ impl VeilFs {
     }
 
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
-    pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, libc::stat)> {
+    pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, Stat)> {
         let dir = parent.dir()?;
         let st = sys::fstatat(dir.cd.fd(), e.on_disk.as_bytes())?;
         Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
