@@ -40,7 +40,9 @@ fn thread_count() -> io::Result<usize> {
 /// which is why fork is unsafe in general. Only the calling thread could start another
 /// meanwhile, so the check holds at the call.
 pub fn fork() -> io::Result<Forked> {
-    if thread_count()? != 1 {
+    let threads = thread_count()
+        .map_err(|e| io::Error::other(format!("cannot count this process's threads in /proc/self/task: {e}")))?;
+    if threads != 1 {
         return Err(io::Error::from_raw_os_error(libc::EBUSY));
     }
     // SAFETY: the process has one thread (checked above), so the child inherits no lock or
