@@ -44,8 +44,7 @@ pub fn invocation(argv: &[OsString], subcommands: &[&str]) -> Invocation {
 fn strip_type(source: &OsStr) -> &OsStr {
     let b = source.as_encoded_bytes();
     match b.strip_prefix(b"veilfs#") {
-        // SAFETY: the rest of a valid OsStr after an ASCII prefix is a valid OsStr.
-        Some(rest) => unsafe { OsStr::from_encoded_bytes_unchecked(rest) },
+        Some(rest) => std::os::unix::ffi::OsStrExt::from_bytes(rest),
         None => source,
     }
 }

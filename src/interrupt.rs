@@ -4,39 +4,19 @@
 //! is dropped (the vault lock is released), dies of the same signal, as a shell expects of an
 //! interrupted command (exit status 128 + N). A second signal ends the process at once.
 
-use std::sync::atomic::{AtomicI32, Ordering};
-
-/// The signal received (0: none).
-static SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    if SIGNAL.swap(sig, Ordering::SeqCst) != 0 {
-        // SAFETY: signal() and raise() are async-signal-safe; the default action ends us.
-        unsafe {
-            libc::signal(sig, libc::SIG_DFL);
-            libc::raise(sig);
-        }
-    }
-}
+use veilfs_core::sys::process;
 
 /// Catches SIGINT, SIGTERM and SIGHUP from now on (after any password prompt, which Ctrl-C
-/// must still end at once).
+/// must still end at once): each only sets a flag; a second one ends the process at once.
 pub fn catch() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installs a handler that only touches an atomic (and re-raises, see above);
-        // the sigaction struct is zeroed and then filled in.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
+    if let Err(e) = process::catch_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]) {
+        tracing::warn!("cannot catch interrupting signals: {e}");
     }
 }
 
 /// Whether a signal asked us to stop.
 pub fn requested() -> bool {
-    SIGNAL.load(Ordering::SeqCst) != 0
+    process::caught_signal() != 0
 }
 
 /// The error a copy loop returns when interrupted.
@@ -67,14 +47,8 @@ pub fn is(e: &anyhow::Error) -> bool {
 
 /// Ends the process by the signal that interrupted it (nothing happens without one).
 pub fn die_if_interrupted() {
-    let sig = SIGNAL.load(Ordering::SeqCst);
-    if sig == 0 {
-        return;
+    let sig = process::caught_signal();
+    if sig != 0 {
+        process::die_of(sig);
     }
-    // SAFETY: restores the default action and raises the signal, which ends the process.
-    unsafe {
-        libc::signal(sig, libc::SIG_DFL);
-        libc::raise(sig);
-    }
-    std::process::exit(128 + sig);
 }

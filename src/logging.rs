@@ -4,6 +4,7 @@
 //! journal natively too. Never a key, and no plaintext name at the default verbosity.
 
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -20,8 +21,7 @@ pub fn to_system_log() -> &'static str {
         JOURNAL.store(true, Ordering::SeqCst);
         return "journal";
     }
-    // SAFETY: the ident is a static NUL-terminated string, valid for the process lifetime.
-    unsafe { libc::openlog(c"veilfs".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON) };
+    veilfs_core::sys::process::open_syslog();
     SYSLOG.store(true, Ordering::SeqCst);
     "syslog"
 }
@@ -35,10 +35,7 @@ pub fn stderr_is_journal() -> bool {
     }) else {
         return false;
     };
-    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of fd 2 into a struct we own.
-    (unsafe { libc::fstat(2, &mut st) } == 0) && st.st_dev == dev && st.st_ino == ino
+    veilfs_core::sys::fstat(std::io::stderr().as_fd()).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino)
 }
 
 /// The journal's layer, silent until [`to_system_log`] picks the journal.
@@ -96,7 +93,7 @@ impl Write for Sink {
         if self.0.is_empty() {
             return Ok(());
         }
-        let text = String::from_utf8_lossy(&self.0).trim_end().replace('\0', " ");
+        let text = String::from_utf8_lossy(&self.0).trim_end().to_string();
         let prio = if text.contains("ERROR") {
             libc::LOG_ERR
         } else if text.contains("WARN") {
@@ -104,10 +101,7 @@ impl Write for Sink {
         } else {
             libc::LOG_INFO
         };
-        if let Ok(c) = std::ffi::CString::new(text) {
-            // SAFETY: "%s" with one valid C string argument.
-            unsafe { libc::syslog(prio, c"%s".as_ptr(), c.as_ptr()) };
-        }
+        veilfs_core::sys::process::syslog(prio, &text);
         self.0.clear();
         Ok(())
     }

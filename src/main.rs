@@ -1,5 +1,8 @@
 //! `veilfs`: create, inspect and use encrypted vaults from the command line.
 
+// Every system call goes through `veilfs_core::sys`, the workspace's one `unsafe` module.
+#![forbid(unsafe_code)]
+
 mod cmd;
 mod exit;
 mod helper;
@@ -81,8 +84,7 @@ fn mount_helper_args() -> Option<Vec<std::ffi::OsString>> {
 /// Lets a closed pipe end the process silently, as it ends `ls` or `cat` (Rust ignores
 /// SIGPIPE, so every write would instead fail with EPIPE and print "Broken pipe").
 fn default_sigpipe() {
-    // SAFETY: signal() with a constant signal number and SIG_DFL; no handler runs our code.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    veilfs_core::sys::process::default_signal(libc::SIGPIPE);
 }
 
 /// Test builds with `--features failpoints`: arms the crash points named in `FAILPOINTS`
@@ -107,14 +109,12 @@ fn main() {
     if matches!(cli.command, Command::Mount(_)) {
         // The mount daemon must not die of a write to a closed pipe (its readiness report
         // to a parent that was killed): errors are handled where they happen.
-        // SAFETY: as in default_sigpipe, with SIG_IGN.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+        veilfs_core::sys::process::ignore_signal(libc::SIGPIPE);
     }
     logging::init(cli.verbose, cli.quiet, !matches!(cli.command, Command::Mount(_)));
     if !matches!(cli.command, Command::Mount(_)) {
         // No core dumps of a process that may hold keys (the mount decides for itself).
-        // SAFETY: prctl with constant arguments.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        let _ = veilfs_core::sys::process::set_undumpable();
     }
     let result = match cli.command {
         Command::Init(a) => cmd::init::run(a),

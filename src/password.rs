@@ -12,7 +12,9 @@ use crate::exit::{Exit, PASSWORD_SOURCE};
 use anyhow::Result;
 use secrecy::{ExposeSecret, SecretString};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsFd;
+use veilfs_core::sys::process;
+use veilfs_core::sys::term::Unechoed;
 use zeroize::Zeroize;
 
 /// Password source options shared by every command that opens or creates a vault.
@@ -80,9 +82,12 @@ fn stdin_line() -> Result<SecretString> {
     if guard.is_none() {
         // The raw fd, not `std::io::stdin()`: its buffer lives as long as the process and
         // would keep a copy of the password (measured by scanning the mount daemon's memory).
-        // SAFETY: fd 0 stays open for the life of the process; ManuallyDrop keeps it open.
-        let fd0 = std::mem::ManuallyDrop::new(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(0) });
-        *guard = Some((read_secret(&*fd0, "standard input")?, 0));
+        // A duplicate of fd 0 read unbuffered, closed after.
+        let fd0 = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| source_err(format!("reading standard input: {e}")))?;
+        *guard = Some((read_secret(std::fs::File::from(fd0), "standard input")?, 0));
     }
     let (buf, pos) = guard.as_mut().expect("just read");
     let rest = &mut buf[*pos..];
@@ -113,41 +118,6 @@ fn from_extpass(cmd: &str) -> Result<SecretString> {
     first_line_of(&out?, "--extpass")
 }
 
-/// The terminal's settings while a password is typed: no echo, bytes one at a time, Ctrl-C
-/// as a byte (so the settings are put back before the process stops). Restored on drop.
-struct Unechoed {
-    fd: RawFd,
-    saved: libc::termios,
-}
-
-impl Unechoed {
-    fn new(fd: RawFd) -> std::io::Result<Unechoed> {
-        let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
-        // SAFETY: tcgetattr fills the termios it is given; fd is an open terminal.
-        if unsafe { libc::tcgetattr(fd, t.as_mut_ptr()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: tcgetattr succeeded, so it initialised the struct.
-        let saved = unsafe { t.assume_init() };
-        let mut raw = saved;
-        raw.c_lflag &= !(libc::ECHO | libc::ECHONL | libc::ICANON | libc::ISIG);
-        raw.c_cc[libc::VMIN] = 1;
-        raw.c_cc[libc::VTIME] = 0;
-        // SAFETY: a valid termios for an open terminal.
-        if unsafe { libc::tcsetattr(fd, libc::TCSAFLUSH, &raw) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Unechoed { fd, saved })
-    }
-}
-
-impl Drop for Unechoed {
-    fn drop(&mut self) {
-        // SAFETY: the settings read from this terminal, which is still open.
-        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
-    }
-}
-
 /// Longest password typed at the prompt.
 const TYPED_MAX: usize = 4096;
 
@@ -159,7 +129,7 @@ fn prompt(text: &str) -> Result<SecretString> {
         source_err("no terminal to ask for the password: use --passfile FILE, --password-stdin or --extpass CMD")
     })?;
     let typed = {
-        let _raw = Unechoed::new(tty.as_raw_fd()).map_err(|e| source_err(format!("setting up the terminal: {e}")))?;
+        let _raw = Unechoed::new(tty.as_fd()).map_err(|e| source_err(format!("setting up the terminal: {e}")))?;
         let mut w = &tty;
         w.write_all(text.as_bytes()).and_then(|()| w.flush()).map_err(|e| source_err(format!("the terminal: {e}")))?;
         let typed = read_typed(&tty);
@@ -170,8 +140,7 @@ fn prompt(text: &str) -> Result<SecretString> {
         Some(buf) => first_line_of(&buf, "the prompt"),
         None => {
             // Ctrl-C: the terminal is back as it was; stop as the key asks.
-            // SAFETY: raise has no preconditions.
-            unsafe { libc::raise(libc::SIGINT) };
+            process::raise(libc::SIGINT);
             Err(source_err("interrupted"))
         }
     }

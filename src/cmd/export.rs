@@ -9,6 +9,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use veilfs_core::sys::{self, Stat};
 use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 
 /// Arguments of `veilfs export`.
@@ -62,7 +63,7 @@ struct Exporter<'a> {
     /// Attributes the destination could not hold.
     xattrs_lost: usize,
     /// Directories whose times are set after their contents.
-    dir_times: Vec<(PathBuf, libc::stat)>,
+    dir_times: Vec<(PathBuf, Stat)>,
     /// Temporary names handed out.
     seq: u64,
 }
@@ -86,14 +87,10 @@ fn is_temp_name(name: &[u8]) -> bool {
 /// Renames the finished `tmp` to `out`: over an existing `out` only when `replace`; else an
 /// `out` that appeared meanwhile is a conflict.
 fn place(tmp: &Path, out: &Path, replace: bool) -> Result<()> {
-    let (a, b) =
-        (std::ffi::CString::new(tmp.as_os_str().as_bytes())?, std::ffi::CString::new(out.as_os_str().as_bytes())?);
     let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
-    // SAFETY: valid C strings, relative to the working directory like the paths themselves.
-    if unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
+    // Relative to the working directory, like the paths themselves.
+    let (a, b) = (tmp.as_os_str().as_bytes(), out.as_os_str().as_bytes());
+    let Err(e) = sys::renameat2(sys::CWD, a, sys::CWD, b, flags) else { return Ok(()) };
     if !replace && e.raw_os_error() == Some(libc::EINVAL) && std::fs::symlink_metadata(out).is_err() {
         // A destination filesystem without RENAME_NOREPLACE (some network filesystems).
         return std::fs::rename(tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()));
@@ -104,19 +101,16 @@ fn place(tmp: &Path, out: &Path, replace: bool) -> Result<()> {
     Err(e).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))
 }
 
-fn set_times(path: &Path, st: &libc::stat, follow: bool) -> std::io::Result<()> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+fn set_times(path: &Path, st: &Stat, follow: bool) -> std::io::Result<()> {
     let ts = [
         libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
         libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
     ];
-    let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
-    // SAFETY: valid C string and two-element timespec array.
-    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), flags) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
+    let path = path.as_os_str().as_bytes();
+    if follow {
+        sys::utimensat_follow(sys::CWD, path, &ts)
     } else {
-        Ok(())
+        sys::utimensat(sys::CWD, path, &ts)
     }
 }
 
@@ -284,11 +278,8 @@ impl Exporter<'_> {
                     std::os::unix::fs::symlink(OsStr::from_bytes(&target), tmp)?;
                 }
                 _ => {
-                    let c = std::ffi::CString::new(tmp.as_os_str().as_bytes())?;
-                    // SAFETY: valid C string; mode and rdev come from the backing stat.
-                    if unsafe { libc::mknod(c.as_ptr(), st.st_mode, st.st_rdev) } < 0 {
-                        return Err(std::io::Error::last_os_error()).context("mknod");
-                    }
+                    // Mode and rdev come from the backing stat.
+                    sys::mknodat(sys::CWD, tmp.as_os_str().as_bytes(), st.st_mode, st.st_rdev).context("mknod")?;
                 }
             }
             if e.kind != EntryKind::Symlink {
@@ -371,11 +362,7 @@ impl Exporter<'_> {
     fn copy_xattrs(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
         let c = std::ffi::CString::new(out.as_os_str().as_bytes())?;
         for (name, value) in self.vault.xattrs(dir, e)? {
-            let n = std::ffi::CString::new(name)?;
-            // SAFETY: valid C strings and a readable value buffer.
-            let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-            if r < 0 {
-                let err = std::io::Error::last_os_error();
+            if let Err(err) = sys::lsetxattr(&c, &name, &value, 0) {
                 if matches!(err.raw_os_error(), Some(libc::ENOTSUP | libc::EPERM)) {
                     self.xattrs_lost += 1;
                     continue;
@@ -388,7 +375,7 @@ impl Exporter<'_> {
 
     /// Owner, mode and times of `path` from `st`; `label` names it in messages (the final
     /// name of a file still under its temporary name).
-    fn finish_meta(&mut self, path: &Path, label: &Path, st: &libc::stat, chmod: bool) -> Result<()> {
+    fn finish_meta(&mut self, path: &Path, label: &Path, st: &Stat, chmod: bool) -> Result<()> {
         if self.is_root {
             std::os::unix::fs::lchown(path, Some(st.st_uid), Some(st.st_gid))?;
         }
@@ -420,8 +407,7 @@ pub fn run(a: Args) -> Result<i32> {
     let vault = a.unlock.open(&t.cipherdir)?;
     crate::interrupt::catch();
     let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.src))?;
-    // SAFETY: geteuid has no preconditions.
-    let is_root = unsafe { libc::geteuid() } == 0;
+    let is_root = sys::euid() == 0;
     let total = match &entry {
         Some(e) if e.kind == EntryKind::Dir => {
             super::plain_bytes_under(&parent.path.join(&e.on_disk), &vault.content().layout)

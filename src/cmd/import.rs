@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
+use veilfs_core::{sys, CipherDir, Entry, EntryKind, Vault};
 
 /// Arguments of `veilfs import`.
 #[derive(clap::Args, Debug)]
@@ -75,22 +75,16 @@ fn apply_meta(vault: &Vault, dir: &CipherDir, entry: &Entry, m: &std::fs::Metada
 fn user_xattrs(src: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let c = std::ffi::CString::new(src.as_os_str().as_bytes())?;
     let mut names = vec![0u8; 65536];
-    // SAFETY: valid C string; the buffer describes writable memory.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENOTSUP) { Ok(Vec::new()) } else { Err(e) };
-    }
+    let n = match sys::llistxattr(&c, &mut names) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
     let mut out = Vec::new();
-    for name in names[..n as usize].split(|&b| b == 0).filter(|s| s.starts_with(b"user.")) {
-        let cn = std::ffi::CString::new(name)?;
+    for name in names[..n].split(|&b| b == 0).filter(|s| s.starts_with(b"user.")) {
         let mut value = vec![0u8; 65536];
-        // SAFETY: valid C strings; the buffer describes writable memory.
-        let v = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
-        if v < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        value.truncate(v as usize);
+        let v = sys::lgetxattr(&c, name, &mut value)?;
+        value.truncate(v);
         out.push((name.to_vec(), value));
     }
     Ok(out)
@@ -350,8 +344,7 @@ pub fn run(a: Args) -> Result<i32> {
         }
     };
     let pb = super::progress(total_bytes(&a.src), "importing");
-    // SAFETY: geteuid has no preconditions.
-    let is_root = unsafe { libc::geteuid() } == 0;
+    let is_root = sys::euid() == 0;
     let mut imp = Importer {
         vault: &vault,
         links: HashMap::new(),

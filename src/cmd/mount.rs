@@ -14,12 +14,12 @@ use super::UnlockArgs;
 use crate::exit::{Exit, MOUNT};
 use anyhow::Result;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use veilfs_core::sys::{self, process};
 
 /// Arguments of `veilfs mount`.
 #[derive(clap::Args, Debug)]
@@ -236,8 +236,7 @@ fn user_allow_other() -> bool {
 /// allow_other by a user other than root needs the administrator's consent in fuse.conf;
 /// says so before any password is asked for (fusermount3 would fail only after).
 fn check_allow_other(a: &Args) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if a.allow_other && unsafe { libc::geteuid() } != 0 && !user_allow_other() {
+    if a.allow_other && sys::euid() != 0 && !user_allow_other() {
         return Err(mount_err(
             "allow_other is only allowed for users other than root when /etc/fuse.conf has a line \
              `user_allow_other` (an administrator adds it); mount without allow_other, or as root",
@@ -307,23 +306,16 @@ fn take_lock(a: &Args, cipherdir: &Path) -> Result<Option<veilfs_core::VaultLock
 /// Forks. The parent waits for the child's report and exits; the child gets the pipe's
 /// write end. Must run before any thread exists.
 fn daemonize() -> Result<OwnedFd> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a two-element array for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: pipe2 returned two fresh fds that nothing else owns.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: single-threaded here (the CLI starts no threads before mounting).
-    match unsafe { libc::fork() } {
-        -1 => Err(std::io::Error::last_os_error().into()),
-        0 => {
+    let (r, w) = process::pipe()?;
+    // The CLI starts no threads before mounting (fork refuses otherwise).
+    match process::fork()? {
+        process::Forked::Child => {
             drop(r);
-            // SAFETY: detaches from the terminal's session; no memory effects.
-            unsafe { libc::setsid() };
+            // Detach from the terminal's session (cannot fail: a fresh child leads no group).
+            let _ = process::setsid();
             Ok(w)
         }
-        _ => {
+        process::Forked::Parent(_) => {
             drop(w);
             let mut msg = String::new();
             let _ = std::fs::File::from(r).read_to_string(&mut msg);
@@ -349,24 +341,23 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
 ) -> Result<()> {
     let report = |ready: &Option<OwnedFd>, msg: &str| {
         if let Some(w) = ready {
-            // SAFETY: dup of a valid fd, owned by the File we create.
-            let mut f = unsafe { std::fs::File::from_raw_fd(libc::dup(w.as_raw_fd())) };
-            let _ = f.write_all(msg.as_bytes());
+            if let Ok(w) = w.try_clone() {
+                let _ = std::fs::File::from(w).write_all(msg.as_bytes());
+            }
         }
     };
     // Hardening: no core dumps and no ptrace by same-user processes of the daemon holding
     // the keys. Only as root: an undumpable process owned by a user cannot open its own
     // /proc/self/fd/* paths, which the xattr calls on files need.
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        // SAFETY: prctl with constant arguments.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if sys::euid() == 0 {
+        let _ = process::set_undumpable();
     }
     // The kernel already applied the caller's umask to modes it sends.
-    // SAFETY: umask has no memory effects.
-    unsafe { libc::umask(0) };
-    raise_fd_limit();
-    let signals = block_signals();
+    process::set_umask(0);
+    // Every directory the kernel knows holds an open fd: allow as many as the hard limit.
+    let _ = process::raise_fd_limit();
+    // SIGINT/SIGTERM/SIGHUP wait, in this and every later thread, for the signal thread.
+    let signals = process::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP])?;
     let activity = Arc::new(veilfs_fuse::Activity::default());
     let ttl = Duration::from_secs_f64(if a.shared_storage { 0.0 } else { a.attr_timeout.max(0.0) });
     let cfg = veilfs_fuse::MountConfig {
@@ -434,8 +425,7 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
 /// reads it from a comma-separated `-o fsname=` list and takes `\,` for a comma (as libfuse
 /// escapes it); root's mount(2) takes it as is.
 fn fsname_option(name: String) -> String {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if sys::euid() == 0 {
         return name;
     }
     name.replace('\\', "\\\\").replace(',', "\\,")
@@ -458,52 +448,19 @@ fn notify_ready(daemonized: bool, cipherdir: &Path, mountpoint: &Path) {
     }
 }
 
-/// Every directory the kernel knows holds an open fd: allow as many as the hard limit.
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit on a struct we own.
-    unsafe {
-        let mut rl: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
-            rl.rlim_cur = rl.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
-        }
-    }
-}
-
 fn detach_stdio() {
     if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
-        for fd in 0..=2 {
-            // SAFETY: dup2 onto the standard fds from a valid fd.
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
-        }
+        let _ = process::stdio_to(null.as_fd());
     }
     let _ = std::env::set_current_dir("/");
 }
 
-/// Blocks SIGINT/SIGTERM/SIGHUP in this and every later thread; returns the set.
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: sigemptyset initialises the set before use; pthread_sigmask reads it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
 /// Unmounts `mountpoint` (this process's own live mount). `Ok(false)` when busy.
 fn unmount_live(mountpoint: &Path, lazy: bool) -> bool {
-    let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else { return false };
-    let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-        return true;
-    }
-    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY) {
-        return false;
+    match process::unmount(mountpoint, lazy) {
+        Ok(()) => return true,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return false,
+        Err(_) => {}
     }
     // Not root: the setuid helper does it.
     std::process::Command::new("fusermount3")
@@ -514,14 +471,9 @@ fn unmount_live(mountpoint: &Path, lazy: bool) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn spawn_signal_thread(set: libc::sigset_t, mountpoint: PathBuf) {
+fn spawn_signal_thread(set: process::BlockedSignals, mountpoint: PathBuf) {
     std::thread::spawn(move || {
-        let wait = || {
-            let mut sig = 0;
-            // SAFETY: `set` is initialised and blocked in all threads.
-            unsafe { libc::sigwait(&set, &mut sig) };
-            sig
-        };
+        let wait = || set.wait();
         let sig = wait();
         tracing::info!("signal {sig}: unmounting");
         // Busy (files open inside): detach now; the mount ends when they are closed.
@@ -614,16 +566,12 @@ pub fn umount(a: UmountArgs) -> Result<i32> {
         )
         .into());
     }
-    let c = std::ffi::CString::new(mp.as_os_str().as_bytes())?;
-    let flags = if a.lazy { libc::MNT_DETACH } else { 0 };
-    // SAFETY: valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+    let Err(err) = process::unmount(&mp, a.lazy) else {
         if !a.lazy {
             wait_for_lock_release(&m.source);
         }
         return Ok(crate::exit::OK);
-    }
-    let err = std::io::Error::last_os_error();
+    };
     if err.raw_os_error() == Some(libc::EBUSY) {
         anyhow::bail!("{} is busy (a process uses files in it); close them, or use --lazy", mp.display());
     }

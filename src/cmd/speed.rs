@@ -37,11 +37,7 @@ fn rate(secs: f64, mut f: impl FnMut()) -> f64 {
 }
 
 fn max_rss_kib() -> i64 {
-    // SAFETY: getrusage fills a zeroed struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to `ru`.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    ru.ru_maxrss
+    veilfs_core::sys::process::max_rss_kib()
 }
 
 /// Runs `veilfs speed`.

@@ -10,6 +10,15 @@
 //! shapes: `*at(dirfd, name, …)` and `*at(fd, "", …, AT_EMPTY_PATH)` to act
 //! on a descriptor itself. Calls with neither form (path xattr calls) go
 //! through the `/proc/self/fd/N` magic link.
+//!
+//! Why its own layer rather than `veilfs_core::sys` (the syscall layer of the
+//! rest of the workspace): this crate is the neutral floor veilfs is measured
+//! against, so it depends on no veilfs code. A change to veilfs's layer must
+//! not move the floor, and the floor keeps measuring the same plain
+//! passthrough over libc that its earlier figures in PERFORMANCE.md measured
+//! (hence libc, not rustix, here). Its `unsafe` blocks (here and the
+//! process plumbing in `daemon.rs`) each carry a `SAFETY:` line, checked by
+//! `clippy::undocumented_unsafe_blocks` like the rest of the workspace.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;

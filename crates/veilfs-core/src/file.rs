@@ -14,7 +14,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::keys::SubKeys;
 use crate::sys;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -187,8 +187,8 @@ impl CryptFile {
         &self.ctx
     }
 
-    fn fd(&self) -> i32 {
-        self.file.as_raw_fd()
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
     }
 
     fn load_header(&self) -> Result<u8> {
@@ -459,7 +459,7 @@ impl CryptFile {
     /// refusing to overwrite data): data is never turned into zeros.
     fn zero_torn_hole(&self, from: u64, to: u64) {
         let l = self.ctx.layout;
-        let Ok(x) = sys::lseek(self.fd(), from as i64, libc::SEEK_HOLE).map(|x| x as u64) else { return };
+        let Ok(x) = sys::seek_hole(self.fd(), from) else { return };
         if x >= to || x < l.header() {
             return;
         }

@@ -16,10 +16,11 @@ use crate::names::{
     b64_decode, EntryKind, Identity, ParsedEntry, CONFIG_NAME, DIRIV_NAME, LONG_NAME_FILE_PREFIX, RESERVED_PREFIX,
 };
 use crate::sys;
+use crate::sys::Stat;
 use crate::vault::{CipherDir, Entry, Vault};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -202,7 +203,7 @@ impl<'a> Checker<'a> {
             }
         };
         let top = plain.as_os_str().is_empty();
-        let mut groups: HashMap<String, Vec<(String, libc::stat)>> = HashMap::new();
+        let mut groups: HashMap<String, Vec<(String, Stat)>> = HashMap::new();
         let mut side_files: Vec<String> = Vec::new();
         let mut strays: Vec<(String, ProblemKind, String)> = Vec::new();
         for r in raw {
@@ -475,7 +476,7 @@ impl<'a> Checker<'a> {
 
     /// With `--repair`: moves `on_disk` of `dir` into `lost+found`, bound to the identity it
     /// carries, and records what happened on problem `i`.
-    fn move_to_lost_found(&mut self, i: usize, dir: &CipherDir, on_disk: &str, st: &libc::stat) {
+    fn move_to_lost_found(&mut self, i: usize, dir: &CipherDir, on_disk: &str, st: &Stat) {
         if !self.repair || self.in_lost_found {
             return;
         }
@@ -483,7 +484,7 @@ impl<'a> Checker<'a> {
         self.repaired(i, r);
     }
 
-    fn try_move(&mut self, dir: &CipherDir, on_disk: &str, st: &libc::stat) -> Result<String> {
+    fn try_move(&mut self, dir: &CipherDir, on_disk: &str, st: &Stat) -> Result<String> {
         if self.lost_found.is_none() {
             self.lost_found = Some(self.vault.lost_found()?);
         }
@@ -512,13 +513,13 @@ impl<'a> Checker<'a> {
 /// The identity an object (backing `st`) carries in itself: a file's header ID, a directory's
 /// IV file, a symlink's ID, a device's number (`special-kinds`). `None` when it carries none
 /// that can be read.
-fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &libc::stat) -> Option<Identity> {
+fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &Stat) -> Option<Identity> {
     let kind = EntryKind::from_mode(st.st_mode);
     match kind {
         EntryKind::File => {
             let fd = Vault::open_content(dir, on_disk, libc::O_RDONLY, 0).ok()?;
             let mut hdr = [0u8; HEADER_LEN];
-            (sys::pread_full(fd.as_raw_fd(), &mut hdr, 0).ok()? == HEADER_LEN).then_some(())?;
+            (sys::pread_full(fd.as_fd(), &mut hdr, 0).ok()? == HEADER_LEN).then_some(())?;
             FileHeader::decode(&hdr, &vault.content().keys, on_disk).ok().map(|h| h.id)
         }
         EntryKind::Dir => {

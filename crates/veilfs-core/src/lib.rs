@@ -3,6 +3,8 @@
 //! CLI tools, fuzzers and tests all share. The format is specified in `docs/FORMAT.md`.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
+// `unsafe` only in `sys`, the one system-call layer of the workspace.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod content;
@@ -20,6 +22,7 @@ pub mod kdf;
 pub mod lock;
 pub mod recovery;
 pub mod reverse;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod vault;
 pub mod xattr;

@@ -20,7 +20,8 @@
 use crate::error::{Error, IoContext, Result};
 use crate::names::LOCK_NAME;
 use crate::sys;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use crate::sys::Stat;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -250,8 +251,8 @@ impl VaultLock {
     fn write_holder(&self) -> Result<()> {
         let Some((_, fd)) = &self.held else { return Ok(()) };
         let what = || format!("writing {}", self.path.display());
-        sys::ftruncate(fd.as_raw_fd(), 0).ctx(what)?;
-        sys::pwrite_all(fd.as_raw_fd(), self.holder.to_text().as_bytes(), 0).ctx(what)
+        sys::ftruncate(fd.as_fd(), 0).ctx(what)?;
+        sys::pwrite_all(fd.as_fd(), self.holder.to_text().as_bytes(), 0).ctx(what)
     }
 
     /// Releases the lock now (what dropping it does).
@@ -274,13 +275,13 @@ impl Drop for VaultLock {
 }
 
 /// Whether `st` (of an open lock file) is the file now named `veilfs.lock` in `dir`.
-fn same_file(dir: &OwnedFd, st: &libc::stat) -> bool {
+fn same_file(dir: &OwnedFd, st: &Stat) -> bool {
     sys::fstatat(dir.as_fd(), LOCK_NAME.as_bytes()).is_ok_and(|now| (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
 }
 
 fn read_holder(fd: &OwnedFd) -> Option<Holder> {
     let mut buf = vec![0u8; 4096];
-    let n = sys::pread_full(fd.as_raw_fd(), &mut buf, 0).ok()?;
+    let n = sys::pread_full(fd.as_fd(), &mut buf, 0).ok()?;
     Holder::parse(&String::from_utf8_lossy(&buf[..n]))
 }
 

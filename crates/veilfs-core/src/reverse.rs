@@ -29,10 +29,11 @@ use crate::keys::{hmac16, MasterKey, SecretBytes};
 use crate::names::{DirIv, EntryKind, Identity, NameKey, ParsedEntry, CONFIG_NAME, DIRIV_NAME};
 use crate::recovery::RecoveryKey;
 use crate::sys;
+use crate::sys::Stat;
 use crate::vault::{path_components, InitOptions, Vault};
 use secrecy::SecretString;
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -129,7 +130,7 @@ pub struct ViewEntry {
     /// How the name is stored (D, key, side file).
     pub key: NameKey,
     /// The plaintext `lstat`.
-    pub stat: libc::stat,
+    pub stat: Stat,
 }
 
 /// What a name in a view directory is.
@@ -159,7 +160,7 @@ pub struct ReverseVault {
     vault: Vault,
     ids: SecretBytes<32>,
     config_bytes: Vec<u8>,
-    config_stat: libc::stat,
+    config_stat: Stat,
     excludes: Excludes,
 }
 
@@ -230,7 +231,7 @@ impl ReverseVault {
         config: VaultConfig,
         master: MasterKey,
         config_bytes: Vec<u8>,
-        config_stat: libc::stat,
+        config_stat: Stat,
     ) -> Self {
         let ids = master.derive(IDS_LABEL);
         ReverseVault {
@@ -413,7 +414,7 @@ impl ReverseVault {
     /// The `stat` the view shows for `item` of `dir`: the plaintext's metadata with the
     /// ciphertext size; the vault's own files (IV, config, side files) carry the reverse
     /// config's owner and times, so they look unchanged to rsync as long as it is.
-    pub fn view_stat(&self, dir: &PlainDir, item: &ViewItem) -> Result<libc::stat> {
+    pub fn view_stat(&self, dir: &PlainDir, item: &ViewItem) -> Result<Stat> {
         let synthetic = |len: usize| {
             let mut st = self.config_stat;
             st.st_mode = libc::S_IFREG | 0o400;
@@ -431,7 +432,7 @@ impl ReverseVault {
     }
 
     /// The view `stat` of a user entry, from its plaintext `lstat`.
-    pub fn entry_stat(&self, e: &ViewEntry) -> libc::stat {
+    pub fn entry_stat(&self, e: &ViewEntry) -> Stat {
         let mut st = e.stat;
         match e.kind {
             EntryKind::File => {
@@ -500,8 +501,7 @@ impl ReverseVault {
 pub fn vector_parts(master: &MasterKey) -> ReverseVault {
     let mut cfg = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[0; 16]).expect("valid block size");
     cfg.seal(master);
-    // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
-    let st: libc::stat = unsafe { std::mem::zeroed() };
+    let st = Stat::default();
     ReverseVault::from_parts(Path::new("/nonexistent"), cfg, master.clone(), Vec::new(), st)
 }
 
@@ -572,7 +572,7 @@ impl ViewFile {
         let pstart = first * bs;
         let pend = ((last + 1) * bs).min(self.plain_size);
         let mut plain = vec![0u8; (pend - pstart) as usize];
-        let got = sys::pread_full(self.file.as_raw_fd(), &mut plain, pstart).ctx(|| self.what.clone())?;
+        let got = sys::pread_full(self.file.as_fd(), &mut plain, pstart).ctx(|| self.what.clone())?;
         if got != plain.len() {
             return Err(Error::io(
                 self.what.clone(),

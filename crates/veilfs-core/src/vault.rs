@@ -19,13 +19,14 @@ use crate::kdf::Argon2Params;
 use crate::keys::{MasterKey, SubKeys};
 use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry, DIRIV_LEN, DIRIV_NAME};
 use crate::recovery::RecoveryKey;
+use crate::sys::Stat;
 use crate::sys::{self, MetaError};
 
 /// Largest long-name side file: `base64url(D)` of a 255-byte name is 362 bytes.
 const SIDE_FILE_MAX: usize = 512;
 use secrecy::SecretString;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,7 +96,7 @@ pub struct Entry {
     /// The identity the name promises.
     pub identity: Identity,
     /// The backing `stat` of the entry.
-    pub stat: libc::stat,
+    pub stat: Stat,
 }
 
 /// A regular file being written under an internal name until it is complete (see
@@ -164,7 +165,7 @@ impl Vault {
         let dirfd = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
         sys::write_new_file(dirfd.as_fd(), DIRIV_NAME.as_bytes(), &root_iv, 0o400)
             .ctx(|| format!("writing {}/{DIRIV_NAME}", cipherdir.display()))?;
-        sys::fsync(dirfd.as_raw_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
+        sys::fsync(dirfd.as_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
         cfg.save(cipherdir)?;
         Ok((Vault::from_parts(cipherdir, cfg, master), rk))
     }
@@ -325,7 +326,7 @@ impl Vault {
     }
 
     /// Decodes one raw on-disk entry of `dir` (`st` = its backing stat).
-    pub fn decode_entry(&self, dir: &CipherDir, on_disk: &[u8], st: libc::stat) -> Result<Option<Entry>> {
+    pub fn decode_entry(&self, dir: &CipherDir, on_disk: &[u8], st: Stat) -> Result<Option<Entry>> {
         let parsed = ParsedEntry::parse(on_disk);
         let what = || dir.child_path(&String::from_utf8_lossy(on_disk));
         match parsed {
@@ -502,7 +503,7 @@ impl Vault {
     /// A verified `O_PATH` handle on the object of `entry` in `dir`: of the entry's kind and
     /// the inode the entry was listed with. Attribute changes act on this handle, so a link
     /// planted under the entry's name is never followed (docs/SECURITY.md §8).
-    pub fn entry_handle(dir: &CipherDir, on_disk: &str, kind: EntryKind, ino: u64) -> Result<(OwnedFd, libc::stat)> {
+    pub fn entry_handle(dir: &CipherDir, on_disk: &str, kind: EntryKind, ino: u64) -> Result<(OwnedFd, Stat)> {
         let what = || dir.child_path(on_disk);
         let (fd, st) = sys::open_path_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
         if EntryKind::from_mode(st.st_mode) != kind {
@@ -785,13 +786,7 @@ impl Vault {
     /// The kind and identity the entry `on_disk` of `dir` (with `D` = `d`, backing `st`)
     /// promises: its binding, verified against the backing object (see
     /// [`verified_identity`](Self::verified_identity)). An integrity error names the entry.
-    pub fn unbind_entry(
-        &self,
-        dir: &CipherDir,
-        d: &[u8],
-        on_disk: &str,
-        st: &libc::stat,
-    ) -> Result<(EntryKind, Identity)> {
+    pub fn unbind_entry(&self, dir: &CipherDir, d: &[u8], on_disk: &str, st: &Stat) -> Result<(EntryKind, Identity)> {
         let what = || dir.child_path(on_disk);
         let binding = ParsedEntry::parse(on_disk.as_bytes())
             .binding()
@@ -803,13 +798,7 @@ impl Vault {
     /// (listing, lookup, the mount, fsck): the kind comes from the backing `st_mode`, the
     /// binding `s_b64` must open for it, and a device must still have the device number its
     /// identity carries (vaults with `special-kinds`, docs/FORMAT.md §9).
-    pub fn verified_identity(
-        &self,
-        iv: &DirIv,
-        d: &[u8],
-        s_b64: &str,
-        st: &libc::stat,
-    ) -> Result<(EntryKind, Identity)> {
+    pub fn verified_identity(&self, iv: &DirIv, d: &[u8], s_b64: &str, st: &Stat) -> Result<(EntryKind, Identity)> {
         let kind = EntryKind::from_mode(st.st_mode);
         let identity = self.names.unbind(iv, d, kind, s_b64)?;
         self.names.check_device(kind, &identity, st.st_rdev)?;
@@ -819,7 +808,7 @@ impl Vault {
     /// Checks that the backing object `st`, met again by a handle that holds `kind` and
     /// `identity` from an earlier verification, is still of that kind and, for a device, that
     /// number. `what` names it in the integrity error.
-    pub fn check_object(&self, kind: EntryKind, identity: &Identity, st: &libc::stat, what: &str) -> Result<()> {
+    pub fn check_object(&self, kind: EntryKind, identity: &Identity, st: &Stat, what: &str) -> Result<()> {
         if EntryKind::from_mode(st.st_mode) != kind {
             return Err(Error::auth(
                 what,
@@ -1132,7 +1121,7 @@ fn relabel(e: Error, what: &str) -> Error {
     }
 }
 
-fn ctime(st: &libc::stat) -> (i64, i64) {
+fn ctime(st: &Stat) -> (i64, i64) {
     (st.st_ctime, st.st_ctime_nsec)
 }
 
@@ -1157,82 +1146,19 @@ pub fn path_components(path: &Path) -> Result<Vec<&[u8]>> {
     Ok(out)
 }
 
-/// The lock of [`owner_access`]: one grant at a time, so a second grant never takes the
-/// first one's temporary mode for the directory's own.
-static GRANT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// Runs `f` (a step on the directory `name` of `dir`) and, if the backing store refuses it
-/// with EACCES because a directory's mode denies its owner (`chmod 000`, `0300`, `0644` on a
-/// directory: allowed on Linux, where the owner still sees, stats and removes such a
-/// directory), runs it once more with the owner's `rwx` granted for the moment on `dir` and
-/// on `name`, then puts the modes back.
-///
-/// Why: the format keeps an IV file inside every directory, which the engine must read to
-/// open it and remove to remove it, and a lookup lists the directory (the binding is not
-/// computable from the name). A daemon running as root never notices (it passes every
-/// permission check); a user's own mount, or a root daemon acting as the owner, would
-/// otherwise show such a directory as missing after a remount and refuse `rmdir` with
-/// EACCES where Linux says ENOTEMPTY. Only for the owner (as the kernel lets only the owner
-/// chmod); a crash inside the grant leaves the directory with `u+rwx` added, nothing else.
+/// with EACCES because a directory's mode denies its owner, runs it once more with the
+/// owner's `rwx` granted for the moment on `dir` and on `name` ([`sys::with_owner_rwx`]):
+/// a user's own mount would otherwise show such a directory as missing after a remount and
+/// refuse `rmdir` with EACCES where Linux says ENOTEMPTY.
 fn owner_access<T>(dir: &CipherDir, name: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
     let denied = |e: &Error| matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EACCES));
     match f() {
         Err(e) if denied(&e) => {}
         r => return r,
     }
-    let _g = GRANT.lock().unwrap_or_else(|e| e.into_inner());
-    let parent = Grant::new(dir.fd());
-    let child = sys::open_path_at(dir.fd(), name.as_bytes()).ok();
-    let child = child.as_ref().map(|(fd, _)| Grant::new(fd.as_fd()));
-    let r = f();
-    drop(child);
-    drop(parent);
-    r
-}
-
-/// Runs `f` with the owner's `rwx` added to the mode of the directory behind `fd` (any fd on
-/// it, `O_PATH` too) for the moment, as [`owner_access`] does: for a step inside it that
-/// already failed with EACCES.
-pub fn with_owner_rwx<T, E>(
-    fd: BorrowedFd<'_>,
-    f: impl FnOnce() -> std::result::Result<T, E>,
-) -> std::result::Result<T, E> {
-    let _g = GRANT.lock().unwrap_or_else(|e| e.into_inner());
-    let _grant = Grant::new(fd);
-    f()
-}
-
-/// The owner's `rwx` on one directory, added by [`Grant::new`] if this thread's filesystem
-/// uid owns it and its mode lacks them, taken away again on drop (unless something changed
-/// the mode meanwhile). Only under `GRANT`.
-struct Grant<'a> {
-    fd: BorrowedFd<'a>,
-    mode: Option<(u32, u64)>,
-}
-
-impl<'a> Grant<'a> {
-    fn new(fd: BorrowedFd<'a>) -> Self {
-        let mut g = Grant { fd, mode: None };
-        let Ok(st) = sys::fstat(fd) else { return g };
-        let mode = st.st_mode & 0o7777;
-        if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != sys::fs_uid() || mode & 0o700 == 0o700 {
-            return g;
-        }
-        match sys::chmod_fd(fd, mode | 0o700) {
-            Ok(()) => g.mode = Some((mode, st.st_ino)),
-            Err(e) => tracing::debug!("backing inode {}: owner access not granted: {e}", st.st_ino),
-        }
-        g
-    }
-}
-
-impl Drop for Grant<'_> {
-    fn drop(&mut self) {
-        let Some((mode, ino)) = self.mode else { return };
-        if sys::fstat(self.fd).is_ok_and(|now| now.st_mode & 0o7777 == mode | 0o700) {
-            if let Err(e) = sys::chmod_fd(self.fd, mode) {
-                tracing::warn!("backing inode {ino}: mode {mode:o} not restored: {e}");
-            }
-        }
-    }
+    sys::with_owner_rwx(dir.fd(), || match sys::open_path_at(dir.fd(), name.as_bytes()) {
+        Ok((child, _)) => sys::with_owner_rwx(child.as_fd(), &mut f),
+        Err(_) => f(),
+    })
 }

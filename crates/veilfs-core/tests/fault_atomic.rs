@@ -13,9 +13,9 @@ use common::*;
 use veilfs_core::{CipherDir, CryptFile, Vault};
 
 fn set_fsize_limit(limit: u64) {
-    let r = libc::rlimit { rlim_cur: limit, rlim_max: libc::RLIM_INFINITY };
-    // SAFETY: plain syscall with a valid struct.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &r) }, 0);
+    use rustix::process::{setrlimit, Resource, Rlimit};
+    let current = (limit != libc::RLIM_INFINITY).then_some(limit);
+    setrlimit(Resource::Fsize, Rlimit { current, maximum: None }).unwrap();
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -79,8 +79,8 @@ fn case(v: &Vault, root: &CipherDir, old: &[u8], op: Op, limit: u64, defer: bool
 
 #[test]
 fn a_refused_grow_or_truncate_leaves_the_file_as_it_was() {
-    // SAFETY: ignoring SIGXFSZ (sent when a write crosses the limit) so the call fails instead.
-    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // Ignoring SIGXFSZ (sent when a write crosses the limit) so the call fails instead.
+    veilfs_core::sys::process::ignore_signal(libc::SIGXFSZ);
     let dir = tempfile::tempdir().unwrap();
     let v = new_vault(dir.path());
     let root = v.root().unwrap();

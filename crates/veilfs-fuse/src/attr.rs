@@ -3,6 +3,7 @@
 use fuser::{FileAttr, FileType, INodeNo};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use veilfs_core::content::Layout;
+use veilfs_core::sys::Stat;
 
 /// The FUSE file type of a `st_mode`.
 pub fn kind(mode: u32) -> FileType {
@@ -61,7 +62,7 @@ pub fn rdev_from_fuse(rdev: u32) -> libc::dev_t {
 
 /// Attributes of node `ino` from its backing `st`. `size` overrides the plaintext size of a
 /// regular file (the cached size of an open file).
-pub fn file_attr(st: &libc::stat, ino: u64, layout: &Layout, size: Option<u64>) -> FileAttr {
+pub fn file_attr(st: &Stat, ino: u64, layout: &Layout, size: Option<u64>) -> FileAttr {
     let k = kind(st.st_mode);
     let size = match k {
         FileType::RegularFile => size.unwrap_or_else(|| layout.plain_size_lenient(st.st_size as u64)),

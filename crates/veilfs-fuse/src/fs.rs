@@ -13,6 +13,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
+use veilfs_core::sys::Stat;
 
 /// Largest request.
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -58,7 +59,7 @@ fn xattr_reply(reply: ReplyXattr, size: u32, r: io::Result<Vec<u8>>) {
 }
 
 impl VeilFs {
-    fn entry(&self, reply: ReplyEntry, r: io::Result<(std::sync::Arc<crate::inodes::Node>, libc::stat)>) {
+    fn entry(&self, reply: ReplyEntry, r: io::Result<(std::sync::Arc<crate::inodes::Node>, Stat)>) {
         match r {
             Ok((node, st)) => reply.entry(&self.opts.ttl, &self.attr_of(&node, &st), GEN),
             Err(e) => reply.error(e.into()),
@@ -403,7 +404,7 @@ impl Filesystem for VeilFs {
         self.touch();
         let r = self.nodes.get(ino.0).and_then(|n| {
             let d = n.dir()?;
-            veilfs_core::sys::fsync(std::os::fd::AsRawFd::as_raw_fd(&d.cd.fd()))
+            veilfs_core::sys::fsync(d.cd.fd())
         });
         empty(reply, r);
     }

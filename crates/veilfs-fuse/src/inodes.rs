@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use veilfs_core::sys::Stat;
 use veilfs_core::{CryptFile, EntryKind, Identity};
 
 /// The root's node id.
@@ -148,7 +149,7 @@ fn enoent() -> io::Error {
 }
 
 /// The attributes of a deleted object (`stat` has no `Debug` without libc's extra traits).
-pub struct Gone(pub libc::stat);
+pub struct Gone(pub Stat);
 
 impl std::fmt::Debug for Gone {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -158,14 +159,14 @@ impl std::fmt::Debug for Gone {
 
 impl Node {
     /// Records that the object's last name was removed; `st` is its stat from before.
-    pub fn set_gone(&self, st: &libc::stat) {
+    pub fn set_gone(&self, st: &Stat) {
         let mut st = *st;
         st.st_nlink = 0;
         *self.gone.lock() = Some(Gone(st));
     }
 
     /// The attributes of a deleted object, changed by `f` (the changes have nowhere to go).
-    pub fn gone_stat(&self, f: impl FnOnce(&mut libc::stat)) -> Option<libc::stat> {
+    pub fn gone_stat(&self, f: impl FnOnce(&mut Stat)) -> Option<Stat> {
         self.gone.lock().as_mut().map(|g| {
             f(&mut g.0);
             g.0
@@ -264,7 +265,7 @@ impl NodeTable {
         &self,
         parent: &Arc<Node>,
         on_disk: &str,
-        st: &libc::stat,
+        st: &Stat,
         kind: EntryKind,
         identity: Identity,
         make_dir: impl FnOnce() -> io::Result<Option<DirState>>,

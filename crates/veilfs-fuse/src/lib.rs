@@ -33,6 +33,7 @@
 //! `attr` (stat conversion); `reverse` the read-only view of `veilfs mount --reverse`, a
 //! front end of its own over `veilfs_core::reverse`; `tests` drives `ops` on a temporary vault without /dev/fuse.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod attr;

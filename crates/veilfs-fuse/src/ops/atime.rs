@@ -16,9 +16,10 @@
 //! mounted `noatime` access times stay put.
 
 use super::*;
+use veilfs_core::sys::Stat;
 
 /// Whether a read of a file with these times updates its access time (`relatime`).
-pub(crate) fn relatime_due(st: &libc::stat, now: i64) -> bool {
+pub(crate) fn relatime_due(st: &Stat, now: i64) -> bool {
     let atime = (st.st_atime, st.st_atime_nsec);
     (st.st_mtime, st.st_mtime_nsec) >= atime
         || (st.st_ctime, st.st_ctime_nsec) >= atime
@@ -77,13 +78,10 @@ impl VeilFs {
 
 #[cfg(test)]
 mod tests {
-    use super::relatime_due;
+    use super::{relatime_due, Stat};
 
-    fn st(atime: i64, mtime: i64, ctime: i64) -> libc::stat {
-        // SAFETY: an all-zero stat is a valid value.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        (st.st_atime, st.st_mtime, st.st_ctime) = (atime, mtime, ctime);
-        st
+    fn st(atime: i64, mtime: i64, ctime: i64) -> Stat {
+        Stat { st_atime: atime, st_mtime: mtime, st_ctime: ctime, ..Stat::default() }
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl VeilFs {
     /// `fallocate` of all the free space reported fits. Each further file costs another header
     /// and a partial block's overhead, and the backing filesystem rounds every file up to its
     /// own allocation unit; neither is predictable, so many small files fit less.
-    pub(crate) fn do_statfs(&self) -> io::Result<libc::statvfs> {
+    pub(crate) fn do_statfs(&self) -> io::Result<sys::StatVfs> {
         let root = self.nodes.get(ROOT)?;
         let mut s = sys::fstatvfs(root.dir()?.cd.fd())?;
         let unit = (s.f_frsize as u64).max(1);

@@ -249,12 +249,11 @@ impl VeilFs {
         let start = self.layout.block_offset(self.layout.block_of(off));
         let cend = self.layout.cipher_size(end);
         let keep = self.setid_kept(&h.crypt)?;
-        let r =
-            sys::fallocate(h.crypt.backing().as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))
-                .and_then(|()| match mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > cur {
-                    true => h.crypt.truncate(end, cur).map_err(cerr).map(|()| f.set_size(end)),
-                    false => Ok(()),
-                });
+        let r = sys::fallocate(h.crypt.backing().as_fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))
+            .and_then(|()| match mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > cur {
+                true => h.crypt.truncate(end, cur).map_err(cerr).map(|()| f.set_size(end)),
+                false => Ok(()),
+            });
         self.restore_setid(&h.crypt, keep);
         r?;
         self.atime_recheck(&h.node);
@@ -348,19 +347,19 @@ impl VeilFs {
             return Err(errno(libc::ENXIO));
         }
         let l = self.layout;
-        let coff = l.block_offset(l.block_of(off as u64)) as i64;
-        let fd = h.crypt.backing().as_raw_fd();
+        let coff = l.block_offset(l.block_of(off as u64));
+        let fd = h.crypt.backing().as_fd();
         let to_plain = |c: i64| -> i64 {
             let b = (c.max(l.header() as i64) - l.header() as i64) as u64 / l.cipher_block();
             (b * l.block_size) as i64
         };
         match whence {
             libc::SEEK_DATA => {
-                let c = sys::lseek(fd, coff, libc::SEEK_DATA)?;
+                let c = sys::seek_data(fd, coff)? as i64;
                 Ok(to_plain(c).max(off))
             }
             libc::SEEK_HOLE => {
-                let c = sys::lseek(fd, coff, libc::SEEK_HOLE)?;
+                let c = sys::seek_hole(fd, coff)? as i64;
                 let p = to_plain(c + l.cipher_block() as i64 - 1);
                 Ok(p.clamp(off, size))
             }

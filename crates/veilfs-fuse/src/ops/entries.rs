@@ -2,6 +2,7 @@
 //! and READLINK; the on-disk steps are the core engine's `*_at` calls.
 
 use super::*;
+use veilfs_core::sys::Stat;
 
 impl VeilFs {
     /// Registers a new entry in the parent's index and node table; returns its node.
@@ -12,7 +13,7 @@ impl VeilFs {
         on_disk: &str,
         d_type: u8,
         name: &[u8],
-    ) -> io::Result<(Arc<Node>, libc::stat)> {
+    ) -> io::Result<(Arc<Node>, Stat)> {
         let dir = parent.dir()?;
         dir.update(|idx| {
             let plain = Decoded { name: name.to_vec(), d: key.d.clone() };
@@ -30,7 +31,7 @@ impl VeilFs {
         mode: u32,
         flags: i32,
         caller: Caller,
-    ) -> io::Result<(Arc<Node>, libc::stat, u64)> {
+    ) -> io::Result<(Arc<Node>, Stat, u64)> {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
         let dir = pnode.dir()?;
@@ -66,7 +67,7 @@ impl VeilFs {
         parent: u64,
         name: &[u8],
         make: impl FnOnce(&DirState, &NameKey) -> io::Result<(String, u8)>,
-    ) -> io::Result<(Arc<Node>, libc::stat)> {
+    ) -> io::Result<(Arc<Node>, Stat)> {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
         let dir = pnode.dir()?;
@@ -80,13 +81,7 @@ impl VeilFs {
     }
 
     /// MKNOD (FIFOs, sockets, device nodes; regular files too).
-    pub(crate) fn do_mknod(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-    ) -> io::Result<(Arc<Node>, libc::stat)> {
+    pub(crate) fn do_mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u32) -> io::Result<(Arc<Node>, Stat)> {
         let kind = EntryKind::from_mode(mode);
         if kind == EntryKind::Dir {
             return Err(errno(libc::EINVAL));
@@ -104,7 +99,7 @@ impl VeilFs {
     }
 
     /// MKDIR.
-    pub(crate) fn do_mkdir(&self, parent: u64, name: &[u8], mode: u32) -> io::Result<(Arc<Node>, libc::stat)> {
+    pub(crate) fn do_mkdir(&self, parent: u64, name: &[u8], mode: u32) -> io::Result<(Arc<Node>, Stat)> {
         self.make_entry(parent, name, |dir, key| {
             // A set-group-id directory passes the bit on, as local filesystems do.
             let mode = (mode & 0o7777) | (sys::fstat(dir.cd.fd())?.st_mode & libc::S_ISGID);
@@ -114,7 +109,7 @@ impl VeilFs {
     }
 
     /// SYMLINK.
-    pub(crate) fn do_symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+    pub(crate) fn do_symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> io::Result<(Arc<Node>, Stat)> {
         self.make_entry(parent, name, |dir, key| {
             let (on_disk, _) = self.vault.symlink_at(&dir.cd, key, target).map_err(cerr)?;
             Ok((on_disk, libc::DT_LNK))
@@ -162,7 +157,7 @@ impl VeilFs {
     }
 
     /// Bookkeeping once `parent/on_disk` (backing `st` before removal) is gone.
-    pub(super) fn after_unlink(&self, parent: u64, on_disk: &str, st: &libc::stat) {
+    pub(super) fn after_unlink(&self, parent: u64, on_disk: &str, st: &Stat) {
         if let Some(id) = self.nodes.id_of(st.st_ino) {
             if let Ok(n) = self.nodes.get(id) {
                 let named = n.remove_link(parent, on_disk);
@@ -179,7 +174,7 @@ impl VeilFs {
     }
 
     /// LINK.
-    pub(crate) fn do_link(&self, ino: u64, newparent: u64, newname: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+    pub(crate) fn do_link(&self, ino: u64, newparent: u64, newname: &[u8]) -> io::Result<(Arc<Node>, Stat)> {
         let node = self.nodes.get(ino)?;
         if node.kind == EntryKind::Dir {
             return Err(errno(libc::EPERM));

@@ -2,6 +2,7 @@
 //! on-disk entries for one name are resolved by verifying their bindings.
 
 use super::*;
+use veilfs_core::sys::Stat;
 
 impl VeilFs {
     /// The lookup key of `name` in `dir` and its on-disk entry, if it exists.
@@ -44,19 +45,13 @@ impl VeilFs {
         dir: &DirState,
         d: &[u8],
         on_disk: &str,
-        st: &libc::stat,
+        st: &Stat,
     ) -> io::Result<(EntryKind, Identity)> {
         self.vault.unbind_entry(&dir.cd, d, on_disk, st).map_err(cerr)
     }
 
     /// The node of entry `on_disk` of `parent` (counts one kernel lookup).
-    pub(super) fn node_at(
-        &self,
-        parent: &Arc<Node>,
-        d: &[u8],
-        on_disk: &str,
-        st: &libc::stat,
-    ) -> io::Result<Arc<Node>> {
+    pub(super) fn node_at(&self, parent: &Arc<Node>, d: &[u8], on_disk: &str, st: &Stat) -> io::Result<Arc<Node>> {
         let dir = parent.dir()?;
         let (kind, identity) = self.identity(dir, d, on_disk, st)?;
         self.nodes.lookup(parent, on_disk, st, kind, identity, || {
@@ -68,7 +63,7 @@ impl VeilFs {
     }
 
     /// LOOKUP.
-    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8]) -> io::Result<(Arc<Node>, libc::stat)> {
+    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8]) -> io::Result<(Arc<Node>, Stat)> {
         let parent = self.nodes.get(parent)?;
         let dir = parent.dir()?;
         let (key, found) = self.find(dir, name)?;
@@ -87,7 +82,7 @@ impl VeilFs {
     }
 
     /// The backing `stat` of `node` (through an open handle's fd when given).
-    pub(crate) fn do_getattr(&self, node: &Arc<Node>, fh: Option<u64>) -> io::Result<libc::stat> {
+    pub(crate) fn do_getattr(&self, node: &Arc<Node>, fh: Option<u64>) -> io::Result<Stat> {
         if let Some(h) = self.handles.file_opt(fh) {
             return sys::fstat(h.crypt.backing().as_fd());
         }

@@ -12,12 +12,13 @@ use crate::handles::{Handles, OpenFile, SnapEntry};
 use crate::inodes::{Node, NodeTable, ROOT};
 use fuser::FileAttr;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use veilfs_core::content::Layout;
 use veilfs_core::names::NameKey;
+use veilfs_core::sys::Stat;
 use veilfs_core::xattr::XattrCipher;
 use veilfs_core::{sys, ContentCtx, CryptFile, Entry, EntryKind, Identity, NameCipher, Vault};
 
@@ -84,7 +85,7 @@ impl SetAttr {
     }
 
     /// Applies the changes to a remembered `stat` (of a deleted object).
-    fn apply_to(&self, st: &mut libc::stat) {
+    fn apply_to(&self, st: &mut Stat) {
         if let Some(m) = self.mode {
             st.st_mode = (st.st_mode & libc::S_IFMT) | (m & 0o7777);
         }
@@ -202,8 +203,7 @@ impl VeilFs {
         let xattr = XattrCipher::new(&ctx.keys, ctx.cipher);
         let names = vault.names().clone();
         let layout = ctx.layout;
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
+        let euid = sys::euid();
         let fs = VeilFs {
             nodes: NodeTable::new(DirState::new(root, opts.shared_storage), iv, st.st_ino),
             vault,
@@ -260,7 +260,7 @@ impl VeilFs {
     }
 
     /// The attributes of `node` given its backing `st`.
-    pub(crate) fn attr_of(&self, node: &Node, st: &libc::stat) -> FileAttr {
+    pub(crate) fn attr_of(&self, node: &Node, st: &Stat) -> FileAttr {
         let size = node.file.as_ref().and_then(|f| f.open_size());
         attr::file_attr(st, node.id, &self.layout, size)
     }

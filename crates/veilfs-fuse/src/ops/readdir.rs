@@ -1,6 +1,7 @@
 //! OPENDIR and READDIR(PLUS): a snapshot of the directory index, names decrypted once.
 
 use super::*;
+use veilfs_core::sys::Stat;
 
 impl VeilFs {
     /// OPENDIR.
@@ -68,7 +69,7 @@ impl VeilFs {
     }
 
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
-    pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, libc::stat)> {
+    pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, Stat)> {
         let dir = parent.dir()?;
         let st = Self::stat_entry(dir, &e.on_disk)?;
         Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
@@ -77,11 +78,9 @@ impl VeilFs {
     /// The backing stat of entry `on_disk` of `dir`. A directory that its owner may read but
     /// not search (mode 0600) still lists on Linux; the entry's stat then needs the owner's
     /// search right for a moment (`with_owner_rwx`, for a daemon that is not root).
-    fn stat_entry(dir: &DirState, on_disk: &str) -> io::Result<libc::stat> {
+    fn stat_entry(dir: &DirState, on_disk: &str) -> io::Result<sys::Stat> {
         sys::fstatat(dir.cd.fd(), on_disk.as_bytes()).or_else(|e| match e.raw_os_error() {
-            Some(libc::EACCES) => {
-                veilfs_core::vault::with_owner_rwx(dir.cd.fd(), || sys::fstatat(dir.cd.fd(), on_disk.as_bytes()))
-            }
+            Some(libc::EACCES) => sys::with_owner_rwx(dir.cd.fd(), || sys::fstatat(dir.cd.fd(), on_disk.as_bytes())),
             _ => Err(e),
         })
     }

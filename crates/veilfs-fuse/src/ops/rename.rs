@@ -2,6 +2,7 @@
 //! `rename_at`/`exchange_at`, this file keeps the index and node table current.
 
 use super::*;
+use veilfs_core::sys::Stat;
 
 impl VeilFs {
     /// RENAME (flags: RENAME_NOREPLACE, RENAME_EXCHANGE).
@@ -122,7 +123,7 @@ impl VeilFs {
     }
 
     /// True when the directory with backing stat `st` is `node` or one of its ancestors.
-    pub(super) fn is_ancestor_or_self(&self, node: &Arc<Node>, st: &libc::stat) -> bool {
+    pub(super) fn is_ancestor_or_self(&self, node: &Arc<Node>, st: &Stat) -> bool {
         let mut cur = node.clone();
         loop {
             if cur.backing_ino == st.st_ino {

@@ -12,11 +12,12 @@ use fuser::{
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use veilfs_core::sys::Stat;
 
 const GEN: Generation = Generation(0);
 
 /// The attributes of node `ino` from its view `stat` (sizes already those of the ciphertext).
-fn view_attr(st: &libc::stat, ino: u64) -> FileAttr {
+fn view_attr(st: &Stat, ino: u64) -> FileAttr {
     let ctime = attr::time(st.st_ctime, st.st_ctime_nsec);
     FileAttr {
         ino: INodeNo(ino),

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use veilfs_core::reverse::{PlainDir, ReverseVault, ViewFile, ViewItem, ViewKind};
+use veilfs_core::sys::Stat;
 use veilfs_core::{sys, EntryKind};
 
 /// The root's node id.
@@ -98,7 +99,7 @@ impl ReverseFs {
     }
 
     /// Looks `name` up in directory `parent`: the node id and the view `stat`.
-    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8]) -> io::Result<(u64, libc::stat)> {
+    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8]) -> io::Result<(u64, Stat)> {
         let dir = self.dir_of(parent)?;
         let item = self.rv.lookup(&dir, name).map_err(cerr)?.ok_or_else(|| errno(libc::ENOENT))?;
         let st = self.rv.view_stat(&dir, &item).map_err(cerr)?;
@@ -174,7 +175,7 @@ impl ReverseFs {
     }
 
     /// The view `stat` of node `ino`.
-    pub(crate) fn do_getattr(&self, ino: u64) -> io::Result<libc::stat> {
+    pub(crate) fn do_getattr(&self, ino: u64) -> io::Result<Stat> {
         if ino == ROOT {
             let root = self.dir_of(ROOT)?;
             return sys::fstat(root.fd());
@@ -260,7 +261,7 @@ impl ReverseFs {
     }
 
     /// `statfs` of PLAINDIR.
-    pub(crate) fn do_statfs(&self) -> io::Result<libc::statvfs> {
+    pub(crate) fn do_statfs(&self) -> io::Result<sys::StatVfs> {
         sys::fstatvfs(self.dir_of(ROOT)?.fd())
     }
 }

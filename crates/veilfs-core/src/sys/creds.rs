@@ -1,0 +1,165 @@
+//! Acting as the calling user: a daemon running as root for `--allow-other` makes changes
+//! with the requesting user's filesystem ids and groups, so that even a missed race acts with
+//! that user's rights, not root's. fsuid/fsgid are per thread in Linux; supplementary groups
+//! are per thread too when set with the raw system call (glibc's setgroups() would change
+//! every thread of the daemon; rustix's `set_thread_groups` is that raw call).
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use rustix::process::Gid;
+
+thread_local! {
+    /// The caller this thread acts as, if any: (uid, gid, groups).
+    static ACTING: std::cell::RefCell<Option<(u32, u32, Vec<Gid>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn set_creds(uid: u32, gid: u32, groups: &[Gid]) -> io::Result<()> {
+    rustix::thread::set_thread_groups(groups)?;
+    // rustix has no setfsuid/setfsgid, hence libc.
+    // SAFETY: setfsgid/setfsuid take plain ids and touch no memory of ours; they return the
+    // previous id and report no error, so the result is verified by reading the value back.
+    unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+    }
+    // SAFETY: an invalid id (-1) leaves the fs ids unchanged and returns the current ones.
+    let (u, g) = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
+    if u as u32 != uid || g as u32 != gid {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(())
+}
+
+/// Acts as `uid`/`gid` with supplementary `groups` on this thread until the guard drops
+/// (then back to root with no supplementary groups). Only for a daemon running as root.
+pub fn act_as(uid: u32, gid: u32, groups: Vec<libc::gid_t>) -> io::Result<ActingGuard> {
+    let groups: Vec<Gid> = groups.into_iter().map(Gid::from_raw).collect();
+    set_creds(uid, gid, &groups)?;
+    ACTING.with_borrow_mut(|a| *a = Some((uid, gid, groups)));
+    Ok(ActingGuard(std::marker::PhantomData))
+}
+
+/// Returned by [`act_as`]; restores root's filesystem ids on drop. Not `Send`: the ids
+/// belong to the thread.
+pub struct ActingGuard(std::marker::PhantomData<*const ()>);
+
+impl Drop for ActingGuard {
+    fn drop(&mut self) {
+        ACTING.with_borrow_mut(|a| *a = None);
+        if let Err(e) = set_creds(0, 0, &[]) {
+            // Never serve a later request with a user's ids: nothing sane can continue.
+            eprintln!("veilfs: cannot restore the daemon's credentials: {e}");
+            std::process::abort();
+        }
+    }
+}
+
+/// Runs `f` with the daemon's own (root) ids even while this thread acts as a caller: for
+/// the format's internal steps on objects the daemon itself just verified or created (the
+/// directory IV file of a directory being removed), which the caller's plaintext rights
+/// cover but the backing modes may not.
+pub fn privileged<R>(f: impl FnOnce() -> R) -> R {
+    let acting = ACTING.with_borrow(|a| a.clone());
+    let Some((uid, gid, groups)) = acting else { return f() };
+    if set_creds(0, 0, &[]).is_err() {
+        return f();
+    }
+    let r = f();
+    if let Err(e) = set_creds(uid, gid, &groups) {
+        eprintln!("veilfs: cannot switch back to the caller's credentials: {e}");
+        std::process::abort();
+    }
+    r
+}
+
+/// What `/proc/PID/status` says of a process's rights: its supplementary groups and whether
+/// its effective capabilities hold `CAP_FSETID` (which keeps set-id bits through a write).
+#[derive(Debug, Clone, Default)]
+pub struct ProcCreds {
+    /// Supplementary groups.
+    pub groups: Vec<libc::gid_t>,
+    /// `CAP_FSETID` is effective.
+    pub cap_fsetid: bool,
+}
+
+/// The credentials of process `pid` (from `/proc/PID/status`).
+pub fn creds_of(pid: u32) -> io::Result<ProcCreds> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name)).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))
+    };
+    let groups = field("Groups:")?.split_ascii_whitespace().filter_map(|g| g.parse().ok()).collect();
+    let caps =
+        u64::from_str_radix(field("CapEff:")?.trim(), 16).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    const CAP_FSETID: u32 = 4;
+    Ok(ProcCreds { groups, cap_fsetid: caps & (1 << CAP_FSETID) != 0 })
+}
+
+/// The supplementary groups of process `pid` (from `/proc/PID/status`), for [`act_as`].
+pub fn groups_of(pid: u32) -> io::Result<Vec<libc::gid_t>> {
+    creds_of(pid).map(|c| c.groups)
+}
+
+/// The user id this thread's filesystem calls are checked with: the caller it acts as
+/// ([`act_as`]), else the effective user id.
+pub fn fs_uid() -> u32 {
+    ACTING.with_borrow(|a| a.as_ref().map(|(u, _, _)| *u)).unwrap_or_else(super::euid)
+}
+
+// Directories whose mode denies their owner (`chmod 000`, `0100`, `0644` on a directory) are
+// allowed on Linux, where the owner still sees, stats, searches and removes them as the mode
+// says. The format keeps an IV file inside every directory, which the engine must read to
+// open one and remove to remove one, and a lookup lists the directory (an entry's binding is
+// not computable from its name). A daemon running as root never notices (it passes every
+// permission check); a user's own mount, or a root daemon acting as the owner, needs the
+// owner's `rwx` for a moment: granted, used and taken back under one lock, so a second grant
+// never takes the first one's temporary mode for the directory's own. A crash inside a grant
+// leaves the directory with `u+rwx` added, nothing else.
+
+/// The lock of [`with_owner_rwx`].
+static GRANT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// Whether this thread holds `GRANT` (grants nest: a directory and its parent).
+    static GRANTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the owner's `rwx` added for the moment to the mode of the directory behind
+/// `fd` (any fd on it, `O_PATH` too), if this thread's filesystem uid owns it and its mode
+/// lacks them; then puts the mode back (unless something changed it meanwhile). For a step
+/// that already failed with EACCES. Calls nest.
+pub fn with_owner_rwx<T, E>(fd: BorrowedFd<'_>, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    let nested = GRANTING.get();
+    let _lock = (!nested).then(|| GRANT.lock().unwrap_or_else(|e| e.into_inner()));
+    GRANTING.set(true);
+    let granted = grant(fd);
+    let r = f();
+    if let Some((mode, ino)) = granted {
+        if super::fstat(fd).is_ok_and(|now| now.st_mode & 0o7777 == mode | 0o700) {
+            if let Err(e) = super::chmod_fd(fd, mode) {
+                tracing::warn!("backing inode {ino}: mode {mode:o} not restored: {e}");
+            }
+        }
+    }
+    GRANTING.set(nested);
+    r
+}
+
+/// Adds `u+rwx` to the directory behind `fd` if it is ours and lacks them: its old mode and
+/// inode number, or `None` if nothing changed.
+fn grant(fd: BorrowedFd<'_>) -> Option<(u32, u64)> {
+    let st = super::fstat(fd).ok()?;
+    let mode = st.st_mode & 0o7777;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != fs_uid() || mode & 0o700 == 0o700 {
+        return None;
+    }
+    match super::chmod_fd(fd, mode | 0o700) {
+        Ok(()) => Some((mode, st.st_ino)),
+        Err(e) => {
+            tracing::debug!("backing inode {}: owner access not granted: {e}", st.st_ino);
+            None
+        }
+    }
+}
