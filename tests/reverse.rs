@@ -371,3 +371,94 @@ fn reference_reader_decrypts_a_backup_of_a_reverse_view() {
     let out = text(&o);
     assert!(o.status.success() && out.contains(" 0 failed"), "reference reader --tamper-selftest: {out}");
 }
+
+/// `-o reverse,exclude=…` (fstab and mount(8)'s spelling) mounts the reverse view as
+/// `--reverse --exclude` does; exclude without reverse is a usage error.
+#[test]
+fn dash_o_reverse_and_exclude_mount_the_view() {
+    if !fuse_available() {
+        return;
+    }
+    let t = Tmpfs::new("50m");
+    let plain = t.path.join("plain");
+    std::fs::create_dir_all(plain.join("d")).unwrap();
+    std::fs::write(plain.join("d/keep.txt"), b"keep").unwrap();
+    std::fs::write(plain.join("d/skip.log"), b"skip").unwrap();
+    std::fs::write(plain.join("a,b"), b"comma").unwrap();
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    let opts = format!(r"reverse,passfile={},exclude=*.log,exclude=a\,b,ro", rm.passfile.display());
+    let o = rm.mount_raw(&["-o", &opts]);
+    assert!(o.status.success(), "mount -o {opts}: {}", text(&o));
+    let backup = t.path.join("backup");
+    assert!(run("cp", &["-a", &format!("{}/.", rm.mnt.display()), backup.to_str().unwrap()]).status.success());
+    // `veilfs umount` knows a reverse view (type fuse.veilfs-reverse) as a veilfs mount.
+    let o = run(&BIN, &["umount", rm.mnt.to_str().unwrap()]);
+    assert!(o.status.success(), "veilfs umount of a reverse view: {}", text(&o));
+    rm.umount();
+    let out = t.path.join("out");
+    let o = export(&backup, &out, &rm.passfile);
+    assert!(o.status.success(), "export: {}", text(&o));
+    assert_eq!(walk(&out), [PathBuf::from("d"), PathBuf::from("d/keep.txt")]);
+
+    let o = rm.mount_raw(&["-o", &format!("passfile={},exclude=*.log", rm.passfile.display())]);
+    assert_eq!(o.status.code(), Some(2), "exclude without reverse: {}", text(&o));
+    assert!(text(&o).contains("reverse"), "{}", text(&o));
+}
+
+/// Exclude patterns follow gitignore: `!` takes a path back, a leading `/` anchors at the
+/// top of PLAINDIR, a trailing `/` matches directories only, `**` spans directories, and an
+/// excluded directory is absent whole — a `!` for a path inside it brings nothing back (as
+/// in git); `dir/*` with `!dir/keep` is the way to keep one entry of a directory.
+#[test]
+fn exclude_patterns_follow_gitignore_rules() {
+    if !fuse_available() {
+        return;
+    }
+    let t = Tmpfs::new("50m");
+    let plain = t.path.join("plain");
+    let files = [
+        "a.log",
+        "keep.log",
+        "sub/b.log",
+        "sub/keep.log",
+        "top-only.txt",
+        "sub/top-only.txt",
+        "build/out.o",
+        "sub/build",
+        "deep/z",
+        "deep/x/z",
+        "deep/x/y/z",
+        "deep/x/y/other",
+        "excluded/keep",
+        "excluded/other",
+        "partial/keep",
+        "partial/other",
+    ];
+    for f in files {
+        let path = plain.join(f);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, f.as_bytes()).unwrap();
+    }
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    let list = t.path.join("patterns");
+    std::fs::write(&list, "*.log\n!keep.log\n/top-only.txt\nbuild/\ndeep/**/z\nexcluded/\n!excluded/keep\n").unwrap();
+    rm.extra = ["--exclude-from", list.to_str().unwrap(), "--exclude", "partial/*", "--exclude", "!partial/keep"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    rm.mount();
+    let backup = t.path.join("backup");
+    assert!(run("cp", &["-a", &format!("{}/.", rm.mnt.display()), backup.to_str().unwrap()]).status.success());
+    rm.umount();
+    let out = t.path.join("out");
+    let o = export(&backup, &out, &rm.passfile);
+    assert!(o.status.success(), "export: {}", text(&o));
+    let shown: Vec<String> =
+        walk(&out).into_iter().filter(|p| out.join(p).is_file()).map(|p| p.to_string_lossy().into_owned()).collect();
+    assert_eq!(
+        shown,
+        ["deep/x/y/other", "keep.log", "partial/keep", "sub/build", "sub/keep.log", "sub/top-only.txt"],
+        "files in the view"
+    );
+    assert!(!out.join("excluded").exists() && !out.join("build").exists(), "excluded directories are absent");
+}
