@@ -381,6 +381,32 @@ impl ReverseVault {
         Ok(Some(ViewEntry { name: name.to_vec(), kind, identity, key, stat: st }))
     }
 
+    /// `item` of `dir` as it is now: an entry with a new `lstat` (name, identity and stored
+    /// name kept: they depend only on the name and kind), `None` if it is gone or is now
+    /// another kind of object; the vault's own files as they were. No name is encrypted.
+    pub fn refreshed(&self, dir: &PlainDir, item: &ViewItem) -> Result<Option<ViewItem>> {
+        let ViewKind::Entry(e) = &item.kind else { return Ok(Some(item.clone())) };
+        let st = match sys::fstatat(dir.fd(), &e.name) {
+            Ok(st) => st,
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(err) => return Err(Error::io(self.plain_path(dir, &e.name), err)),
+        };
+        if EntryKind::from_mode(st.st_mode) != e.kind {
+            return Ok(None);
+        }
+        let mut now = e.clone();
+        now.stat = st;
+        Ok(Some(ViewItem { on_disk: item.on_disk.clone(), kind: ViewKind::Entry(now) }))
+    }
+
+    /// Whether looking up the view name `on_disk` needs the whole directory listed (a long
+    /// name or a side file is found by its hash).
+    pub fn lookup_lists(on_disk: &[u8]) -> bool {
+        matches!(ParsedEntry::parse(on_disk), ParsedEntry::Long { .. } | ParsedEntry::Internal)
+            && on_disk != DIRIV_NAME.as_bytes()
+            && on_disk != CONFIG_NAME.as_bytes()
+    }
+
     /// The ciphertext name of `e` in `dir`.
     pub fn on_disk(&self, dir: &PlainDir, e: &ViewEntry) -> String {
         e.key.entry_name(&self.vault.names().bind(&dir.iv, &e.key.d, e.kind, &e.identity))
