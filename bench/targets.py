@@ -129,6 +129,18 @@ def main(argv: list[str]) -> int:
     sc = median(per_fs, "veilfs", "par_scaling")
     if sc:
         extra.append(f"- 2 writers on one file: {sc:.2f}× one writer (target ≥ 1.6)")
+    rf_v, rf_g = median(per_fs, "veilfs", "rev_full"), median(per_fs, "gocryptfs", "rev_full")
+    if rf_v and rf_g:
+        ok = "✓" if rf_g / rf_v >= 2 else "✗"
+        extra.append(f"- reverse view, cold rsync -a of the tree: {rf_g / rf_v:.2f}× gocryptfs -reverse "
+                     f"(target ≥ 2) {ok}")
+    ri_v, ri_g = median(per_fs, "veilfs", "rev_incr"), median(per_fs, "gocryptfs", "rev_incr")
+    if ri_v and ri_g:
+        extra.append(f"- reverse view, incremental rsync: {ri_g / ri_v:.2f}× gocryptfs -reverse")
+    sent = {fs: median(per_fs, fs, "rev_incr_files") for fs in ("plain", "veilfs", "gocryptfs")}
+    if sent["veilfs"] is not None:
+        extra.append("- files sent by the incremental rsync (1 changed, 1 added, 1 deleted): "
+                     + ", ".join(f"{fs} {n:g}" for fs, n in sent.items() if n is not None))
     rss = median(per_fs, "veilfs", "peak_rss")
     if rss:
         extra.append(f"- daemon peak RSS: {rss:.1f} MiB (target ≤ 100)")

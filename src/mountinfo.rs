@@ -18,11 +18,15 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// True for a veilfs mount: type `fuse.veilfs`, or plain `fuse` (a mount made without
-    /// the subtype) whose source is a vault.
+    /// True for a veilfs mount: type `fuse.veilfs` or `fuse.veilfs-reverse` (a reverse
+    /// view), or plain `fuse` (a mount made without the subtype) whose source is a vault or a
+    /// reverse vault's PLAINDIR.
     pub fn is_veilfs(&self) -> bool {
+        let reverse_config = || self.source.join(veilfs_core::reverse::REVERSE_CONFIG_NAME).is_file();
         self.fstype == "fuse.veilfs"
-            || (self.fstype == "fuse" && veilfs_core::VaultConfig::path_in(&self.source).is_file())
+            || self.fstype == "fuse.veilfs-reverse"
+            || (self.fstype == "fuse"
+                && (veilfs_core::VaultConfig::path_in(&self.source).is_file() || reverse_config()))
     }
 }
 

@@ -224,3 +224,241 @@ fn a_copy_of_plaindir_gives_the_same_view_and_excludes_hide_entries() {
     assert!(restored.contains(&PathBuf::from("deep/a/b/c/d/e/f/g/h/leaf.txt")));
     assert!(restored.contains(&PathBuf::from("small.txt")));
 }
+
+/// The top entries of a view with their contents (directories dumped whole), `veilfs.conf`
+/// left out.
+fn view_without_config(mnt: &Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+    let mut out: Vec<_> = std::fs::read_dir(mnt)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name() != "veilfs.conf")
+        .map(|e| {
+            let ft = e.file_type().unwrap();
+            let bytes = if ft.is_dir() {
+                dump_tree(&e.path())
+            } else if ft.is_file() {
+                std::fs::read(e.path()).unwrap()
+            } else {
+                std::fs::read_link(e.path()).map(|t| t.as_os_str().as_bytes().to_vec()).unwrap_or_default()
+            };
+            (e.file_name(), bytes)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `veilfs passwd` and `veilfs info` on a PLAINDIR: found by its reverse config (or named
+/// with --reverse). A new password changes only the reverse config and the view's
+/// veilfs.conf (at once, in a live mount); every other byte of the view stays; the old
+/// password is refused by the reverse vault and by a backup made after the change.
+#[test]
+fn passwd_and_info_on_a_reverse_vault_keep_the_view_and_refuse_the_old_password() {
+    if !fuse_available() || !which("rsync") {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "rsync is needed under CI=true");
+        return;
+    }
+    let t = Tmpfs::new("100m");
+    let plain = t.path.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    make_tree(&plain);
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    let (p, old) = (plain.to_str().unwrap(), rm.passfile.to_str().unwrap().to_string());
+
+    let o = run(&BIN, &["info", p]);
+    assert!(o.status.success(), "info of a PLAINDIR: {}", text(&o));
+    let info = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(info.contains("reverse") && info.contains("AES-256-GCM-SIV") && info.contains("deterministic"), "{info}");
+    let o = run(&BIN, &["info", "--reverse", "--json", p]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("info --json");
+    assert_eq!(json["reverse"], true);
+
+    rm.extra = vec!["--attr-timeout".into(), "0".into()];
+    rm.mount();
+    let before = view_without_config(&rm.mnt);
+    let conf_before = std::fs::read(rm.mnt.join("veilfs.conf")).unwrap();
+
+    // Change the password while the view is mounted (auto-detected reverse vault).
+    let new = t.path.join("newpass");
+    std::fs::write(&new, "a new password\n").unwrap();
+    let weak = ["--kdf-memory", "8", "--kdf-iterations", "1"];
+    let o =
+        run(&BIN, &[&["passwd", p, "--passfile", &old, "--new-passfile", new.to_str().unwrap()][..], &weak].concat());
+    assert!(o.status.success(), "passwd of a reverse vault: {}", text(&o));
+    assert!(!plain.join("veilfs.lock").exists(), "passwd left a lock file in PLAINDIR");
+    let conf_now = std::fs::read(plain.join(".veilfs.reverse.conf")).unwrap();
+    assert_ne!(conf_now, conf_before);
+    assert_eq!(std::fs::read(rm.mnt.join("veilfs.conf")).unwrap(), conf_now, "the live view shows the new config");
+    assert!(view_without_config(&rm.mnt) == before, "passwd changed the view beyond veilfs.conf");
+
+    // The old password is refused; the new one opens the reverse vault.
+    let path_with = |pf: &str| run(&BIN, &["encrypt-path", "--reverse", p, "small.txt", "--passfile", pf]);
+    assert_eq!(path_with(&old).status.code(), Some(3), "the old password still opens the reverse vault");
+    assert!(path_with(new.to_str().unwrap()).status.success());
+
+    // A remount with the new password shows the same view; a backup made now opens with
+    // the new password only.
+    rm.umount();
+    rm.passfile = new.clone();
+    rm.mount();
+    assert!(view_without_config(&rm.mnt) == before, "the view changed across passwd and a remount");
+    let backup = t.path.join("backup");
+    rsync(&rm.mnt, &backup);
+    let out = t.path.join("out");
+    assert_eq!(export(&backup, &out, Path::new(&old)).status.code(), Some(3), "old password opened the backup");
+    let o = export(&backup, &out, &new);
+    assert!(o.status.success(), "export with the new password: {}", text(&o));
+    assert_restored(&plain, &out);
+
+    // --reverse names it explicitly; adding a slot works the same way.
+    let o = run(
+        &BIN,
+        &[&["passwd", "--reverse", p, "--add", "--passfile", new.to_str().unwrap(), "--new-passfile", &old][..], &weak]
+            .concat(),
+    );
+    assert!(o.status.success(), "passwd --reverse --add: {}", text(&o));
+    assert!(path_with(&old).status.success(), "the added slot does not open the reverse vault");
+}
+
+/// The independent Python reader (tests/vectors/reference_reader.py, written from
+/// docs/FORMAT.md alone) decrypts an rsync'd backup of a reverse view — the deterministic
+/// profile (§17: GCM-SIV, derived nonces and identities) on a real vault — finds the
+/// plaintext tree in it, and detects every tamper class on copies of it.
+#[test]
+fn reference_reader_decrypts_a_backup_of_a_reverse_view() {
+    let py = std::process::Command::new("python3").args(["-c", "import cryptography"]).output();
+    if !fuse_available() || !which("rsync") || !py.is_ok_and(|o| o.status.success()) {
+        let msg = "needs /dev/fuse, rsync and python3 with cryptography";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
+        return;
+    }
+    let t = Tmpfs::new("100m");
+    let plain = t.path.join("plain");
+    let p = |rel: &str| plain.join(rel);
+    std::fs::create_dir_all(p("a/b/c")).unwrap();
+    std::fs::write(p("empty"), b"").unwrap();
+    std::fs::write(p("one"), vec![1u8; 4096]).unwrap();
+    std::fs::write(p("a/b/c/multi"), (0..20_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+    // The largest file at the top: the reader's self-test moves it into a directory.
+    let f = std::fs::File::create(p("sparse")).unwrap();
+    f.set_len(1 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, b"data in a hole", 600_000).unwrap();
+    drop(f);
+    std::fs::write(plain.join(std::ffi::OsStr::from_bytes(&[b'n'; 255])), b"longest name").unwrap();
+    std::fs::write(plain.join(std::ffi::OsStr::from_bytes(b"a/latin1-\xe9t\xe9")), b"not utf-8").unwrap();
+    std::os::unix::fs::symlink("../one", p("a/link")).unwrap();
+    assert!(sh(&format!("mkfifo {}", p("a/b/fifo").display())).status.success());
+    // Times in another second than the copy's: rsync 3.5.0 leaves the time of a directory
+    // or symlink it created within the same second as its source's (also for plain trees).
+    let touch = format!("find {} -exec touch -h -d '2001-02-03 04:05:06.5' {{}} +", plain.display());
+    assert!(sh(&touch).status.success());
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    rm.mount();
+    let backup = t.path.join("backup");
+    rsync(&rm.mnt, &backup);
+    rm.umount();
+    // The source as the reader sees it: PLAINDIR without its reverse config.
+    let expected = t.path.join("expected");
+    assert!(run("cp", &["-a", plain.to_str().unwrap(), expected.to_str().unwrap()]).status.success());
+    std::fs::remove_file(expected.join(".veilfs.reverse.conf")).unwrap();
+    let reader = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/reference_reader.py");
+    let (r, b, pf) = (reader.to_str().unwrap(), backup.to_str().unwrap(), rm.passfile.to_str().unwrap());
+    let o = run("python3", &[r, "--vault", b, "--password-file", pf, "--compare", expected.to_str().unwrap()]);
+    let out = text(&o);
+    assert!(o.status.success() && out.contains(" 0 failed"), "reference reader --compare: {out}");
+    assert!(out.contains("compared 11 vault entries") && out.contains("AES-256-GCM-SIV"), "{out}");
+    let o = run("python3", &[r, "--vault", b, "--password-file", pf, "--tamper-selftest"]);
+    let out = text(&o);
+    assert!(o.status.success() && out.contains(" 0 failed"), "reference reader --tamper-selftest: {out}");
+}
+
+/// `-o reverse,exclude=…` (fstab and mount(8)'s spelling) mounts the reverse view as
+/// `--reverse --exclude` does; exclude without reverse is a usage error.
+#[test]
+fn dash_o_reverse_and_exclude_mount_the_view() {
+    if !fuse_available() {
+        return;
+    }
+    let t = Tmpfs::new("50m");
+    let plain = t.path.join("plain");
+    std::fs::create_dir_all(plain.join("d")).unwrap();
+    std::fs::write(plain.join("d/keep.txt"), b"keep").unwrap();
+    std::fs::write(plain.join("d/skip.log"), b"skip").unwrap();
+    std::fs::write(plain.join("a,b"), b"comma").unwrap();
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    let opts = format!(r"reverse,passfile={},exclude=*.log,exclude=a\,b,ro", rm.passfile.display());
+    let o = rm.mount_raw(&["-o", &opts]);
+    assert!(o.status.success(), "mount -o {opts}: {}", text(&o));
+    let backup = t.path.join("backup");
+    assert!(run("cp", &["-a", &format!("{}/.", rm.mnt.display()), backup.to_str().unwrap()]).status.success());
+    // `veilfs umount` knows a reverse view (type fuse.veilfs-reverse) as a veilfs mount.
+    let o = run(&BIN, &["umount", rm.mnt.to_str().unwrap()]);
+    assert!(o.status.success(), "veilfs umount of a reverse view: {}", text(&o));
+    rm.umount();
+    let out = t.path.join("out");
+    let o = export(&backup, &out, &rm.passfile);
+    assert!(o.status.success(), "export: {}", text(&o));
+    assert_eq!(walk(&out), [PathBuf::from("d"), PathBuf::from("d/keep.txt")]);
+
+    let o = rm.mount_raw(&["-o", &format!("passfile={},exclude=*.log", rm.passfile.display())]);
+    assert_eq!(o.status.code(), Some(2), "exclude without reverse: {}", text(&o));
+    assert!(text(&o).contains("reverse"), "{}", text(&o));
+}
+
+/// Exclude patterns follow gitignore: `!` takes a path back, a leading `/` anchors at the
+/// top of PLAINDIR, a trailing `/` matches directories only, `**` spans directories, and an
+/// excluded directory is absent whole — a `!` for a path inside it brings nothing back (as
+/// in git); `dir/*` with `!dir/keep` is the way to keep one entry of a directory.
+#[test]
+fn exclude_patterns_follow_gitignore_rules() {
+    if !fuse_available() {
+        return;
+    }
+    let t = Tmpfs::new("50m");
+    let plain = t.path.join("plain");
+    let files = [
+        "a.log",
+        "keep.log",
+        "sub/b.log",
+        "sub/keep.log",
+        "top-only.txt",
+        "sub/top-only.txt",
+        "build/out.o",
+        "sub/build",
+        "deep/z",
+        "deep/x/z",
+        "deep/x/y/z",
+        "deep/x/y/other",
+        "excluded/keep",
+        "excluded/other",
+        "partial/keep",
+        "partial/other",
+    ];
+    for f in files {
+        let path = plain.join(f);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, f.as_bytes()).unwrap();
+    }
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    let list = t.path.join("patterns");
+    std::fs::write(&list, "*.log\n!keep.log\n/top-only.txt\nbuild/\ndeep/**/z\nexcluded/\n!excluded/keep\n").unwrap();
+    rm.extra = ["--exclude-from", list.to_str().unwrap(), "--exclude", "partial/*", "--exclude", "!partial/keep"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    rm.mount();
+    let backup = t.path.join("backup");
+    assert!(run("cp", &["-a", &format!("{}/.", rm.mnt.display()), backup.to_str().unwrap()]).status.success());
+    rm.umount();
+    let out = t.path.join("out");
+    let o = export(&backup, &out, &rm.passfile);
+    assert!(o.status.success(), "export: {}", text(&o));
+    let shown: Vec<String> =
+        walk(&out).into_iter().filter(|p| out.join(p).is_file()).map(|p| p.to_string_lossy().into_owned()).collect();
+    assert_eq!(
+        shown,
+        ["deep/x/y/other", "keep.log", "partial/keep", "sub/build", "sub/keep.log", "sub/top-only.txt"],
+        "files in the view"
+    );
+    assert!(!out.join("excluded").exists() && !out.join("build").exists(), "excluded directories are absent");
+}

@@ -266,6 +266,8 @@ class Runner:
             self.data.mixed_folder(s.mixed_total)
         if "kernel" in groups:
             self.data.rsync_destination()
+        if "reverse" in groups:
+            self.data.tree()
         if "build" in groups:
             self.data.build_project()
 
@@ -319,15 +321,21 @@ class Runner:
         if not info["available"]:
             self._fail(record, group, f"unavailable: {info['reason']}")
             return record
+        if group.reverse and not fs.has_reverse():
+            record["na"] = {m.name: "no reverse mode" for m in group.metrics}
+            record["na"]["peak_rss"] = "no reverse mode"
+            return record
         self.mount_count += 1
         store = backing.fresh_dir(fs.name)
         store_token = self.cleanup.push(f"rm -r {store}", lambda: backing_mod.remove_tree(store))
         mnt = self.run_dir / "mnt" / f"{self.mount_count:04d}-{fs.name}"
         mnt.mkdir()
         session = MountSession(fs, store, mnt, self.secrets, self.run_dir / "logs",
-                               self.args.mount_timeout, self.cleanup)
+                               self.args.mount_timeout, self.cleanup, reverse=group.reverse)
         ctx = None
         try:
+            if group.prepare is not None:
+                group.prepare(store, self.data, self.args.timeout)
             m = session.open(fresh=True)
             ctx = Context(mount=m, data=self.data, sizes=self.sizes, quick=self.args.quick,
                           timeout=self.args.timeout, session=session)

@@ -74,9 +74,16 @@ class Filesystem:
         return ""
 
     def mount(self, store: Path, mountpoint: Path, secrets: Secrets, logdir: Path,
-              timeout: float, fresh: bool = True) -> Mount:
-        """Mount *store* (initialising it first if *fresh*) on *mountpoint*."""
+              timeout: float, fresh: bool = True, reverse: bool = False) -> Mount:
+        """Mount *store* (initialising it first if *fresh*) on *mountpoint*.
+        With *reverse*, *store* is a plaintext tree and the mount its
+        encrypted read-only view (see :meth:`has_reverse`)."""
         raise NotImplementedError
+
+    def has_reverse(self) -> bool:
+        """Whether the filesystem has a reverse mode (an encrypted view of a
+        plaintext directory, for backups)."""
+        return False
 
     def fsck_args(self, store: Path, secrets: "Secrets") -> list[str] | None:
         """The command that checks every byte of *store* (None: the tool has none)."""
@@ -91,8 +98,12 @@ class PlainFs(Filesystem):
     name = "plain"
     title = "plain (backing store, no FUSE, no encryption)"
 
-    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True):
+    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True, reverse=False):
         return Mount(fs=self.name, path=store, store=store)
+
+    def has_reverse(self):
+        # The baseline of the reverse group: the plaintext tree itself.
+        return True
 
     def unmount(self, m, timeout):
         pass
@@ -104,7 +115,9 @@ class FuseFs(Filesystem):
 
     Templates may use ``{bin}``, ``{store}``, ``{mnt}``, ``{passfile}`` and
     ``{keyfile}``.  ``init`` is run once on the empty store (None if the first
-    mount initialises it).  With ``foreground`` the mount command is the
+    mount initialises it).  ``reverse_init_cmd`` and ``reverse_mount_cmd``
+    (None: no reverse mode) do the same for a reverse view of a plaintext
+    store.  With ``foreground`` the mount command is the
     daemon itself; otherwise it must daemonise and exit 0 once the mount is
     live.  ``password_stdin`` feeds the passfile to the daemon's stdin."""
     name: str
@@ -116,6 +129,8 @@ class FuseFs(Filesystem):
     version_cmd: Sequence[str] | None = None
     #: Offline integrity check of the whole store (unmounted), if the tool has one.
     fsck_cmd: Sequence[str] | None = None
+    reverse_init_cmd: Sequence[str] | None = None
+    reverse_mount_cmd: Sequence[str] | None = None
     foreground: bool = True
     password_stdin: bool = False
     env: dict = field(default_factory=dict)
@@ -156,8 +171,11 @@ class FuseFs(Filesystem):
     def _env(self, logdir: Path) -> dict:
         return {k: v.format(logdir=logdir) for k, v in self.env.items()}
 
-    def init_args(self) -> Sequence[str] | None:
-        return self.init_cmd
+    def init_args(self, reverse: bool = False) -> Sequence[str] | None:
+        return self.reverse_init_cmd if reverse else self.init_cmd
+
+    def has_reverse(self) -> bool:
+        return self.reverse_mount_cmd is not None
 
     def fsck_args(self, store: Path, secrets: "Secrets") -> list[str] | None:
         """The command that checks every byte of *store*, or None."""
@@ -165,16 +183,16 @@ class FuseFs(Filesystem):
             return None
         return self._fmt(self.fsck_cmd, store=store, passfile=secrets.passfile, keyfile=secrets.keyfile)
 
-    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True):
+    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True, reverse=False):
         values = dict(store=store, mnt=mountpoint, passfile=secrets.passfile,
                       keyfile=secrets.keyfile)
         env = self._env(logdir)
-        init = self.init_args() if fresh else None
+        init = self.init_args(reverse) if fresh else None
         if init:
             run(self._fmt(init, **values), timeout=timeout, env=env,
                 input=secrets.passfile.read_bytes() if self.password_stdin else None)
         log = logdir / f"{self.name}-{mountpoint.name}.log"
-        argv = self._fmt(self.mount_cmd, **values)
+        argv = self._fmt(self.reverse_mount_cmd if reverse else self.mount_cmd, **values)
         full_env = {**os.environ, **env}
         with open(log, "wb") as logf:
             stdin = open(secrets.passfile, "rb") if self.password_stdin else subprocess.DEVNULL
@@ -246,8 +264,8 @@ class VeilFs(FuseFs):
     seconds of Argon2 per mount would only slow the suite down."""
     CHEAP_KDF = ("--kdf-memory", "8", "--kdf-iterations", "1")
 
-    def init_args(self):
-        return list(self.init_cmd) + list(self.CHEAP_KDF)
+    def init_args(self, reverse=False):
+        return list(super().init_args(reverse)) + list(self.CHEAP_KDF)
 
 
 class Ext4LoopFs(Filesystem):
@@ -349,11 +367,18 @@ def registry() -> dict[str, Filesystem]:
                unmount_cmd=["{bin}", "umount", "{mnt}"],
                version_cmd=["{bin}", "--version"],
                fsck_cmd=["{bin}", "fsck", "-q", "{store}", "--passfile", "{passfile}"],
+               reverse_init_cmd=["{bin}", "init", "-q", "--reverse", "{store}", "--passfile", "{passfile}"],
+               reverse_mount_cmd=["{bin}", "mount", "--reverse", "{store}", "{mnt}", "--passfile",
+                                  "{passfile}"],
                foreground=False, build_hint="cargo build --release"),
         FuseFs(name="gocryptfs", title="gocryptfs (AES-256-GCM, -scryptn 10)", binary="gocryptfs",
                init_cmd=["{bin}", "-init", "-q", "-scryptn", "10", "-passfile", "{passfile}", "{store}"],
                mount_cmd=["{bin}", "-fg", "-q", "-passfile", "{passfile}", "{store}", "{mnt}"],
                fsck_cmd=["{bin}", "-fsck", "-q", "-passfile", "{passfile}", "{store}"],
+               reverse_init_cmd=["{bin}", "-init", "-reverse", "-q", "-scryptn", "10", "-passfile",
+                                 "{passfile}", "{store}"],
+               reverse_mount_cmd=["{bin}", "-reverse", "-fg", "-q", "-passfile", "{passfile}", "{store}",
+                                  "{mnt}"],
                version_cmd=["{bin}", "-version"], packages=["gocryptfs"]),
         FuseFs(name="encfs", title="EncFS --standard (AES-192 CBC, 1 KiB blocks)", binary="encfs",
                mount_cmd=["{bin}", "-f", "--standard", "--extpass", "cat {passfile}", "{store}", "{mnt}"],

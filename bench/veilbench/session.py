@@ -16,7 +16,7 @@ from .proc import Cleanup
 
 class MountSession:
     def __init__(self, fs: Filesystem, store: Path, mountpoint: Path, secrets: Secrets,
-                 logdir: Path, timeout: float, cleanup: Cleanup) -> None:
+                 logdir: Path, timeout: float, cleanup: Cleanup, reverse: bool = False) -> None:
         self.fs = fs
         self.store = store
         self.mountpoint = mountpoint
@@ -24,6 +24,8 @@ class MountSession:
         self.logdir = logdir
         self.timeout = timeout
         self.cleanup = cleanup
+        #: Mount the filesystem's reverse view of the (plaintext) store.
+        self.reverse = reverse
         self.mount: Mount | None = None
         self._token: int | None = None
         self.rss_kib: list[int] = []
@@ -31,7 +33,7 @@ class MountSession:
 
     def open(self, fresh: bool = True) -> Mount:
         m = self.fs.mount(self.store, self.mountpoint, self.secrets, self.logdir,
-                          self.timeout, fresh=fresh)
+                          self.timeout, fresh=fresh, reverse=self.reverse)
         self.mount = m
         self.had_daemon = self.had_daemon or m.pid is not None
         self._token = self.cleanup.push(f"unmount {self.mountpoint}",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -176,6 +177,64 @@ def run_fsck(ctx: Context) -> None:
     ctx.remount(between=check)
 
 
+def prepare_reverse(store: Path, data: Datasets, timeout: float) -> None:
+    """Before a reverse mount: the source tree extracted as plaintext into the
+    store (untimed); the reverse view is mounted over it afterwards."""
+    tree = data.tree()
+    run(f"tar xf {q(tree.tarball)} -C {q(store)} && sync", timeout=timeout)
+
+
+def _rsync_files(out: bytes) -> int:
+    """rsync --stats' "Number of regular files transferred"."""
+    for line in out.decode(errors="replace").splitlines():
+        if line.startswith("Number of regular files transferred:"):
+            return int(line.rsplit(":", 1)[1].strip().replace(",", ""))
+    raise StepError("rsync --stats printed no transfer count")
+
+
+def _timed_rsync(ctx: Context, view: Path, dest: Path) -> tuple[float, int]:
+    """``rsync -a --delete --stats VIEW/ DEST/``: seconds and files sent."""
+    start = time.perf_counter()
+    res = run(["rsync", "-a", "--delete", "--stats", f"{view}/", f"{dest}/"], timeout=ctx.timeout)
+    return time.perf_counter() - start, _rsync_files(res.stdout)
+
+
+def _change_tree(top: Path) -> None:
+    """One file changed, one added, one deleted in the plaintext tree (the
+    first and last regular files in sorted order, so every filesystem gets
+    the same change)."""
+    files = sorted(p for p in top.rglob("*") if p.is_file() and not p.is_symlink())
+    with open(files[0], "ab") as f:
+        f.write(b"\n/* changed by veilbench */\n")
+    (files[0].parent / "veilbench-added.txt").write_bytes(b"added by veilbench\n" * 100)
+    files[-1].unlink()
+
+
+def run_reverse(ctx: Context) -> None:
+    """A backup through a reverse (encrypted, read-only) view of a plaintext
+    tree: a cold ``rsync -a`` of the whole view into an empty directory; one
+    file changed, one added, one deleted in the plaintext, then an
+    incremental ``rsync -a --delete`` into the same directory (its time and
+    the files it sent); a raw read of the view (``tar cf - | cat``).  plain
+    rsyncs the plaintext itself."""
+    view = ctx.mount.path
+    dest = ctx.data.out_dir()
+    ctx.settle()
+    secs, _ = _timed_rsync(ctx, view, dest)
+    ctx.record("rev_full", secs)
+    tree = ctx.data.tree()
+    _change_tree(ctx.mount.store / tree.top)
+    # Past every attribute timeout (1 s for veilfs and gocryptfs), so the view shows the change.
+    time.sleep(1.5)
+    ctx.settle()
+    secs, sent = _timed_rsync(ctx, view, dest)
+    ctx.record("rev_incr", secs)
+    ctx.record("rev_incr_files", sent)
+    shutil.rmtree(dest)
+    ctx.settle()
+    ctx.record("rev_tar", ctx.timed(f"tar cf - -C {q(view)} . | cat > /dev/null"))
+
+
 def _du_after_remount(ctx: Context) -> None:
     """Disk usage of the ciphertext, measured with the filesystem unmounted
     where possible: daemons such as CryFS keep written blocks in memory until
@@ -320,6 +379,10 @@ class Group:
     title: str
     run: Callable[[Context], None]
     metrics: tuple[Metric, ...]
+    #: A reverse-mode group: the store is a plaintext tree that ``prepare``
+    #: fills before the filesystem's reverse view is mounted over it.
+    reverse: bool = False
+    prepare: Callable[[Path, Datasets, float], None] | None = None
 
 
 def M(name, label, unit, higher=True):  # noqa: N802 - table shorthand
@@ -365,6 +428,13 @@ GROUPS: tuple[Group, ...] = (
         M("md_stat", "file stat", "ops/s"),
         M("md_delete", "file delete", "ops/s"),
         M("cpu_per_file", "daemon CPU per file created", "ms", higher=False))),
+    Group("reverse", "reverse view of a plaintext kernel tree: rsync -a cold, incremental after "
+          "1 changed + 1 added + 1 deleted file, tar of the view", run_reverse, (
+        M("rev_full", "reverse: rsync -a of the view (cold)", "s", higher=False),
+        M("rev_incr", "reverse: incremental rsync -a --delete", "s", higher=False),
+        M("rev_incr_files", "reverse: files sent by the incremental rsync", "files", higher=False),
+        M("rev_tar", "reverse: tar cf - of the view (piped to cat)", "s", higher=False)),
+        reverse=True, prepare=prepare_reverse),
 )
 
 GROUPS_BY_NAME = {g.name: g for g in GROUPS}

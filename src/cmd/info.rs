@@ -10,8 +10,12 @@ use veilfs_core::VaultConfig;
 #[command(after_help = "No password is needed, so the fields shown are not yet authenticated: every command that \
 unlocks the vault verifies the whole config and refuses an edited one.")]
 pub struct Args {
-    /// The vault.
+    /// The vault (or, with --reverse, the PLAINDIR of a reverse vault).
     pub cipherdir: PathBuf,
+    /// The directory is a reverse vault's PLAINDIR (found without the flag when it holds
+    /// .veilfs.reverse.conf and no veilfs.conf).
+    #[arg(long)]
+    pub reverse: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -19,7 +23,8 @@ pub struct Args {
 
 /// Runs `veilfs info`.
 pub fn run(a: Args) -> Result<i32> {
-    let cfg = VaultConfig::load(&a.cipherdir)?;
+    let reverse = super::is_reverse(&a.cipherdir, a.reverse);
+    let cfg = VaultConfig::load_named(&a.cipherdir, super::config_name(reverse))?;
     let slots: Vec<serde_json::Value> = cfg
         .slots
         .iter()
@@ -36,6 +41,7 @@ pub fn run(a: Args) -> Result<i32> {
     if a.json {
         let v = serde_json::json!({
             "path": a.cipherdir,
+            "reverse": reverse,
             "format": cfg.format,
             "version": cfg.version,
             "creator": cfg.creator,
@@ -47,7 +53,15 @@ pub fn run(a: Args) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(crate::exit::OK);
     }
-    println!("vault:      {}", a.cipherdir.display());
+    if reverse {
+        println!(
+            "vault:      {} (reverse: plaintext directory, config {})",
+            a.cipherdir.display(),
+            super::config_name(true)
+        );
+    } else {
+        println!("vault:      {}", a.cipherdir.display());
+    }
     println!("format:     {} version {} (created by {})", cfg.format, cfg.version, cfg.creator);
     println!("cipher:     {} with {} B blocks", cfg.cipher.name(), cfg.block_size);
     println!("names:      AES-256-SIV, per-directory IV, identity-bound entries");

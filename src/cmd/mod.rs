@@ -73,6 +73,22 @@ impl LockArgs {
     }
 }
 
+/// Whether `dir` is to be taken as a reverse vault (its config `.veilfs.reverse.conf`):
+/// `--reverse` was given, or `dir` holds that config and no `veilfs.conf` (so `passwd` and
+/// `info` find a PLAINDIR without the flag; a directory with both needs `--reverse`).
+pub fn is_reverse(dir: &Path, flag: bool) -> bool {
+    flag || (!VaultConfig::path_in(dir).exists() && dir.join(REVERSE_CONFIG_NAME).symlink_metadata().is_ok())
+}
+
+/// The config file of a forward (`veilfs.conf`) or reverse vault.
+pub fn config_name(reverse: bool) -> &'static str {
+    if reverse {
+        REVERSE_CONFIG_NAME
+    } else {
+        names::CONFIG_NAME
+    }
+}
+
 /// "Slot N" in user terms.
 pub fn slot_kind_name(kind: SlotKind) -> &'static str {
     match kind {

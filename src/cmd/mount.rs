@@ -31,6 +31,14 @@ veilfs umount ~/private                          (or: fusermount3 -u ~/private)\
 mount -t fuse.veilfs ~/vault ~/private -o passfile=/etc/veilfs/pw,allow_other\n\n\
 An fstab line (then `mount MOUNTPOINT` and `umount MOUNTPOINT`, as a user too with `user`):\n  \
 /home/me/vault /home/me/private fuse.veilfs noauto,user,passfile=/home/me/.vault-pw 0 0\n\n\
+Reverse mode (an encrypted read-only view of a plaintext directory, for backups):\n  \
+veilfs mount --reverse ~/data ~/data-encrypted --exclude '*.tmp' --exclude 'cache/'\n  \
+/home/me/data /home/me/data-encrypted fuse.veilfs noauto,user,reverse,passfile=/home/me/.pw,exclude=*.tmp 0 0\n\n\
+--exclude takes gitignore patterns matched against paths relative to PLAINDIR: `*.log` anywhere, `/build` only \
+at the top, `cache/` directories only, `**` across directories (`a/**/b`), `!keep.log` takes back an earlier \
+exclude. An excluded directory is absent with everything in it: as in git, `!` cannot bring back an entry inside \
+an excluded directory (exclude `dir/*` and then `!dir/keep` instead). Later patterns win; --exclude-from files \
+come before --exclude patterns.\n\n\
 A mount locks its vault (the file veilfs.lock in CIPHERDIR, removed at unmount): a second mount and \
 the commands that write it (import, passwd, fsck --repair) are refused with exit code 9, naming the process that \
 holds it; reading commands (cat, ls, export, info, fsck) work. The lock of a daemon that died is taken over with a \
@@ -91,16 +99,18 @@ pub struct Args {
     #[arg(long)]
     pub reverse: bool,
     /// With --reverse: leave out plaintext paths matching PATTERN (gitignore syntax, relative
-    /// to PLAINDIR; repeatable).
-    #[arg(long, value_name = "PATTERN", requires = "reverse")]
+    /// to PLAINDIR; repeatable; `!PATTERN` takes one back, but never inside an excluded
+    /// directory: see below).
+    #[arg(long, value_name = "PATTERN")]
     pub exclude: Vec<String>,
     /// With --reverse: read exclude patterns from FILE (one a line, gitignore syntax).
-    #[arg(long, value_name = "FILE", requires = "reverse")]
+    #[arg(long, value_name = "FILE")]
     pub exclude_from: Vec<PathBuf>,
     /// Mount options as in fstab and mount(8), comma-separated: passfile=FILE, extpass=CMD,
     /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage, break_lock,
     /// attr_timeout=SECS, threads=N, no_writeback, noatime, nonempty, fsname=NAME (the source shown
-    /// in the mount table; default CIPHERDIR). mount(8)'s own options (user, noauto, nofail,
+    /// in the mount table; default CIPHERDIR), reverse, exclude=PATTERN (one per option, `\,`
+    /// for a comma), exclude_from=FILE. mount(8)'s own options (user, noauto, nofail,
     /// _netdev, x-systemd.*, rw, defaults, …) are ignored; remount is refused.
     #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
     pub options: Vec<String>,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 /// The options `-o` understands, for messages and `--help`.
 pub const KNOWN: &str = "passfile=FILE, extpass=CMD, recovery_key, slot=N, allow_other, ro, idle=DURATION, \
                          shared_storage, break_lock, attr_timeout=SECS, threads=N, no_writeback, noatime, \
-                         nonempty, fsname=NAME";
+                         nonempty, fsname=NAME, reverse, exclude=PATTERN, exclude_from=FILE";
 
 /// Options that belong to mount(8), fstab or systemd, or that a FUSE mount has anyway.
 fn generic(name: &str) -> bool {
@@ -122,10 +122,17 @@ pub fn apply(a: &mut Args, sloppy: bool) -> Result<()> {
             "noatime" => a.noatime = true,
             "nonempty" => a.nonempty = true,
             "fsname" => a.fsname = Some(need(value)?),
+            "reverse" => a.reverse = true,
+            // One pattern per option (a comma inside one is written `\,`), repeatable.
+            "exclude" => a.exclude.push(need(value)?),
+            "exclude_from" => a.exclude_from.push(PathBuf::from(need(value)?)),
             _ if generic(&opt) => tracing::debug!("-o {opt}: for mount(8), ignored"),
             _ if sloppy => tracing::warn!("-o {opt}: unknown mount option, ignored (sloppy)"),
             _ => return Err(usage(format!("unknown mount option '{opt}' (veilfs knows: {KNOWN})"))),
         }
+    }
+    if !a.reverse && (!a.exclude.is_empty() || !a.exclude_from.is_empty()) {
+        return Err(usage("exclude and exclude_from are for reverse mounts: add reverse (or --reverse)".into()));
     }
     let p = &a.unlock.password;
     if usize::from(p.passfile.is_some()) + usize::from(p.extpass.is_some()) + usize::from(p.password_stdin) > 1 {
@@ -182,6 +189,17 @@ mod tests {
         assert!(parse(&["-o", "passfile=/a,extpass=echo x"]).is_err());
         let e = parse(&["-o", "ro,remount"]).unwrap_err();
         assert!(e.to_string().contains("remount"), "{e}");
+    }
+
+    #[test]
+    fn reverse_and_excludes() {
+        let a = parse(&["-o", r"reverse,passfile=/p,exclude=*.log,exclude=a\,b", "-o", "exclude_from=/x"]).unwrap();
+        assert!(a.reverse);
+        assert_eq!(a.exclude, ["*.log", "a,b"]);
+        assert_eq!(a.exclude_from, [PathBuf::from("/x")]);
+        let e = parse(&["-o", "exclude=*.log"]).unwrap_err();
+        assert!(e.to_string().contains("reverse"), "{e}");
+        assert!(parse(&["-o", "reverse,exclude"]).is_err());
     }
 
     #[test]

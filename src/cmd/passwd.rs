@@ -9,7 +9,9 @@ use anyhow::Result;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use veilfs_core::config::SlotKind;
-use veilfs_core::{RecoveryKey, VaultConfig};
+use veilfs_core::keys::MasterKey;
+use veilfs_core::reverse::ReverseVault;
+use veilfs_core::{RecoveryKey, Vault, VaultConfig};
 
 /// Arguments of `veilfs passwd`.
 #[derive(clap::Args, Debug)]
@@ -22,10 +24,18 @@ veilfs passwd VAULT --new-recovery-key   replace the recovery key (the old one s
 Slot numbers never change: a changed password keeps its slot number, a new slot gets the lowest free one. \
 Removing the last recovery key asks for confirmation (or needs --yes without a terminal).\n\n\
 With --password-stdin, the first line is the current secret and the second the new password.\n\n\
-passwd takes the vault lock: while the vault is mounted it is refused (exit code 9).")]
+passwd takes the vault lock: while the vault is mounted it is refused (exit code 9).\n\n\
+A reverse vault (PLAINDIR made by `veilfs init --reverse`) is found by its .veilfs.reverse.conf, or named with \
+--reverse; only that file changes, and so does veilfs.conf in its view (a live reverse mount shows the new one at \
+once): the keys stay, so the rest of the view and of its backups stays byte for byte the same, and the next backup \
+of the view carries the new password. Backups made before keep the old slots. A reverse vault takes no lock.")]
 pub struct Args {
-    /// The vault.
+    /// The vault (or, with --reverse, the PLAINDIR of a reverse vault).
     pub cipherdir: PathBuf,
+    /// The directory is a reverse vault's PLAINDIR (found without the flag when it holds
+    /// .veilfs.reverse.conf and no veilfs.conf).
+    #[arg(long)]
+    pub reverse: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
     /// Add a new password slot instead of replacing one.
@@ -95,17 +105,53 @@ fn check_removal(cfg: &VaultConfig, id: u32, yes: bool) -> Result<()> {
     }
 }
 
+/// A vault unlocked for `passwd`: forward, or the reverse config of a PLAINDIR.
+enum Unlocked {
+    Forward(Box<Vault>),
+    Reverse(Box<ReverseVault>),
+}
+
+impl Unlocked {
+    fn config(&self) -> &VaultConfig {
+        match self {
+            Unlocked::Forward(v) => v.config(),
+            Unlocked::Reverse(r) => r.vault().config(),
+        }
+    }
+
+    fn master_key(&self) -> &MasterKey {
+        match self {
+            Unlocked::Forward(v) => v.master_key(),
+            Unlocked::Reverse(r) => r.vault().master_key(),
+        }
+    }
+
+    fn save_config(&mut self, cfg: VaultConfig) -> veilfs_core::Result<()> {
+        match self {
+            Unlocked::Forward(v) => v.save_config(cfg),
+            Unlocked::Reverse(r) => r.save_config(cfg),
+        }
+    }
+}
+
 /// Runs `veilfs passwd`.
 pub fn run(a: Args) -> Result<i32> {
     // Everything that needs no password is checked first.
-    let on_disk = VaultConfig::load(&a.cipherdir)?;
+    let reverse = super::is_reverse(&a.cipherdir, a.reverse);
+    let on_disk = VaultConfig::load_named(&a.cipherdir, super::config_name(reverse))?;
     let changes_password = a.remove_slot.is_none() && !a.new_recovery_key;
     let params = if changes_password { Some(a.kdf.params()?) } else { None };
     if let Some(id) = a.remove_slot {
         check_removal(&on_disk, id, a.yes)?;
     }
-    let _lock = a.lock.take(&a.cipherdir, "passwd")?;
-    let mut vault = a.unlock.open(&a.cipherdir)?;
+    // A reverse vault has no lock: its view writes nothing, and a lock file in PLAINDIR
+    // would be an entry of the view.
+    let _lock = if reverse { None } else { Some(a.lock.take(&a.cipherdir, "passwd")?) };
+    let mut vault = if reverse {
+        Unlocked::Reverse(Box::new(a.unlock.open_reverse(&a.cipherdir)?))
+    } else {
+        Unlocked::Forward(Box::new(a.unlock.open(&a.cipherdir)?))
+    };
     let mut cfg = vault.config().clone();
     let quiet = crate::logging::quiet();
     if let Some(id) = a.remove_slot {

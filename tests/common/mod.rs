@@ -661,6 +661,18 @@ impl ReverseMount {
         ReverseMount::existing(plain, mnt, passfile)
     }
 
+    /// `veilfs mount PLAINDIR MNT ARGS…` (no flags added: for `-o reverse,…`); the output.
+    pub fn mount_raw(&mut self, args: &[&str]) -> Output {
+        let o = Command::new(&BIN)
+            .args(["mount", self.plain.to_str().unwrap(), self.mnt.to_str().unwrap()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        self.mounted = o.status.success();
+        o
+    }
+
     /// An already made reverse vault in `plain`.
     pub fn existing(plain: &Path, mnt: &Path, passfile: &Path) -> ReverseMount {
         std::fs::create_dir_all(mnt).unwrap();

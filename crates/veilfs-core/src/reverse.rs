@@ -155,12 +155,28 @@ pub struct ViewItem {
     pub kind: ViewKind,
 }
 
+/// The reverse config as the view shows it (`veilfs.conf`).
+#[derive(Clone)]
+struct ShownConfig {
+    bytes: Vec<u8>,
+    stat: Stat,
+    /// (inode, size, mtime, ctime) of the last version of the file looked at, accepted or not.
+    seen: (u64, i64, i64, i64, i64, i64),
+}
+
+fn version_of(st: &Stat) -> (u64, i64, i64, i64, i64, i64) {
+    (st.st_ino, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec)
+}
+
 /// An unlocked reverse vault over PLAINDIR.
 pub struct ReverseVault {
     vault: Vault,
     ids: SecretBytes<32>,
-    config_bytes: Vec<u8>,
-    config_stat: Stat,
+    /// The config shown as `veilfs.conf`: followed when `veilfs passwd` rewrites it.
+    shown: std::sync::Mutex<ShownConfig>,
+    /// Owner and times of the vault's own files (IVs, side files): the config's at open, so
+    /// they stay the same for rsync while the mount lives.
+    base_stat: Stat,
     excludes: Excludes,
 }
 
@@ -234,13 +250,72 @@ impl ReverseVault {
         config_stat: Stat,
     ) -> Self {
         let ids = master.derive(IDS_LABEL);
+        let shown = ShownConfig { bytes: config_bytes, stat: config_stat, seen: version_of(&config_stat) };
         ReverseVault {
             vault: Vault::from_parts(plaindir, config, master),
             ids,
-            config_bytes,
-            config_stat,
+            shown: std::sync::Mutex::new(shown),
+            base_stat: config_stat,
             excludes: Excludes::default(),
         }
+    }
+
+    /// Seals `cfg` (slots changed by `veilfs passwd`) with the vault's master key and writes
+    /// it as the reverse config in PLAINDIR (atomically, as a forward vault's). The keys do
+    /// not change, so the view shows the same ciphertext with the new `veilfs.conf`.
+    pub fn save_config(&mut self, mut cfg: VaultConfig) -> Result<()> {
+        cfg.seal(self.vault.master_key());
+        cfg.save_named(self.plain_root(), REVERSE_CONFIG_NAME)?;
+        let (root, master) = (self.plain_root().to_path_buf(), self.vault.master_key().clone());
+        self.vault = Vault::from_parts(&root, cfg, master);
+        Ok(())
+    }
+
+    /// The config the view shows, re-read first if the file changed since (a `veilfs passwd`
+    /// while mounted: the next backup then carries the new key slots). A rewritten config is
+    /// shown only if it authenticates under this vault's master key and keeps its cipher,
+    /// block size and root IV; otherwise the one shown before stays, with a warning.
+    fn shown_config(&self) -> ShownConfig {
+        let mut g = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        let path = self.plain_root().join(REVERSE_CONFIG_NAME);
+        let Ok(st) =
+            sys::open_dir_path(self.plain_root()).and_then(|d| sys::fstatat(d.as_fd(), REVERSE_CONFIG_NAME.as_bytes()))
+        else {
+            return g.clone();
+        };
+        if version_of(&st) == g.seen {
+            return g.clone();
+        }
+        g.seen = version_of(&st);
+        match sys::read_meta_path(&path, crate::config::MAX_CONFIG_LEN)
+            .map_err(|e| Error::Config { path: path.clone(), detail: format!("cannot be read: {e}") })
+            .and_then(|bytes| self.check_rewritten(&bytes, &path).map(|()| bytes))
+        {
+            Ok(bytes) => {
+                let mut stat = st;
+                stat.st_size = bytes.len() as i64;
+                stat.st_blocks = (bytes.len() as u64).div_ceil(512) as i64;
+                g.bytes = bytes;
+                g.stat = stat;
+            }
+            Err(e) => tracing::warn!("{}: changed, still showing the config read before: {e}", path.display()),
+        }
+        g.clone()
+    }
+
+    /// Checks a rewritten reverse config: authentic under the master key, same geometry.
+    fn check_rewritten(&self, bytes: &[u8], path: &Path) -> Result<()> {
+        let cfg = VaultConfig::parse(bytes, path)?;
+        cfg.verify(self.vault.master_key(), path)?;
+        let now = self.vault.config();
+        if !cfg.is_deterministic()
+            || cfg.cipher != now.cipher
+            || cfg.block_size != now.block_size
+            || cfg.root_iv() != now.root_iv()
+        {
+            return Err(Error::Config { path: path.to_path_buf(), detail: "is not this view's vault any more".into() });
+        }
+        Ok(())
     }
 
     /// Sets the exclude patterns.
@@ -305,6 +380,32 @@ impl ReverseVault {
         let identity = self.identity(&dir.iv, name, kind);
         let key = self.vault.names().name_key(&dir.iv, name)?;
         Ok(Some(ViewEntry { name: name.to_vec(), kind, identity, key, stat: st }))
+    }
+
+    /// `item` of `dir` as it is now: an entry with a new `lstat` (name, identity and stored
+    /// name kept: they depend only on the name and kind), `None` if it is gone or is now
+    /// another kind of object; the vault's own files as they were. No name is encrypted.
+    pub fn refreshed(&self, dir: &PlainDir, item: &ViewItem) -> Result<Option<ViewItem>> {
+        let ViewKind::Entry(e) = &item.kind else { return Ok(Some(item.clone())) };
+        let st = match sys::fstatat(dir.fd(), &e.name) {
+            Ok(st) => st,
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(err) => return Err(Error::io(self.plain_path(dir, &e.name), err)),
+        };
+        if EntryKind::from_mode(st.st_mode) != e.kind {
+            return Ok(None);
+        }
+        let mut now = e.clone();
+        now.stat = st;
+        Ok(Some(ViewItem { on_disk: item.on_disk.clone(), kind: ViewKind::Entry(now) }))
+    }
+
+    /// Whether looking up the view name `on_disk` needs the whole directory listed (a long
+    /// name or a side file is found by its hash).
+    pub fn lookup_lists(on_disk: &[u8]) -> bool {
+        matches!(ParsedEntry::parse(on_disk), ParsedEntry::Long { .. } | ParsedEntry::Internal)
+            && on_disk != DIRIV_NAME.as_bytes()
+            && on_disk != CONFIG_NAME.as_bytes()
     }
 
     /// The ciphertext name of `e` in `dir`.
@@ -416,7 +517,7 @@ impl ReverseVault {
     /// config's owner and times, so they look unchanged to rsync as long as it is.
     pub fn view_stat(&self, dir: &PlainDir, item: &ViewItem) -> Result<Stat> {
         let synthetic = |len: usize| {
-            let mut st = self.config_stat;
+            let mut st = self.base_stat;
             st.st_mode = libc::S_IFREG | 0o400;
             st.st_nlink = 1;
             st.st_size = len as i64;
@@ -425,7 +526,12 @@ impl ReverseVault {
         };
         Ok(match &item.kind {
             ViewKind::DirIv => synthetic(dir.iv.len()),
-            ViewKind::Config => synthetic(self.config_bytes.len()),
+            ViewKind::Config => {
+                let mut st = self.shown_config().stat;
+                st.st_mode = libc::S_IFREG | 0o400;
+                st.st_nlink = 1;
+                st
+            }
             ViewKind::SideFile(c) => synthetic(c.len()),
             ViewKind::Entry(e) => self.entry_stat(e),
         })
@@ -455,7 +561,7 @@ impl ReverseVault {
     pub fn synthetic_contents(&self, dir: &PlainDir, item: &ViewItem) -> Option<Vec<u8>> {
         match &item.kind {
             ViewKind::DirIv => Some(dir.iv.to_vec()),
-            ViewKind::Config => Some(self.config_bytes.clone()),
+            ViewKind::Config => Some(self.shown_config().bytes),
             ViewKind::SideFile(c) => Some(c.clone()),
             ViewKind::Entry(_) => None,
         }

@@ -132,22 +132,25 @@ impl Filesystem for ReverseFs {
             Ok(h) => h,
             Err(e) => return reply.error(e.into()),
         };
-        let Handle::Dir(items) = &*h else { return reply.error(Errno::ENOTDIR) };
+        let Handle::Dir(listing, known) = &*h else { return reply.error(Errno::ENOTDIR) };
         let parent = if ino.0 == ROOT { ROOT } else { self.parent_of(ino.0) };
         let mut i = offset as usize;
         loop {
             let full = match i {
                 0 => reply.add(ino, 1, FileType::Directory, "."),
                 1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
-                _ => match items.get(i - 2) {
+                _ => match listing.items.get(i - 2) {
                     None => break,
-                    Some((known, item)) => {
+                    Some(item) => {
                         let kind = match &item.kind {
                             veilfs_core::reverse::ViewKind::Entry(e) => attr::kind(e.stat.st_mode),
                             _ => FileType::RegularFile,
                         };
                         // Only a hint: LOOKUP gives the node id.
-                        let hint = if *known == 0 { u64::MAX } else { *known };
+                        let hint = match known[i - 2] {
+                            0 => u64::MAX,
+                            n => n,
+                        };
                         reply.add(INodeNo(hint), (i + 1) as u64, kind, &item.on_disk)
                     }
                 },
