@@ -70,9 +70,9 @@ done
 [[ -x $dir/bin/veilfs ]] || { echo "test-nonroot: cargo named no veilfs binary" >&2; exit 1; }
 chmod 0666 /dev/fuse
 
-# fsx's knobs (VEILFS_FSX_AS_USER=1, _SEED, _OPS) reach the tests; nothing else of root's.
+# fsx's knobs (VEILFS_FSX_AS_USER=1, _SEED, _OPS) and VEILFS_LOG reach the tests; nothing else of root's.
 pass=()
-for v in $(compgen -e); do [[ $v == VEILFS_FSX_* ]] && pass+=("$v=${!v}"); done
+for v in $(compgen -e); do [[ $v == VEILFS_FSX_* || $v == VEILFS_LOG ]] && pass+=("$v=${!v}"); done
 log="$dir/home/root-only.log"
 start=$SECONDS
 status=0

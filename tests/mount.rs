@@ -789,8 +789,9 @@ fn multi_user_permissions_match_a_local_filesystem() {
 }
 
 /// Directories whose mode denies their owner (allowed on Linux: the owner still sees, stats,
-/// lists or removes them as the mode says) and a set-group-id file written through a shared
-/// mapping (Linux keeps the bit). A daemon running as root never noticed either; a user's own
+/// lists or removes them as the mode says), files written through a handle opened before a
+/// chmod to 0400 or with mode 0200, and a set-group-id file written through a shared mapping
+/// (Linux keeps the bit). A daemon running as root never noticed either; a user's own
 /// mount (scripts/test-nonroot.sh runs this file as an ordinary user) showed such directories
 /// as missing after a remount, refused `rmdir` with EACCES instead of ENOTEMPTY, and cleared
 /// the bit at its own backing write.
@@ -816,7 +817,9 @@ fn directories_denying_their_owner_and_setgid_mmap_writes_behave_as_on_tmpfs_acr
             "cd {} && echo top: $(ls) && for x in {dirs}; do d=${{x%:*}}; echo == $d; stat -c '%a %F' $d; \
              ls $d 2>&1; cat $d/f 2>&1; ls $d/sub 2>&1; rmdir $d 2>&1; done; \
              rmdir e0 2>&1 && echo e0 removed; rmdir e500 2>&1 && echo e500 removed; \
-             stat -c '%a' sg; {mmap_write} && stat -c '%a' sg; echo top: $(ls)",
+             stat -c '%a' sg; {mmap_write} && stat -c '%a' sg; \
+             echo abc > w && chmod 200 w && echo xyz > w && echo write-only written; chmod 600 w; cat w; \
+             exec 3>>w2; chmod 400 w2; echo late >&3; exec 3>&-; chmod 600 w2; cat w2; echo top: $(ls)",
             r.display()
         );
         text(&sh(&script)).lines().map(str::to_string).collect()

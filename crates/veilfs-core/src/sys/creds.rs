@@ -127,7 +127,9 @@ thread_local! {
 }
 
 /// Runs `f` with the owner's `rwx` added for the moment to the mode of the directory behind
-/// `fd` (any fd on it, `O_PATH` too), if this thread's filesystem uid owns it and its mode
+/// `fd` (any fd on it, `O_PATH` too; `rw` for a regular file, which the daemon must open for
+/// reading and writing to serve a writer that the kernel let in, also after a chmod to 0444
+/// or for a write-only mode 0200), if this thread's filesystem uid owns it and its mode
 /// lacks them; then puts the mode back (unless something changed it meanwhile). For a step
 /// that already failed with EACCES. Calls nest.
 pub fn with_owner_rwx<T, E>(fd: BorrowedFd<'_>, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
@@ -136,8 +138,8 @@ pub fn with_owner_rwx<T, E>(fd: BorrowedFd<'_>, f: impl FnOnce() -> Result<T, E>
     GRANTING.set(true);
     let granted = grant(fd);
     let r = f();
-    if let Some((mode, ino)) = granted {
-        if super::fstat(fd).is_ok_and(|now| now.st_mode & 0o7777 == mode | 0o700) {
+    if let Some((mode, granted_mode, ino)) = granted {
+        if super::fstat(fd).is_ok_and(|now| now.st_mode & 0o7777 == granted_mode) {
             if let Err(e) = super::chmod_fd(fd, mode) {
                 tracing::warn!("backing inode {ino}: mode {mode:o} not restored: {e}");
             }
@@ -147,16 +149,22 @@ pub fn with_owner_rwx<T, E>(fd: BorrowedFd<'_>, f: impl FnOnce() -> Result<T, E>
     r
 }
 
-/// Adds `u+rwx` to the directory behind `fd` if it is ours and lacks them: its old mode and
-/// inode number, or `None` if nothing changed.
-fn grant(fd: BorrowedFd<'_>) -> Option<(u32, u64)> {
+/// Adds `u+rwx` to the directory (`u+rw` to the regular file) behind `fd` if it is ours and
+/// lacks them: its old mode, the granted mode and the inode number, or `None` if nothing
+/// changed.
+fn grant(fd: BorrowedFd<'_>) -> Option<(u32, u32, u64)> {
     let st = super::fstat(fd).ok()?;
     let mode = st.st_mode & 0o7777;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != fs_uid() || mode & 0o700 == 0o700 {
+    let need = match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => 0o700,
+        libc::S_IFREG => 0o600,
+        _ => return None,
+    };
+    if st.st_uid != fs_uid() || mode & need == need {
         return None;
     }
-    match super::chmod_fd(fd, mode | 0o700) {
-        Ok(()) => Some((mode, st.st_ino)),
+    match super::chmod_fd(fd, mode | need) {
+        Ok(()) => Some((mode, mode | need, st.st_ino)),
         Err(e) => {
             tracing::debug!("backing inode {}: owner access not granted: {e}", st.st_ino);
             None

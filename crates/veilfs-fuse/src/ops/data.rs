@@ -34,12 +34,28 @@ impl VeilFs {
                 // against; a planted FIFO, device or link, or a swapped file, is an integrity
                 // error.
                 let open = |flags| Vault::open_content(&dir.cd, &l.on_disk, flags, node.backing_ino);
-                let fd = match open(if self.opts.read_only { libc::O_RDONLY } else { libc::O_RDWR }) {
+                // The file is opened once for every handle, for reading and writing (writes
+                // read too: partial blocks). A mode that denies the owner (0444 after the
+                // writer opened it, 0200) is no reason to fail a handle the kernel let in:
+                // the owner's rights are granted for the moment of the open (see
+                // `sys::with_owner_rwx`).
+                let rw = |flags| {
+                    open(flags).or_else(|e| match &e {
+                        veilfs_core::Error::Io { source, .. } if source.raw_os_error() == Some(libc::EACCES) => {
+                            match sys::open_path_at(dir.cd.fd(), l.on_disk.as_bytes()) {
+                                Ok((h, _)) => sys::with_owner_rwx(h.as_fd(), || open(flags)),
+                                Err(_) => Err(e),
+                            }
+                        }
+                        _ => Err(e),
+                    })
+                };
+                let fd = match rw(if self.opts.read_only { libc::O_RDONLY } else { libc::O_RDWR }) {
                     Ok(fd) => fd,
                     Err(veilfs_core::Error::Io { source, .. })
                         if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EROFS | libc::EPERM)) =>
                     {
-                        match open(libc::O_RDONLY) {
+                        match rw(libc::O_RDONLY) {
                             Ok(fd) => fd,
                             Err(e) => {
                                 last = cerr(e);
