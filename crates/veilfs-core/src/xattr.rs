@@ -126,9 +126,17 @@ impl XattrCipher {
 
     /// Encrypts `value` for the stored name `stored`.
     pub fn encrypt_value(&self, id: &Identity, stored: &str, value: &[u8]) -> Vec<u8> {
+        let mut nonce = vec![0u8; self.cipher.nonce_len()];
+        crate::random::fill(&mut nonce);
+        self.encrypt_value_with_nonce(id, stored, value, &nonce)
+    }
+
+    /// [`encrypt_value`](Self::encrypt_value) with a given nonce (known-answer vectors only:
+    /// a nonce must never repeat under one key).
+    pub fn encrypt_value_with_nonce(&self, id: &Identity, stored: &str, value: &[u8], nonce: &[u8]) -> Vec<u8> {
         let nl = self.cipher.nonce_len();
         let mut out = vec![0u8; nl + value.len() + TAG_LEN];
-        crate::random::fill(&mut out[..nl]);
+        out[..nl].copy_from_slice(nonce);
         out[nl..nl + value.len()].copy_from_slice(value);
         let (nonce, rest) = out.split_at_mut(nl);
         let tag = self.value_key(id).seal(nonce, &aad(stored), &mut rest[..value.len()]);
