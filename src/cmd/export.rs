@@ -404,7 +404,10 @@ impl Exporter<'_> {
         damage: anyhow::Error,
     ) -> Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
-        let f = self.vault.open_file(dir, e, libc::O_RDONLY).map_err(|_| damage)?;
+        let f = match self.vault.open_file(dir, e, libc::O_RDONLY) {
+            Ok(f) => f,
+            Err(_) => return Err(damage),
+        };
         let mut got = None;
         let r = self.make_and_place(out, replace, |ex, tmp| {
             let mut w = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp)?;
