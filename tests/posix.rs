@@ -349,11 +349,10 @@ fn size_limits(dir: &Path) -> Vec<(String, String)> {
     let value: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 251) as u8).collect();
     let mut out = Vec::new();
     let mut note = |what: &str, r: String| out.push((what.to_string(), r));
-    let sym =
-        |n: usize, name: &str| match std::os::unix::fs::symlink(format!("{long}x")[..n].to_string(), dir.join(name)) {
-            Ok(()) => "ok".to_string(),
-            Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(-1)),
-        };
+    let sym = |n: usize, name: &str| match std::os::unix::fs::symlink(&format!("{long}x")[..n], dir.join(name)) {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(-1)),
+    };
     note("symlink 4095", sym(4095, "s4095"));
     note("symlink 4096", sym(4096, "s4096"));
     note(
