@@ -308,6 +308,42 @@ fn export_names_a_damaged_file_and_exports_the_rest() {
     assert!(err(&o).contains("block 2"), "names the block: {}", err(&o));
 }
 
+/// `export --salvage`: a file with a damaged block and a cut-off end comes out under its name
+/// with every block that authenticates (zeros for the lost block, the lost end cut off), each
+/// lost byte range named, the ciphertext file named once, and exit code 6 still; without
+/// `--salvage` the same file is left out and the message says how to salvage it.
+#[test]
+fn export_salvage_writes_what_authenticates_and_names_the_lost_ranges() {
+    let f = Fixture::new();
+    let src = f.dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    let data: Vec<u8> = (0..5 * 4096 + 100).map(|i| (i % 253) as u8).collect();
+    std::fs::write(src.join("f"), &data).unwrap();
+    std::fs::write(src.join("ok"), b"intact").unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let cpath = out(&f.run(&["encrypt-path", f.v(), "f"])).trim().to_string();
+    let p = f.vault.join(&cpath);
+    let (h, cb) = (36usize, 4096 + 28usize);
+    let mut c = std::fs::read(&p).unwrap();
+    c[h + cb + 50] ^= 1; // block 1
+    c.truncate(h + 4 * cb + 10); // block 4 cut, the final block 5 gone
+    std::fs::write(&p, c).unwrap();
+    let dest = f.dir.join("out");
+    let o = f.run(&["export", f.v(), dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    assert!(err(&o).contains("--salvage writes what authenticates") && !dest.join("f").exists(), "{}", err(&o));
+    let o = f.run(&["export", "--salvage", f.v(), dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    let e = err(&o);
+    assert_eq!(e.lines().filter(|l| l.contains(&cpath)).count(), 1, "one message names the ciphertext file: {e}");
+    assert!(e.contains("DAMAGED, salvaged") && e.contains("lost byte ranges: 4096..8192, 16384.."), "{e}");
+    assert!(e.contains("1 damaged item (1 salvaged in part, 0 left out)"), "{e}");
+    let mut want = data[..4 * 4096].to_vec();
+    want[4096..8192].fill(0);
+    assert_eq!(std::fs::read(dest.join("f")).unwrap(), want);
+    assert_eq!(std::fs::read(dest.join("ok")).unwrap(), b"intact");
+}
+
 #[test]
 fn xchacha_vault_round_trip() {
     let t = tempfile::tempdir().unwrap();

@@ -74,25 +74,22 @@ fn baseline(m: &mut Mounted) {
     w("old", &old());
     w("d/f", &df());
     w(LONG, &long());
+    std::os::unix::fs::symlink(long_target('l'), m.m("ls")).unwrap();
+    xattr_set(&m.m("old"), "user.big", &big_value(6)).unwrap();
     m.umount();
 }
 
-fn set_xattr(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
-    let (c, n) = (CString::new(p.as_os_str().as_bytes()).unwrap(), CString::new(name).unwrap());
-    // SAFETY: valid C strings and a readable value buffer.
-    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    xattr_get(p, name).ok()
 }
 
-fn get_xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    let (c, n) = (CString::new(p.as_os_str().as_bytes()).unwrap(), CString::new(name).unwrap());
-    let mut buf = vec![0u8; 256];
-    // SAFETY: valid C strings and a writable buffer of the given length.
-    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (r >= 0).then(|| buf[..r as usize].to_vec())
+/// A symlink target too long to be stored inline (feature `overflow`: it lives in a side file).
+fn long_target(c: char) -> String {
+    c.to_string().repeat(4000)
+}
+
+fn big_value(seed: u8) -> Vec<u8> {
+    pattern(seed, 65536)
 }
 
 /// What the operation interrupted at `point` does (through the mount at `mnt`).
@@ -131,7 +128,11 @@ fn operate(point: &str, mnt: &Path) {
         "vault.link" => fs::hard_link(p("old"), p("old2")),
         "vault.remove_temp" => fs::remove_dir(p("e")),
         "vault.remove_side" => fs::remove_file(p(LONG)),
-        "vault.xattr" => set_xattr(&p("old"), "user.x", b"value"),
+        "vault.xattr" => xattr_set(&p("old"), "user.x", b"value"),
+        "vault.symlink_side" => std::os::unix::fs::symlink(long_target('n'), p("ls2")),
+        "vault.carry_side" => fs::rename(p("ls"), p("d/ls")),
+        "vault.drop_side" => fs::remove_file(p("ls")),
+        "vault.xattr_more" | "vault.xattr_drop_more" => xattr_set(&p("old"), "user.big", &big_value(7)),
         other => panic!("no operation for crash point {other}"),
     };
 }
@@ -232,6 +233,29 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
             None => Ok("old"),
             Some(v) if v == b"value" => Ok("new"),
             Some(_) => Err("user.x: wrong value".into()),
+        },
+        "vault.symlink_side" => match fs::read_link(p("ls2")) {
+            Err(_) => Ok("old"),
+            Ok(t) if t.as_os_str() == long_target('n').as_str() => Ok("new"),
+            Ok(_) => Err("ls2: wrong target".into()),
+        },
+        "vault.carry_side" => {
+            let target = |rel: &str| fs::read_link(p(rel)).map(|t| t.as_os_str() == long_target('l').as_str());
+            match (target("ls"), target("d/ls")) {
+                (Ok(true), Err(_)) => Ok("old"),
+                (Err(_), Ok(true)) => Ok("new"),
+                (a, b) => Err(format!("ls: {a:?}, d/ls: {b:?}")),
+            }
+        }
+        "vault.drop_side" => match fs::read_link(p("ls")) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok("new"),
+            Ok(t) if t.as_os_str() == long_target('l').as_str() => Ok("old"),
+            other => Err(format!("ls: {other:?}")),
+        },
+        "vault.xattr_more" | "vault.xattr_drop_more" => match get_xattr(&p("old"), "user.big") {
+            Some(v) if v == big_value(6) => Ok("old"),
+            Some(v) if v == big_value(7) => Ok("new"),
+            other => Err(format!("user.big: {:?} bytes, neither old nor new", other.map(|v| v.len()))),
         },
         other => panic!("no verdict for crash point {other}"),
     }

@@ -333,3 +333,74 @@ fn access_times_follow_relatime_and_noatime_as_on_tmpfs() {
     fs::remove_file(m.m("atime")).unwrap();
     assert_eq!(atime_steps(&m.mnt), noatime, "veilfs -o noatime");
 }
+
+fn lset_xattr(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    xattr_set(p, name, value).map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+fn get_xattr(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    xattr_get(p, name).map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+/// What Linux's size limits give in `dir`: symlinks of 4095 and 4096 bytes, attribute values
+/// of 65536 and 65537 bytes, and what reads back.
+fn size_limits(dir: &Path) -> Vec<(String, String)> {
+    let long: String = (0..4095).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    let value: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let mut out = Vec::new();
+    let mut note = |what: &str, r: String| out.push((what.to_string(), r));
+    let sym = |n: usize, name: &str| match std::os::unix::fs::symlink(&format!("{long}x")[..n], dir.join(name)) {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(-1)),
+    };
+    note("symlink 4095", sym(4095, "s4095"));
+    note("symlink 4096", sym(4096, "s4096"));
+    note(
+        "readlink 4095",
+        (fs::read_link(dir.join("s4095")).map(|t| t.as_os_str() == long.as_str()))
+            .map_or_else(|e| e.to_string(), |b| b.to_string()),
+    );
+    fs::write(dir.join("f"), b"data").unwrap();
+    note("setxattr 65536", format!("{:?}", lset_xattr(&dir.join("f"), "user.big", &value)));
+    note("setxattr 65537", format!("{:?}", lset_xattr(&dir.join("f"), "user.big2", &[1; 65537])));
+    note("getxattr 65536", format!("{:?}", get_xattr(&dir.join("f"), "user.big").map(|v| v == value)));
+    note("replace by 10", format!("{:?}", lset_xattr(&dir.join("f"), "user.big", b"0123456789")));
+    note("getxattr 10", format!("{:?}", get_xattr(&dir.join("f"), "user.big")));
+    note("set again 65536", format!("{:?}", lset_xattr(&dir.join("f"), "user.big", &value)));
+    out
+}
+
+/// Symlink targets to 4095 bytes and xattr values to 65536 bytes, refused one byte beyond
+/// (ENAMETOOLONG, E2BIG) as on tmpfs; they survive a remount and export, and import brings
+/// them into another vault.
+#[test]
+fn symlink_targets_and_xattr_values_reach_linux_limits_as_on_tmpfs() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    let tmpfs = size_limits(&m.plain);
+    assert_eq!(tmpfs[0].1, "ok", "tmpfs: {tmpfs:?}");
+    assert_eq!(size_limits(&m.mnt), tmpfs);
+    m.umount();
+    m.mount();
+    assert_eq!(fs::read_link(m.m("s4095")).unwrap(), fs::read_link(m.plain.join("s4095")).unwrap());
+    assert_eq!(get_xattr(&m.m("f"), "user.big"), get_xattr(&m.plain.join("f"), "user.big"));
+    m.umount();
+    let (c, pf) = (m.cipher.to_str().unwrap(), m.passfile.to_str().unwrap());
+    let out = m.tmpfs.path.join("out");
+    let o = run(&BIN, &["export", c, out.to_str().unwrap(), "--passfile", pf]);
+    assert!(o.status.success(), "export: {}", text(&o));
+    assert_eq!(fs::read_link(out.join("s4095")).unwrap(), fs::read_link(m.plain.join("s4095")).unwrap());
+    assert_eq!(get_xattr(&out.join("f"), "user.big"), get_xattr(&m.plain.join("f"), "user.big"));
+    let (c2, _, pf2) = new_vault(&m.tmpfs.path.join("second"));
+    let o = run(
+        &BIN,
+        &["import", &format!("{}/.", out.display()), c2.to_str().unwrap(), "--passfile", pf2.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "import: {}", text(&o));
+    let back = m.tmpfs.path.join("back");
+    let o = run(&BIN, &["export", c2.to_str().unwrap(), back.to_str().unwrap(), "--passfile", pf2.to_str().unwrap()]);
+    assert!(o.status.success(), "export of the imported vault: {}", text(&o));
+    assert_eq!(fs::read_link(back.join("s4095")).unwrap(), fs::read_link(m.plain.join("s4095")).unwrap());
+    assert_eq!(get_xattr(&back.join("f"), "user.big"), get_xattr(&m.plain.join("f"), "user.big"));
+    let o = run(&BIN, &["fsck", c2.to_str().unwrap(), "--passfile", pf2.to_str().unwrap()]);
+    assert!(o.status.success(), "fsck: {}", text(&o));
+}

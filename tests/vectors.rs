@@ -5,6 +5,7 @@
 
 use secrecy::SecretString;
 use serde_json::{json, Value};
+use sha2::Digest;
 use std::path::PathBuf;
 use veilfs_core::content::header::FLAG_SPARSE;
 use veilfs_core::content::{BlockCodec, ContentCipher, FileHeader};
@@ -103,6 +104,7 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
         "symlink": {"identity": hex(&link_id), "target": "hello.txt",
                     "stored": String::from_utf8(rv.seal_target(&link_id, b"hello.txt").unwrap()).unwrap()},
     });
+    let overflow = overflow_vectors(&k);
     let rk_bytes = arr::<32>("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     let rk_display = RecoveryKey::from_bytes(rk_bytes).display();
     json!({
@@ -120,6 +122,37 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
         "config": config_vector,
         "config_special_kinds": config_special_kinds,
         "deterministic": deterministic,
+        "overflow": overflow,
+    })
+}
+
+/// Feature `overflow` (docs/FORMAT.md §8.1, §16.1), with AES-256-GCM: a 4000-byte symlink
+/// target in the long form and a 65536-byte xattr value split over a continuation.
+fn overflow_vectors(k: &veilfs_core::keys::SubKeys) -> Value {
+    let b64 = veilfs_core::names::b64_encode;
+    let id = arr::<16>("b0b1b2b3b4b5b6b7b8b9babbbcbdbebf");
+    let nonce = unhex("303132333435363738393a3b");
+    let target: Vec<u8> = (0..4000u32).map(|i| b"abcdefghijklmnopqrstuvwxyz/"[(i % 27) as usize]).collect();
+    let mut blob = id.to_vec();
+    blob.extend(BlockCodec::new(ContentCipher::Aes256Gcm, k, id).seal_with_nonce(0, true, &nonce, &target));
+    let xc = veilfs_core::xattr::XattrCipher::new(k, ContentCipher::Aes256Gcm).with_overflow(true);
+    let stored = xc.encrypt_name(&id, b"user.big").unwrap();
+    let value: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    let w = xc.encrypt_value_with_nonce(&id, &stored, &value, &nonce);
+    let (head, tail) = w.split_at(veilfs_core::xattr::SIZE_MAX);
+    json!({
+        "cipher": "AES-256-GCM",
+        "symlink": {
+            "identity": hex(&id), "nonce": hex(&nonce), "target": String::from_utf8(target).unwrap(),
+            "backing_target": b64(&id), "side_file": veilfs_core::symlink::target_file_name(&id),
+            "side_file_contents": hex(&blob), "inline_length": b64(&blob).len(),
+        },
+        "xattr": {
+            "identity": hex(&id), "name": "user.big", "value": "byte i is i mod 251, for i in 0..65536",
+            "value_sha256": hex(&sha2::Sha256::digest(&value)), "nonce": hex(&nonce), "stored_name": stored,
+            "first_part_sha256": hex(&sha2::Sha256::digest(head)), "first_part_length": head.len(),
+            "continuation_name": veilfs_core::xattr::more_name(head), "continuation": hex(tail),
+        },
     })
 }
 
@@ -183,9 +216,17 @@ fn format_v1_known_answers() {
     let committed: Value =
         serde_json::from_str(&std::fs::read_to_string(path()).expect("tests/vectors/v1.json")).unwrap();
     let fresh = compute(committed["config"].clone(), committed["config_special_kinds"].clone());
-    for key in
-        ["master_key", "subkeys", "content", "headers", "names", "special_bindings", "recovery_key", "deterministic"]
-    {
+    for key in [
+        "master_key",
+        "subkeys",
+        "content",
+        "headers",
+        "names",
+        "special_bindings",
+        "recovery_key",
+        "deterministic",
+        "overflow",
+    ] {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }
     // Content vectors decrypt with the committed file key, independently of the key schedule.

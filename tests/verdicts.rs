@@ -3,7 +3,9 @@
 //! duplicate entry, a directory IV copied from another directory and special files changed
 //! behind their entries (a FIFO made a socket, a device given another number, two devices
 //! swapped) is applied to a copy of one vault, and the mount, `veilfs cat` (`ls -l` for
-//! symlinks and special files), `veilfs export` and `veilfs fsck` must agree.
+//! symlinks and special files), `veilfs export` and `veilfs fsck` must agree. The overflow
+//! pieces of long symlink targets and xattr values (feature `overflow`) are swapped, removed
+//! and cut short too; `veilfs cat` does not read attributes, so it reads such a file whole.
 
 mod common;
 use common::*;
@@ -40,6 +42,11 @@ struct Objects {
     x: PathBuf,
     s1: PathBuf,
     s2: PathBuf,
+    /// Two symlinks whose 4000-byte targets live in side files (feature `overflow`).
+    sl1: PathBuf,
+    sl2: PathBuf,
+    /// A file with two 65536-byte attributes, `user.a` and `user.b`, each with a continuation.
+    xf: PathBuf,
     /// A FIFO and two character devices (1:3 and 1:5).
     fifo: PathBuf,
     null: PathBuf,
@@ -72,6 +79,16 @@ fn swap_files(p: &Path, q: &Path) {
     let (a, b) = (fs::read(p).unwrap(), fs::read(q).unwrap());
     fs::write(p, b).unwrap();
     fs::write(q, a).unwrap();
+}
+
+/// The target side file of the long symlink `link` (its backing target is `b64(ID)`).
+fn target_file(link: &Path) -> PathBuf {
+    link.with_file_name(format!("veilfs.T.{}", fs::read_link(link).unwrap().display()))
+}
+
+/// The backing continuations of `p`, by name.
+fn continuations(p: &Path) -> Vec<String> {
+    xattr_list(p).unwrap().into_iter().filter(|n| n.starts_with("user.veilfs.+")).collect()
 }
 
 fn cases() -> Vec<Case> {
@@ -165,6 +182,59 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "long symlink target file swapped between two links",
+            probe: "sl1",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| swap_files(&target_file(&o.sl1), &target_file(&o.sl2)),
+        },
+        Case {
+            name: "long symlink target file removed",
+            probe: "sl1",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| fs::remove_file(target_file(&o.sl1)).unwrap(),
+        },
+        Case {
+            name: "long symlink target file truncated",
+            probe: "sl1",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| patch(&target_file(&o.sl1), |c| c.truncate(c.len() - 1)),
+        },
+        // `veilfs cat` reads contents only: it exits 0 on these (the file's data is intact).
+        Case {
+            name: "xattr continuation swapped between two attributes",
+            probe: "xf",
+            mount: Mount::Fails(libc::EIO),
+            cat: 0,
+            tamper: |o| {
+                let more = continuations(&o.xf);
+                let (a, b) = (xattr_get(&o.xf, &more[0]).unwrap(), xattr_get(&o.xf, &more[1]).unwrap());
+                xattr_set(&o.xf, &more[0], &b).unwrap();
+                xattr_set(&o.xf, &more[1], &a).unwrap();
+            },
+        },
+        Case {
+            name: "xattr continuation removed",
+            probe: "xf",
+            mount: Mount::Fails(libc::EIO),
+            cat: 0,
+            tamper: |o| continuations(&o.xf).iter().for_each(|n| xattr_remove(&o.xf, n).unwrap()),
+        },
+        Case {
+            name: "xattr continuation truncated",
+            probe: "xf",
+            mount: Mount::Fails(libc::EIO),
+            cat: 0,
+            tamper: |o| {
+                for n in continuations(&o.xf) {
+                    let v = xattr_get(&o.xf, &n).unwrap();
+                    xattr_set(&o.xf, &n, &v[..v.len() - 1]).unwrap();
+                }
+            },
+        },
+        Case {
             name: "file replaced by a directory",
             probe: "a",
             mount: Mount::Fails(libc::EIO),
@@ -251,6 +321,11 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
     fs::write(m.m("d2/y"), b"y").unwrap();
     std::os::unix::fs::symlink("target-one", m.m("s1")).unwrap();
     std::os::unix::fs::symlink("target-two", m.m("s2")).unwrap();
+    std::os::unix::fs::symlink("1".repeat(4000), m.m("sl1")).unwrap();
+    std::os::unix::fs::symlink("2".repeat(4000), m.m("sl2")).unwrap();
+    fs::write(m.m("xf"), b"x").unwrap();
+    xattr_set(&m.m("xf"), "user.a", &[b'a'; 65536]).unwrap();
+    xattr_set(&m.m("xf"), "user.b", &[b'b'; 65536]).unwrap();
     for args in [vec!["fifo", "p"], vec!["null", "c", "1", "3"], vec!["zero", "c", "1", "5"]] {
         let path = m.m(args[0]);
         let o = run("mknod", &[&[path.to_str().unwrap()], &args[1..]].concat());
@@ -269,6 +344,9 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         x: encrypt_path(&m, "d1/x"),
         s1: encrypt_path(&m, "s1"),
         s2: encrypt_path(&m, "s2"),
+        sl1: encrypt_path(&m, "sl1"),
+        sl2: encrypt_path(&m, "sl2"),
+        xf: encrypt_path(&m, "xf"),
         fifo: encrypt_path(&m, "fifo"),
         null: encrypt_path(&m, "null"),
         zero: encrypt_path(&m, "zero"),
@@ -307,6 +385,8 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         let probe = m.m(case.probe);
         let mounted = if case.probe.starts_with('s') {
             fs::read_link(&probe).map(|_| Vec::new())
+        } else if case.probe == "xf" {
+            xattr_get(&probe, "user.a").and_then(|_| xattr_get(&probe, "user.b")).map(|_| a.clone())
         } else if special {
             fs::symlink_metadata(&probe).map(|_| Vec::new())
         } else {

@@ -1,5 +1,6 @@
 //! `veilfs export`: decrypt a vault (or part of it) into a plain folder without mounting.
-//! Also the disaster-recovery tool: a damaged file is reported by name and skipped, and
+//! Also the disaster-recovery tool: a damaged file is reported by name and skipped (or, with
+//! `--salvage`, written with every block that authenticates and its lost ranges named), and
 //! everything else still comes out.
 
 use super::{Conflict, UnlockArgs};
@@ -18,7 +19,10 @@ use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 kept, owners too when run as root. Set-user-id and set-group-id bits of files and device nodes are not restored \
 unless --preserve-special is given: whoever could write the ciphertext chose them. Files that fail \
 authentication (tampered or damaged) are named on stderr and left out; the rest is exported and the exit \
-code is 6.\n\n\
+code is 6. With --salvage a damaged file whose header still authenticates is written under its name with \
+every block that authenticates: lost ranges inside read as zeros, a lost end is cut off, and each lost byte \
+range is named on stderr (the exit code stays 6; the file gets the current time, so a later run does not take \
+it for a complete copy).\n\n\
 Interrupted exports resume: each file is written under a temporary name beside its destination \
 (.veilfs-part-PID-N) and renamed when complete, with its mode and times; directories get theirs last \
 (Ctrl-C removes the file being written; a re-run removes what a killed one left). Run the same command again: a \
@@ -37,6 +41,10 @@ pub struct Args {
     /// Replace files in the destination that differ from the vault's (never a directory).
     #[arg(long)]
     pub overwrite: bool,
+    /// Write what still authenticates of a damaged file under its name (zeros for lost
+    /// ranges inside, a lost end cut off) and name each lost byte range; exit code 6 still.
+    #[arg(long)]
+    pub salvage: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
 }
@@ -58,6 +66,10 @@ struct Exporter<'a> {
     preserve_special: bool,
     /// Replace differing files (`--overwrite`).
     overwrite: bool,
+    /// Write the authenticated part of damaged files (`--salvage`).
+    salvage: bool,
+    /// Damaged files written in part (`--salvage`).
+    salvaged: usize,
     /// Set-id bits not restored and device nodes not made (without --preserve-special).
     withheld: usize,
     /// Attributes the destination could not hold.
@@ -130,7 +142,11 @@ impl Exporter<'_> {
         } else {
             self.errors += 1;
         }
-        let label = if integrity { "DAMAGED, not exported" } else { "error" };
+        let label = match (integrity, self.salvage) {
+            (true, true) => "DAMAGED, not exported (nothing of it authenticates)",
+            (true, false) => "DAMAGED, not exported (--salvage writes what authenticates)",
+            (false, _) => "error",
+        };
         self.pb.suspend(|| eprintln!("veilfs: export: {what}: {label}: {e:#}"));
     }
 
@@ -270,7 +286,7 @@ impl Exporter<'_> {
             return Ok(());
         }
         let mut size = 0;
-        self.make_and_place(out, replace, |ex, tmp| {
+        let r = self.make_and_place(out, replace, |ex, tmp| {
             match e.kind {
                 EntryKind::File => size = ex.export_file(dir, e, tmp)?,
                 EntryKind::Symlink => {
@@ -286,7 +302,17 @@ impl Exporter<'_> {
                 ex.copy_xattrs(dir, e, tmp)?;
             }
             ex.finish_meta(tmp, out, &st, e.kind != EntryKind::Symlink)
-        })?;
+        });
+        match r {
+            Err(err)
+                if self.salvage
+                    && e.kind == EntryKind::File
+                    && crate::exit::classify(&err) == crate::exit::INTEGRITY =>
+            {
+                return self.salvage_file(dir, e, out, replace, err);
+            }
+            r => r?,
+        }
         if e.kind == EntryKind::File {
             self.files += 1;
             self.bytes += size;
@@ -355,6 +381,61 @@ impl Exporter<'_> {
             Ok(())
         })?;
         Ok(size)
+    }
+
+    /// `--salvage`: writes what authenticates of the damaged file `e` (`damage` says how it
+    /// failed) under `out` and says which byte ranges were lost. Fails (leaving the file out)
+    /// when its header does not authenticate or no block does.
+    fn salvage_file(
+        &mut self,
+        dir: &CipherDir,
+        e: &Entry,
+        out: &Path,
+        replace: bool,
+        damage: anyhow::Error,
+    ) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = match self.vault.open_file(dir, e, libc::O_RDONLY) {
+            Ok(f) => f,
+            Err(_) => return Err(damage),
+        };
+        let mut got = None;
+        let r = self.make_and_place(out, replace, |ex, tmp| {
+            let mut w = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp)?;
+            let s = f.salvage(|piece| {
+                crate::interrupt::check().map_err(|_| veilfs_core::Error::Invalid("interrupted".into()))?;
+                std::io::Write::write_all(&mut w, piece)
+                    .map_err(|x| veilfs_core::Error::io(tmp.display().to_string(), x))
+            })?;
+            if s.kept == 0 {
+                anyhow::bail!("nothing authenticates");
+            }
+            ex.copy_xattrs(dir, e, tmp)?;
+            if ex.is_root {
+                std::os::unix::fs::lchown(tmp, Some(e.stat.st_uid), Some(e.stat.st_gid))?;
+            }
+            std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(e.stat.st_mode & 0o777))?;
+            got = Some(s);
+            Ok(())
+        });
+        let s = match (r, got) {
+            (Ok(()), Some(s)) => s,
+            _ => return Err(damage),
+        };
+        self.damaged += 1;
+        self.salvaged += 1;
+        let lost: Vec<String> = s.lost.iter().map(|(a, b)| format!("{a}..{b}")).collect();
+        self.pb.suspend(|| {
+            eprintln!(
+                "veilfs: export: {} (ciphertext {}): DAMAGED, salvaged: {damage:#}; {} bytes authenticated, lost byte \
+                 ranges: {} (zeros inside the file, cut off at its end)",
+                out.display(),
+                dir.path.join(&e.on_disk).display(),
+                s.kept,
+                lost.join(", ")
+            )
+        });
+        Ok(())
     }
 
     /// Copies the `user.*` attributes of `e` onto `out`; a destination that cannot hold them
@@ -427,6 +508,8 @@ pub fn run(a: Args) -> Result<i32> {
         is_root,
         preserve_special: a.preserve_special,
         overwrite: a.overwrite,
+        salvage: a.salvage,
+        salvaged: 0,
         skipped: 0,
         conflicts: 0,
         withheld: 0,
@@ -459,9 +542,15 @@ pub fn run(a: Args) -> Result<i32> {
             a.dest.display()
         );
     }
-    let errors = match ex.damaged {
-        0 => super::count(ex.errors, "error"),
-        n => format!("{} left out, {}", super::count(n, "damaged item"), super::count(ex.errors, "other error")),
+    let errors = match (ex.damaged, ex.salvaged) {
+        (0, _) => super::count(ex.errors, "error"),
+        (n, 0) => format!("{} left out, {}", super::count(n, "damaged item"), super::count(ex.errors, "other error")),
+        (n, k) => format!(
+            "{} ({k} salvaged in part, {} left out), {}",
+            super::count(n, "damaged item"),
+            n - k,
+            super::count(ex.errors, "other error")
+        ),
     };
     super::summary("exported", ex.files, ex.bytes, ex.skipped, ex.conflicts, &errors);
     super::say_if_interrupted("export");

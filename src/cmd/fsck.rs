@@ -40,6 +40,7 @@ fn kind_name(k: ProblemKind) -> &'static str {
         ProblemKind::TempName => "crash leftover (temporary name)",
         ProblemKind::Duplicate => "crash leftover (duplicate entry)",
         ProblemKind::OrphanSideFile => "crash leftover (orphaned side file)",
+        ProblemKind::OrphanXattrPiece => "crash leftover (orphaned xattr continuation)",
         ProblemKind::MissingDirIv => "crash leftover (missing directory IV)",
     }
 }

@@ -716,3 +716,54 @@ impl Drop for ReverseMount {
         self.umount();
     }
 }
+
+fn c_path(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+/// `lsetxattr(p, name, value, 0)`.
+pub fn xattr_set(p: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let (c, n) = (c_path(p), std::ffi::CString::new(name).unwrap());
+    // SAFETY: valid C strings and a readable value buffer of the given length.
+    let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `lgetxattr(p, name)`: the whole value (up to Linux's 64 KiB).
+pub fn xattr_get(p: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let (c, n) = (c_path(p), std::ffi::CString::new(name).unwrap());
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: valid C strings and a writable buffer of the given length.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// `llistxattr(p)`: the names.
+pub fn xattr_list(p: &Path) -> std::io::Result<Vec<String>> {
+    let c = c_path(p);
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: a valid C string and a writable buffer of the given length.
+    let r = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+}
+
+/// `lremovexattr(p, name)`.
+pub fn xattr_remove(p: &Path, name: &str) -> std::io::Result<()> {
+    let (c, n) = (c_path(p), std::ffi::CString::new(name).unwrap());
+    // SAFETY: valid C strings.
+    if unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -341,7 +341,8 @@ SLOT_FIELDS = ["id", "kind", "kdf", "wrapped_key"]
 KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism", "salt"],
               "hkdf-sha256": ["algorithm", "salt"]}
 FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
-OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic"}
+OVERFLOW = "overflow"
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW}
 
 
 def canonical_json(obj) -> bytes:
@@ -540,6 +541,51 @@ def recovery_parse(text: str) -> bytes:
 
 # ---------------------------------------------------------------- the vault
 
+def read_target_file(cdir: bytes, identity: bytes) -> bytes:
+    """§8.1: the side file veilfs.T.<b64(ID)>, a regular file of at most 4151 bytes."""
+    side = os.path.join(cdir, b"veilfs.T." + b64(identity).encode())
+    try:
+        st = os.lstat(side)
+    except FileNotFoundError:
+        raise IntegrityError("symlink target file is missing") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 16 + 24 + 4095 + 16:
+        raise IntegrityError("symlink target file is not a regular file of at most 4151 bytes")
+    with open(side, "rb") as f:
+        return f.read()
+
+
+XATTR_MORE_PREFIX = "user.veilfs.+"
+
+
+def xattr_more_name(first_part: bytes) -> str:
+    """§16.1: the continuation's name follows the first part's bytes."""
+    return XATTR_MORE_PREFIX + b64(hashlib.sha256(first_part).digest())
+
+
+def xattr_name_decrypt(keys, identity: bytes, stored: str) -> bytes:
+    """§16: the plaintext name of a stored name user.veilfs.<b64(SIV)>."""
+    try:
+        ct = unb64(stored[len("user.veilfs."):])
+    except ValueError:
+        raise IntegrityError("xattr name is not base64url") from None
+    return siv_decrypt(keys["xattr_names"], [identity], ct)
+
+
+def xattr_value_key(keys, identity: bytes) -> bytes:
+    return hkdf(identity, keys["content"], b"xattr-value", 32)
+
+
+def xattr_value_open(keys, aead: "ContentAead", identity: bytes, stored: str, w: bytes) -> bytes:
+    """§16: W = nonce ‖ AEAD(value key, nonce, V, AAD = "veilfs v1 xattr" ‖ stored name) ‖ tag."""
+    if len(w) < aead.overhead:
+        raise IntegrityError("xattr value is truncated")
+    try:
+        return aead._seal_or_open(xattr_value_key(keys, identity), w[: aead.nonce_len], b"veilfs v1 xattr" + stored.encode(),
+                                  w[aead.nonce_len:], False)
+    except InvalidTag:
+        raise IntegrityError("xattr value failed authentication") from None
+
+
 class Vault:
     def __init__(self, root: str, master: bytes, cfg: dict):
         self.root = os.fsencode(root)
@@ -549,6 +595,7 @@ class Vault:
         self.block_size = cfg["block_size"]
         self.root_iv = unb64(cfg["root_dir_iv"])
         self.special_kinds = SPECIAL_KINDS in cfg["features"]
+        self.overflow = OVERFLOW in cfg["features"]
         self.errors: list[tuple[bytes, str]] = []
 
     @classmethod
@@ -576,14 +623,33 @@ class Vault:
             raise IntegrityError("veilfs.diriv does not match the IV the directory's entry promises")
 
     def read_symlink(self, path: bytes, identity: bytes) -> bytes:
-        """§8."""
+        """§8, and §8.1 (the long form: the blob in a side file named by the ID)."""
         try:
             blob = unb64(os.readlink(path).decode("ascii"))
         except (ValueError, UnicodeDecodeError):
             raise IntegrityError("symlink target is not base64url") from None
+        if self.overflow and len(blob) == 16:
+            if blob != identity:
+                raise IntegrityError("symlink target does not belong to this entry")
+            blob = read_target_file(os.path.dirname(path), identity)
         if len(blob) <= 16 + self.aead.overhead or blob[:16] != identity:
             raise IntegrityError("symlink target does not belong to this entry")
         return self.aead.open(file_key(self.keys, identity), block_aad(identity, 0, True), blob[16:])
+
+    def read_xattrs(self, path: bytes, identity: bytes) -> dict[bytes, bytes]:
+        """§16 and §16.1: the object's user. attributes, continuations joined."""
+        out = {}
+        names = os.listxattr(path, follow_symlinks=False)
+        for n in names:
+            if not n.startswith("user.veilfs.") or n.startswith(XATTR_MORE_PREFIX):
+                continue
+            plain = xattr_name_decrypt(self.keys, identity, n)
+            raw = os.getxattr(path, n, follow_symlinks=False)
+            more = xattr_more_name(raw)
+            if self.overflow and len(raw) == 65536 and more in names:
+                raw += os.getxattr(path, more, follow_symlinks=False)
+            out[plain] = xattr_value_open(self.keys, self.aead, identity, n, raw)
+        return out
 
     def list_dir(self, cdir: bytes, iv: bytes):
         """§6.5, §6.6 and §10: decoded entries of one directory, duplicates resolved."""
@@ -779,6 +845,38 @@ def run_vectors(path: str, t: Tally):
     blob = sid + ContentAead("AES-256-GCM-SIV").seal(file_key(keys, sid), struct.pack(">Q", 0) + b"\1\0\0\0",
                                                       block_aad(sid, 0, True), sl["target"].encode())
     t.check(b64(blob) == sl["stored"], "deterministic: symlink blob")
+    # §8.1 and §16.1: feature "overflow".
+    ov = v["overflow"]
+    aead = ContentAead(ov["cipher"])
+    sl = ov["symlink"]
+    sid, nonce = hx(sl["identity"]), hx(sl["nonce"])
+    blob = sid + aead.seal(file_key(keys, sid), nonce, block_aad(sid, 0, True), sl["target"].encode())
+    t.check(blob.hex() == sl["side_file_contents"], "overflow: symlink side file contents")
+    t.check(len(b64(blob)) == sl["inline_length"] and len(b64(blob)) > 4095, "overflow: inline form too long")
+    t.check(b64(sid) == sl["backing_target"], "overflow: backing target is b64(ID)")
+    t.check(("veilfs.T." + b64(sid)) == sl["side_file"], "overflow: side file name")
+    t.check(aead.open(file_key(keys, sid), block_aad(sid, 0, True), blob[16:]) == sl["target"].encode(),
+            "overflow: side file opens")
+    x = ov["xattr"]
+    xid = hx(x["identity"])
+    stored = "user.veilfs." + b64(siv_encrypt(keys["xattr_names"], [xid], x["name"].encode()))
+    t.check(stored == x["stored_name"], "overflow: xattr stored name")
+    value = bytes(i % 251 for i in range(65536))
+    t.check(hashlib.sha256(value).hexdigest() == x["value_sha256"], "overflow: xattr value")
+    w = hx(x["nonce"]) + aead._seal_or_open(xattr_value_key(keys, xid), hx(x["nonce"]),
+                                            b"veilfs v1 xattr" + stored.encode(), value, True)
+    head, tail = w[:65536], w[65536:]
+    t.check(len(head) == x["first_part_length"] and hashlib.sha256(head).hexdigest() == x["first_part_sha256"],
+            "overflow: xattr first part")
+    t.check(xattr_more_name(head) == x["continuation_name"], "overflow: continuation name")
+    t.check(tail.hex() == x["continuation"], "overflow: continuation bytes")
+    t.check(xattr_value_open(keys, aead, xid, stored, head + hx(x["continuation"])) == value,
+            "overflow: value opens from both parts")
+    try:
+        xattr_value_open(keys, aead, xid, stored, head)
+        t.check(False, "overflow: the first part alone must not open")
+    except IntegrityError:
+        t.check(True, "")
     rk = v["recovery_key"]
     t.check(recovery_display(hx(rk["bytes"])) == rk["display"], "recovery key display")
     t.check(recovery_parse(rk["display"]) == hx(rk["bytes"]), "recovery key parse")
@@ -864,6 +962,13 @@ def compare(vault: Vault, src: str, t: Tally, verbose: bool):
                     f"{what}: ciphertext size matches §5.3")
         elif kind == KIND_SYMLINK:
             t.check(obj == os.readlink(expected[rel]), f"{what}: symlink target")
+        if kind in (KIND_FILE, KIND_DIR):
+            want = {n.encode(): os.getxattr(expected[rel], n) for n in os.listxattr(expected[rel]) if n.startswith("user.")}
+            try:
+                have = vault.read_xattrs(ent["cpath"], ent["identity"])
+            except IntegrityError as e:
+                have = {"integrity error": str(e)}
+            t.check(have == want, f"{what}: user. attributes", f"{len(have)} vs {len(want)}")
         elif is_special(sst.st_mode):
             t.check(stat.S_IFMT(sst.st_mode) == stat.S_IFMT(vst.st_mode) and sst.st_rdev == vst.st_rdev,
                     f"{what}: special file type and device")

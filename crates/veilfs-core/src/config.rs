@@ -34,8 +34,13 @@ pub const FEATURES_V1: &[&str] =
 /// (docs/FORMAT.md §9). Every new vault names it; vaults made before it lack it and keep the
 /// shared kind `0x04`.
 pub const FEATURE_SPECIAL_KINDS: &str = "special-kinds";
+/// Symlink targets up to 4095 bytes and xattr values up to 65536 bytes, Linux's limits: what
+/// does not fit the backing symlink or attribute goes to an overflow piece beside it
+/// (docs/FORMAT.md §8.1, §16.1). Every new forward vault names it; vaults made before it keep
+/// the smaller limits (about 3000 and 65508 bytes).
+pub const FEATURE_OVERFLOW: &str = "overflow";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
-pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC];
+pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC, FEATURE_OVERFLOW];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
 /// this feature requires and which needs it (docs/FORMAT.md §17). Readers need nothing else.
@@ -149,16 +154,17 @@ impl VaultConfig {
             creator: format!("veilfs {}", env!("CARGO_PKG_VERSION")),
             cipher,
             block_size,
-            // Deterministic (reverse) vaults keep the shared special-file kind for now: their
-            // special-file identities are derived, not random (docs/FORMAT.md §17).
+            // Deterministic (reverse) vaults keep the shared special-file kind and the inline
+            // limits for now: their identities are derived, and their view has no overflow
+            // pieces (docs/FORMAT.md §17).
             features: FEATURES_V1
                 .iter()
                 .copied()
-                .chain(std::iter::once(if cipher == ContentCipher::Aes256GcmSiv {
-                    FEATURE_DETERMINISTIC
+                .chain(if cipher == ContentCipher::Aes256GcmSiv {
+                    vec![FEATURE_DETERMINISTIC]
                 } else {
-                    FEATURE_SPECIAL_KINDS
-                }))
+                    vec![FEATURE_SPECIAL_KINDS, FEATURE_OVERFLOW]
+                })
                 .map(String::from)
                 .collect(),
             root_dir_iv: b64_encode(root_iv),
@@ -278,6 +284,12 @@ impl VaultConfig {
         } else {
             crate::names::SpecialBinding::Shared
         }
+    }
+
+    /// Whether symlink targets and xattr values may overflow into a second piece (feature
+    /// [`FEATURE_OVERFLOW`]), raising their limits to Linux's.
+    pub fn has_overflow(&self) -> bool {
+        self.has_feature(FEATURE_OVERFLOW)
     }
 
     /// Whether this is a deterministic (reverse-mode) vault: feature [`FEATURE_DETERMINISTIC`].

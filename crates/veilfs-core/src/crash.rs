@@ -23,12 +23,17 @@ pub const POINTS: &[&str] = &[
     "vault.mkdir_temp",
     "vault.mkdir_diriv",
     "vault.side_file",
+    "vault.symlink_side",
+    "vault.carry_side",
     "vault.rename",
     "vault.exchange",
     "vault.link",
     "vault.remove_temp",
     "vault.remove_side",
+    "vault.drop_side",
+    "vault.xattr_more",
     "vault.xattr",
+    "vault.xattr_drop_more",
     "config.rewrite",
 ];
 

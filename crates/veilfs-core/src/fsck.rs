@@ -3,11 +3,13 @@
 //! and the offline tools use; and repairing what a crash can leave behind.
 //!
 //! A check never writes. A repair fixes crash leftovers — temporary names, duplicate entries
-//! for one name, orphaned long-name side files, a missing `veilfs.diriv` — and moves every
+//! for one name, orphaned long-name and symlink-target side files and xattr continuations, a
+//! missing `veilfs.diriv` — and moves every
 //! damaged or stray object into a `lost+found` directory at the top of the vault, bound there
 //! under a new name with the identity it carries (a file's header ID, a directory's IV, a
 //! symlink's ID), so whatever still authenticates can be read again. It deletes no user data:
-//! the only things it removes are orphaned side files (an encrypted name nothing refers to),
+//! the only things it removes are orphaned side files and xattr continuations (an encrypted
+//! name, a removed symlink's target, the tail of a value replaced or never set),
 //! the config's own temporary copy and the partial copies an interrupted import left.
 
 use crate::content::header::{FileHeader, HEADER_LEN};
@@ -15,6 +17,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::names::{
     b64_decode, EntryKind, Identity, ParsedEntry, CONFIG_NAME, DIRIV_NAME, LONG_NAME_FILE_PREFIX, RESERVED_PREFIX,
 };
+use crate::symlink::TARGET_FILE_PREFIX;
 use crate::sys;
 use crate::sys::Stat;
 use crate::vault::{CipherDir, Entry, Vault};
@@ -41,8 +44,11 @@ pub enum ProblemKind {
     TempName,
     /// Two verified entries for one name: a rename over an existing name was interrupted.
     Duplicate,
-    /// A long-name side file that no entry uses.
+    /// A long-name side file that no entry uses, or a symlink target's side file that no
+    /// symlink uses.
     OrphanSideFile,
+    /// An xattr value's continuation that no value uses (an interrupted setxattr).
+    OrphanXattrPiece,
     /// A directory without its `veilfs.diriv` (a crash right after mkdir); restorable from
     /// the directory's authenticated entry.
     MissingDirIv,
@@ -205,6 +211,7 @@ impl<'a> Checker<'a> {
         let top = plain.as_os_str().is_empty();
         let mut groups: HashMap<String, Vec<(String, Stat)>> = HashMap::new();
         let mut side_files: Vec<String> = Vec::new();
+        let mut target_files: Vec<String> = Vec::new();
         let mut strays: Vec<(String, ProblemKind, String)> = Vec::new();
         for r in raw {
             let name = String::from_utf8_lossy(&r.name).into_owned();
@@ -242,6 +249,10 @@ impl<'a> Checker<'a> {
             }
             if name.starts_with(LONG_NAME_FILE_PREFIX) {
                 side_files.push(name);
+                continue;
+            }
+            if name.starts_with(TARGET_FILE_PREFIX) {
+                target_files.push(name);
                 continue;
             }
             let parsed = ParsedEntry::parse(&r.name);
@@ -328,10 +339,30 @@ impl<'a> Checker<'a> {
                 self.repaired(i, r.map(|()| "removed (it held only an encrypted name)".into()));
             }
         }
+        self.check_target_files(&dir, &plain, target_files);
         keep.sort_by(|a, b| a.name.cmp(&b.name));
         for e in keep {
             let p = plain.join(std::ffi::OsStr::from_bytes(&e.name));
             self.check_entry(&dir, e, p);
+        }
+    }
+
+    /// Symlink target side files that no symlink of `dir` uses (an interrupted symlink,
+    /// rename or unlink, F§8.1); checked after strays moved to lost+found took theirs along.
+    fn check_target_files(&mut self, dir: &CipherDir, plain: &Path, target_files: Vec<String>) {
+        for side in target_files {
+            if sys::fstatat(dir.fd(), side.as_bytes()).is_err()
+                || self.vault.target_side_used(dir, &side).unwrap_or(true)
+            {
+                continue;
+            }
+            let i = self.problem(
+                ProblemKind::OrphanSideFile,
+                dir.path.join(&side),
+                Some(plain),
+                "no symlink uses this target side file".into(),
+            );
+            self.remove_leftover(i, dir, &side, "removed (it held only the encrypted target of a removed symlink)");
         }
     }
 
@@ -404,6 +435,18 @@ impl<'a> Checker<'a> {
     fn check_xattrs(&mut self, dir: &CipherDir, e: &Entry, plain: &Path) {
         if let Err(err) = self.vault.xattrs(dir, e) {
             self.damaged(dir, &e.on_disk, Some(plain), &err);
+        }
+        for more in self.vault.xattr_leftovers(dir, e).unwrap_or_default() {
+            let i = self.problem(
+                ProblemKind::OrphanXattrPiece,
+                dir.path.join(&e.on_disk),
+                Some(plain),
+                format!("xattr continuation {more} is used by no value (an interrupted setxattr)"),
+            );
+            if self.repair {
+                let r = self.vault.remove_xattr_leftover(dir, e, &more).map(|()| "removed".to_string());
+                self.repaired(i, r);
+            }
         }
     }
 
@@ -504,8 +547,12 @@ impl<'a> Checker<'a> {
         let tag = crate::names::b64_encode(&crate::keys::hmac16(b"lost+found", &[on_disk.as_bytes()])[..6]);
         let name = format!("{kind_name}-{tag}-{}", self.moved);
         let (_, new_on_disk) = self.vault.new_entry_name(lf, name.as_bytes(), kind, &identity)?;
+        let side = self.vault.carry_target_side(dir, on_disk, kind, lf)?;
         sys::renameat2(dir.fd(), on_disk.as_bytes(), lf.fd(), new_on_disk.as_bytes(), libc::RENAME_NOREPLACE)
             .ctx(|| dir.child_path(on_disk))?;
+        if let Some(side) = side {
+            self.vault.drop_target_side(dir, &side);
+        }
         Ok(format!("moved to /lost+found/{name}"))
     }
 }

@@ -542,6 +542,11 @@ impl Vault {
         Ok(())
     }
 
+    /// The attribute cipher of this vault (with continuations if it has feature `overflow`).
+    pub fn xattr_cipher(&self) -> crate::xattr::XattrCipher {
+        crate::xattr::XattrCipher::new(&self.ctx.keys, self.ctx.cipher).with_overflow(self.config.has_overflow())
+    }
+
     /// The plaintext `user.*` attributes of `entry` (none for a symlink), read through a
     /// verified handle. An attribute that fails authentication is an integrity error.
     pub fn xattrs(&self, dir: &CipherDir, entry: &Entry) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -551,19 +556,7 @@ impl Vault {
         let what = || dir.child_path(&entry.on_disk);
         let (fd, _) = Self::entry_handle(dir, &entry.on_disk, entry.kind, entry.stat.st_ino)?;
         let t = sys::XattrTarget::Handle(fd.as_fd());
-        let raw = t.list_all().ctx(what)?;
-        let xc = crate::xattr::XattrCipher::new(&self.ctx.keys, self.ctx.cipher);
-        let mut out = Vec::new();
-        for stored in raw.split(|&b| b == 0).filter(|s| !s.is_empty()) {
-            let Some(name) = xc.decrypt_name(&entry.identity, stored) else { continue };
-            let name = name.map_err(|e| relabel(e, &what()))?;
-            let mut buf = vec![0u8; 65536 + xc.value_overhead()];
-            let n = t.get(stored, &mut buf).ctx(what)?;
-            let stored = String::from_utf8_lossy(stored);
-            let value = xc.decrypt_value(&entry.identity, &stored, &buf[..n]).map_err(|e| relabel(e, &what()))?;
-            out.push((name, value));
-        }
-        Ok(out)
+        self.xattr_cipher().all(t, &entry.identity).map_err(|e| relabel_io(relabel(e, &what()), &what()))
     }
 
     /// Sets the plaintext `user.*` attribute `name` of `entry` (not a symlink) through a
@@ -571,12 +564,27 @@ impl Vault {
     pub fn set_xattr(&self, dir: &CipherDir, entry: &Entry, name: &[u8], value: &[u8]) -> Result<()> {
         let what = || dir.child_path(&entry.on_disk);
         let (fd, _) = Self::entry_handle(dir, &entry.on_disk, entry.kind, entry.stat.st_ino)?;
-        let xc = crate::xattr::XattrCipher::new(&self.ctx.keys, self.ctx.cipher);
-        let stored = xc.encrypt_name(&entry.identity, name)?;
-        let blob = xc.encrypt_value(&entry.identity, &stored, value);
-        sys::XattrTarget::Handle(fd.as_fd()).set(stored.as_bytes(), &blob, 0).ctx(what)?;
-        crash::point!("vault.xattr");
-        Ok(())
+        let t = sys::XattrTarget::Handle(fd.as_fd());
+        self.xattr_cipher().set(t, &entry.identity, name, value, 0).map_err(|e| relabel_io(e, &what()))
+    }
+
+    /// Attribute continuations of `entry` that no value uses (crash leftovers, F§16.1).
+    pub fn xattr_leftovers(&self, dir: &CipherDir, entry: &Entry) -> Result<Vec<String>> {
+        if entry.kind == EntryKind::Symlink || !self.config.has_overflow() {
+            return Ok(Vec::new());
+        }
+        let (fd, _) = Self::entry_handle(dir, &entry.on_disk, entry.kind, entry.stat.st_ino)?;
+        self.xattr_cipher()
+            .unused_continuations(sys::XattrTarget::Handle(fd.as_fd()))
+            .map_err(|e| relabel_io(e, &dir.child_path(&entry.on_disk)))
+    }
+
+    /// Removes the unused attribute continuation `name` of `entry` (see
+    /// [`xattr_leftovers`](Self::xattr_leftovers)).
+    pub fn remove_xattr_leftover(&self, dir: &CipherDir, entry: &Entry, name: &str) -> Result<()> {
+        let what = || dir.child_path(&entry.on_disk);
+        let (fd, _) = Self::entry_handle(dir, &entry.on_disk, entry.kind, entry.stat.st_ino)?;
+        sys::XattrTarget::Handle(fd.as_fd()).remove(name.as_bytes()).ctx(what)
     }
 
     /// Computes the on-disk name of a new entry `name` of `kind` with `identity` in `dir`,
@@ -615,10 +623,19 @@ impl Vault {
 
     /// Removes the on-disk entry `on_disk` of `dir`. A directory must hold nothing but its IV
     /// file; it is moved aside before its IV file goes, so a crash never leaves a live
-    /// directory without one. Does not touch long-name side files.
+    /// directory without one. A symlink's target side file goes after it, once no other
+    /// symlink of `dir` uses it. Does not touch long-name side files.
     pub fn remove_entry(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
         // The path is only formatted for an error: removing is on the hot path of rm -rf.
         let what = || dir.child_path(on_disk);
+        if kind == EntryKind::Symlink {
+            let side = self.target_side(dir, on_disk);
+            sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(what)?;
+            if let Some(side) = side {
+                self.drop_target_side(dir, &side);
+            }
+            return Ok(());
+        }
         if kind != EntryKind::Dir {
             return sys::unlinkat(dir.fd(), on_disk.as_bytes(), false).ctx(what);
         }
@@ -761,7 +778,7 @@ impl Vault {
     }
 
     /// The key of `name` in `dir`, or EEXIST if an entry has that name (lists the directory).
-    fn absent_key(&self, dir: &CipherDir, name: &[u8]) -> Result<NameKey> {
+    pub(crate) fn absent_key(&self, dir: &CipherDir, name: &[u8]) -> Result<NameKey> {
         if self.lookup(dir, name)?.is_some() {
             return Err(Error::io(
                 format!("{}/{}", dir.path.display(), String::from_utf8_lossy(name)),
@@ -879,58 +896,6 @@ impl Vault {
         }
     }
 
-    /// Encrypts a symlink target: `base64url(ID ‖ nonce ‖ ciphertext ‖ tag)`, sealed as the
-    /// last block 0 of a "file" whose ID is the symlink's identity.
-    pub fn encrypt_target(&self, id: &Identity, target: &[u8]) -> Result<Vec<u8>> {
-        let codec = crate::content::BlockCodec::new(self.ctx.cipher, &self.ctx.keys, *id);
-        let mut blob = vec![0u8; 16 + target.len() + codec.overhead()];
-        blob[..16].copy_from_slice(id);
-        codec.seal_into(0, true, target, &mut blob[16..]);
-        let enc = crate::names::b64_encode(&blob).into_bytes();
-        if enc.len() > 4095 {
-            return Err(Error::io("symlink", std::io::Error::from_raw_os_error(libc::ENAMETOOLONG)));
-        }
-        Ok(enc)
-    }
-
-    /// Decrypts a symlink target stored for identity `id`; `what` names it in errors.
-    pub fn decrypt_target(&self, id: &Identity, stored: &[u8], what: &str) -> Result<Vec<u8>> {
-        let blob = std::str::from_utf8(stored)
-            .ok()
-            .and_then(crate::names::b64_decode)
-            .ok_or_else(|| Error::auth(what, "symlink target is not base64url"))?;
-        if blob.len() <= 16 + self.ctx.cipher.overhead() || blob[..16] != id[..] {
-            return Err(Error::auth(what, "symlink target does not belong to this entry"));
-        }
-        let codec = crate::content::BlockCodec::new(self.ctx.cipher, &self.ctx.keys, *id);
-        let mut out = vec![0u8; blob.len() - 16 - codec.overhead()];
-        codec.open_into(0, true, &blob[16..], &mut out, what)?;
-        Ok(out)
-    }
-
-    /// Creates symlink `name` → `target`.
-    pub fn symlink(&self, dir: &CipherDir, name: &[u8], target: &[u8]) -> Result<Entry> {
-        let key = self.absent_key(dir, name)?;
-        let (on_disk, id) = self.symlink_at(dir, &key, target)?;
-        self.entry_after_create(dir, name, key, on_disk, EntryKind::Symlink, id)
-    }
-
-    /// Creates a symlink → `target` under `key` in `dir` (the caller knows the name is free).
-    pub fn symlink_at(&self, dir: &CipherDir, key: &NameKey, target: &[u8]) -> Result<(String, Identity)> {
-        let id: Identity = crate::random::bytes();
-        let stored = self.encrypt_target(&id, target)?;
-        let on_disk = self.entry_name_for(dir, key, EntryKind::Symlink, &id)?;
-        sys::symlinkat(&stored, dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
-        Ok((on_disk, id))
-    }
-
-    /// Reads the target of the symlink `entry`.
-    pub fn readlink(&self, dir: &CipherDir, entry: &Entry) -> Result<Vec<u8>> {
-        let what = dir.child_path(&entry.on_disk);
-        let stored = sys::readlinkat(dir.fd(), entry.on_disk.as_bytes()).ctx(|| what.clone())?;
-        self.decrypt_target(&entry.identity, &stored, &what)
-    }
-
     /// Creates a FIFO, socket or device node.
     pub fn mknod(&self, dir: &CipherDir, name: &[u8], mode: u32, rdev: libc::dev_t) -> Result<Entry> {
         let key = self.absent_key(dir, name)?;
@@ -986,7 +951,8 @@ impl Vault {
     /// replaces only an empty directory, a non-directory only a non-directory. The backing
     /// rename moves the object atomically under its new binding; the replaced entry is removed
     /// right after (a crash between leaves two entries for one name; the newer, verified one
-    /// wins, F§10), and a long name's side file goes once no entry uses it.
+    /// wins, F§10), and a long name's side file goes once no entry uses it. A symlink moving
+    /// to another directory takes its target side file along (F§8.1).
     pub fn rename_at(
         &self,
         from: &CipherDir,
@@ -1005,9 +971,19 @@ impl Vault {
             }
         }
         let on_disk = self.entry_name_for(to, key, entry.kind, &entry.identity)?;
-        sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
-            .ctx(|| to.child_path(&on_disk))?;
+        let side = self.carry_target_side(from, &entry.on_disk, entry.kind, to)?;
+        if let Err(e) =
+            sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+        {
+            if let Some(side) = &side {
+                self.drop_target_side(to, side);
+            }
+            return Err(Error::io(to.child_path(&on_disk), e));
+        }
         crash::point!("vault.rename");
+        if let Some(side) = &side {
+            self.drop_target_side(from, side);
+        }
         if let Some(r) = replaced {
             if let Err(e) = self.remove_entry(to, &r.on_disk, r.kind, &r.identity) {
                 tracing::error!("rename: could not remove the replaced entry {}: {e}", to.child_path(&r.on_disk));
@@ -1032,10 +1008,17 @@ impl Vault {
             sys::renameat2(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes(), libc::RENAME_NOREPLACE)
                 .ctx(|| fd.child_path(old))
         };
+        let a_side = self.carry_target_side(a_dir, &a.on_disk, a.kind, b_dir)?;
+        let b_side = self.carry_target_side(b_dir, &b.on_disk, b.kind, a_dir)?;
         mv(b_dir, &b.on_disk, b_dir, &tmp)?;
         crash::point!("vault.exchange");
         mv(a_dir, &a.on_disk, b_dir, &a_new)?;
         mv(b_dir, &tmp, a_dir, &b_new)?;
+        for (dir, side) in [(a_dir, a_side), (b_dir, b_side)] {
+            if let Some(side) = side {
+                self.drop_target_side(dir, &side);
+            }
+        }
         Ok((a_new, b_new))
     }
 
@@ -1052,7 +1035,13 @@ impl Vault {
         key: &NameKey,
     ) -> Result<String> {
         let on_disk = self.entry_name_for(to, key, kind, identity)?;
-        sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
+        let side = self.carry_target_side(from, src_on_disk, kind, to)?;
+        if let Err(e) = sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes()) {
+            if let Some(side) = &side {
+                self.drop_target_side(to, side);
+            }
+            return Err(Error::io(to.child_path(&on_disk), e));
+        }
         crash::point!("vault.link");
         Ok(on_disk)
     }
@@ -1117,6 +1106,14 @@ impl Vault {
 fn relabel(e: Error, what: &str) -> Error {
     match e {
         Error::Auth { what: w, detail } => Error::auth(what, format!("{w} {detail}")),
+        e => e,
+    }
+}
+
+/// Names the object of an I/O error whose context is only the step ("xattr").
+fn relabel_io(e: Error, what: &str) -> Error {
+    match e {
+        Error::Io { context, source } => Error::io(format!("{what}: {context}"), source),
         e => e,
     }
 }

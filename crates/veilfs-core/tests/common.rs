@@ -56,3 +56,24 @@ pub fn legacy_vault(dir: &Path) -> Vault {
     v.save_config(cfg).unwrap();
     reopen(dir)
 }
+
+/// A temporary directory on tmpfs where there is one (`/dev/shm`): 64 KiB attribute values
+/// need a backing filesystem that takes them (ext4 without `ea_inode` stops at one block).
+pub fn xattr_tempdir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+/// A vault as made before the config feature `overflow` existed: symlink targets and xattr
+/// values keep their inline limits.
+pub fn vault_without_overflow(dir: &Path) -> Vault {
+    let mut v = new_vault(dir);
+    let mut cfg = v.config().clone();
+    cfg.features.retain(|f| f != veilfs_core::config::FEATURE_OVERFLOW);
+    v.save_config(cfg).unwrap();
+    reopen(dir)
+}

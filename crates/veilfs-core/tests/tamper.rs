@@ -372,3 +372,158 @@ fn vault_without_special_kinds_opens_and_still_lacks_their_protection() {
     let null = v.lookup(&root, b"null").unwrap().unwrap();
     assert_eq!((fifo.kind, null.stat.st_rdev), (EntryKind::Socket, libc::makedev(8, 0)));
 }
+
+/// Two overflowing symlinks (feature `overflow`, FORMAT.md §8.1) in `root`: their entries and
+/// target side files.
+fn long_symlinks(v: &Vault, root: &veilfs_core::CipherDir) -> (veilfs_core::Entry, veilfs_core::Entry) {
+    let a = v.symlink(root, b"a", &[b'a'; 4000]).unwrap();
+    let b = v.symlink(root, b"b", &[b'b'; 4000]).unwrap();
+    (a, b)
+}
+
+fn side(root: &veilfs_core::CipherDir, e: &veilfs_core::Entry) -> std::path::PathBuf {
+    root.path.join(veilfs_core::symlink::target_file_name(&e.identity))
+}
+
+#[test]
+fn symlink_target_file_swapped_between_two_links_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let (a, b) = long_symlinks(&v, &root);
+    let (pa, pb) = (side(&root, &a), side(&root, &b));
+    let (ca, cb) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
+    std::fs::remove_file(&pa).unwrap();
+    std::fs::write(&pa, &cb).unwrap();
+    assert_auth(v.readlink(&root, &a), "does not belong");
+    // The side file's ID prefix changed to match: the block is sealed under b's key.
+    let mut forged = cb.clone();
+    forged[..16].copy_from_slice(&ca[..16]);
+    std::fs::write(&pa, &forged).unwrap();
+    assert_auth(v.readlink(&root, &a), "block 0");
+    // The backing symlinks swapped instead (each naming the other's side file).
+    let (la, lb) = (root.path.join(&a.on_disk), root.path.join(&b.on_disk));
+    let tb = std::fs::read_link(&lb).unwrap();
+    std::fs::remove_file(&la).unwrap();
+    std::os::unix::fs::symlink(&tb, &la).unwrap();
+    assert_auth(v.readlink(&root, &a), "does not belong");
+}
+
+#[test]
+fn symlink_target_file_removed_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let (a, _) = long_symlinks(&v, &root);
+    std::fs::remove_file(side(&root, &a)).unwrap();
+    assert_auth(v.readlink(&root, &a), "is missing");
+}
+
+#[test]
+fn symlink_target_file_truncated_is_detected() {
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let (a, _) = long_symlinks(&v, &root);
+    let p = side(&root, &a);
+    let c = std::fs::read(&p).unwrap();
+    for len in [0, 16, 16 + 28, c.len() - 1] {
+        std::fs::write(&p, &c[..len]).unwrap();
+        assert!(matches!(v.readlink(&root, &a), Err(Error::Auth { .. })), "cut to {len} bytes");
+    }
+}
+
+/// A file with two overflowing attributes (`user.a`, `user.b`) on tmpfs, and a second file
+/// with one; returns the vault, the entries and the backing paths.
+fn long_xattrs() -> (tempfile::TempDir, Vault, veilfs_core::Entry, std::path::PathBuf, std::path::PathBuf) {
+    let t = xattr_tempdir();
+    let v = new_vault(t.path());
+    let root = v.root().unwrap();
+    let f = write_file(&v, &root, "f", b"data");
+    let g = write_file(&v, &root, "g", b"data");
+    v.set_xattr(&root, &f, b"user.a", &data(65536, 1)).unwrap();
+    v.set_xattr(&root, &f, b"user.b", &data(65536, 2)).unwrap();
+    v.set_xattr(&root, &g, b"user.a", &data(65536, 3)).unwrap();
+    let (pf, pg) = (root.path.join(&f.on_disk), root.path.join(&g.on_disk));
+    (t, v, f, pf, pg)
+}
+
+/// The backing continuations of `p`: (name, value), in list order.
+fn continuations(p: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    raw_xattrs(p).into_iter().filter(|(n, _)| n.starts_with(veilfs_core::xattr::MORE_PREFIX)).collect()
+}
+
+fn raw_xattrs(p: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let mut list = vec![0u8; 65536];
+    // SAFETY: valid C string and a writable buffer of the given length.
+    let n = unsafe { libc::listxattr(c.as_ptr(), list.as_mut_ptr().cast(), list.len()) };
+    assert!(n >= 0);
+    list.truncate(n as usize);
+    let mut out = Vec::new();
+    for name in list.split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let cn = std::ffi::CString::new(name).unwrap();
+        let mut buf = vec![0u8; 65536];
+        // SAFETY: valid C strings and a writable buffer of the given length.
+        let r = unsafe { libc::getxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert!(r >= 0);
+        buf.truncate(r as usize);
+        out.push((String::from_utf8(name.to_vec()).unwrap(), buf));
+    }
+    out
+}
+
+fn set_raw(p: &std::path::Path, name: &str, value: &[u8]) {
+    let (c, n) = (std::ffi::CString::new(p.to_str().unwrap()).unwrap(), std::ffi::CString::new(name).unwrap());
+    // SAFETY: valid C strings and a readable value buffer.
+    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
+fn remove_raw(p: &std::path::Path, name: &str) {
+    let (c, n) = (std::ffi::CString::new(p.to_str().unwrap()).unwrap(), std::ffi::CString::new(name).unwrap());
+    // SAFETY: valid C strings.
+    assert_eq!(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) }, 0);
+}
+
+#[test]
+fn xattr_continuation_swapped_between_two_attributes_is_detected() {
+    let (_t, v, f, pf, _) = long_xattrs();
+    let root = v.root().unwrap();
+    let more = continuations(&pf);
+    assert_eq!(more.len(), 2);
+    // Each continuation's value put under the other's name.
+    set_raw(&pf, &more[0].0, &more[1].1);
+    set_raw(&pf, &more[1].0, &more[0].1);
+    assert_auth(v.xattrs(&root, &f), "xattr value failed authentication");
+}
+
+#[test]
+fn xattr_continuation_moved_to_another_object_is_detected() {
+    let (_t, v, _, pf, pg) = long_xattrs();
+    let root = v.root().unwrap();
+    let g = v.lookup(&root, b"g").unwrap().unwrap();
+    // g's user.a gets f's first part and continuation (same plaintext name, other object).
+    let fa = raw_xattrs(&pf);
+    for (n, _) in raw_xattrs(&pg) {
+        remove_raw(&pg, &n);
+    }
+    for (n, val) in &fa {
+        set_raw(&pg, n, val);
+    }
+    assert_auth(v.xattrs(&root, &g), "xattr name failed authentication");
+}
+
+#[test]
+fn xattr_continuation_removed_is_detected() {
+    let (_t, v, f, pf, _) = long_xattrs();
+    let root = v.root().unwrap();
+    remove_raw(&pf, &continuations(&pf)[0].0);
+    assert_auth(v.xattrs(&root, &f), "xattr value failed authentication");
+}
+
+#[test]
+fn xattr_continuation_truncated_is_detected() {
+    let (_t, v, f, pf, _) = long_xattrs();
+    let root = v.root().unwrap();
+    let (name, value) = continuations(&pf).remove(0);
+    set_raw(&pf, &name, &value[..value.len() - 1]);
+    assert_auth(v.xattrs(&root, &f), "xattr value failed authentication");
+}

@@ -121,9 +121,7 @@ impl VeilFs {
         let node = self.nodes.get(ino)?;
         let l = node.link()?;
         let dir = l.parent.dir()?;
-        let what = dir.cd.child_path(&l.on_disk);
-        let stored = sys::readlinkat(dir.cd.fd(), l.on_disk.as_bytes())?;
-        self.vault.decrypt_target(&node.identity, &stored, &what).map_err(cerr)
+        self.vault.read_target(&dir.cd, &l.on_disk, &node.identity).map_err(cerr)
     }
 
     /// UNLINK and RMDIR.

@@ -200,7 +200,7 @@ impl VeilFs {
         let st = sys::fstat(root.fd())?;
         let iv = root.iv;
         let ctx = vault.content().clone();
-        let xattr = XattrCipher::new(&ctx.keys, ctx.cipher);
+        let xattr = vault.xattr_cipher();
         let names = vault.names().clone();
         let layout = ctx.layout;
         let euid = sys::euid();

@@ -1,5 +1,6 @@
 //! Extended attributes: GETXATTR, SETXATTR, LISTXATTR, REMOVEXATTR, encrypted and bound to
-//! the object (core `XattrCipher`), through the object's fd or a verified handle.
+//! the object; core `XattrCipher` does every on-disk step (continuations included), on the
+//! object's fd or a verified handle chosen here.
 
 use super::*;
 
@@ -36,53 +37,31 @@ impl VeilFs {
     /// GETXATTR: the plaintext value.
     pub(crate) fn do_getxattr(&self, ino: u64, name: &[u8]) -> io::Result<Vec<u8>> {
         let node = self.nodes.get(ino)?;
-        let Ok(stored) = self.xattr.encrypt_name(&node.identity, name) else {
-            return Err(errno(libc::ENODATA));
-        };
-        let cap = 65536 + self.xattr.value_overhead();
-        let buf = self.with_xattr(&node, None, |t| {
-            let mut b = vec![0u8; cap];
-            let n = t.get(stored.as_bytes(), &mut b)?;
-            b.truncate(n);
-            Ok(b)
-        })?;
-        self.xattr.decrypt_value(&node.identity, &stored, &buf).map_err(cerr)
+        let what = || self.cipher_path(&node);
+        self.with_xattr(&node, None, |t| self.xattr.get(t, &node.identity, name).map_err(|e| xerr(e, what)))
     }
 
     /// SETXATTR.
     pub(crate) fn do_setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32, c: Caller) -> io::Result<()> {
         self.check_writable()?;
         let node = self.nodes.get(ino)?;
-        let stored = self.xattr.encrypt_name(&node.identity, name).map_err(cerr)?;
-        let blob = self.xattr.encrypt_value(&node.identity, &stored, value);
-        // Stored names are longer than plaintext ones: refuse a new attribute whose name
-        // would push the list past the kernel's 64 KiB listxattr limit, instead of letting
-        // every later listxattr fail.
-        const XATTR_LIST_MAX: usize = 65536;
+        let what = || self.cipher_path(&node);
         self.with_xattr(&node, Some(c), |t| {
-            if t.list(&mut [])? + stored.len() + 1 > XATTR_LIST_MAX && t.get(stored.as_bytes(), &mut []).is_err() {
-                return Err(errno(libc::ENOSPC));
-            }
-            t.set(stored.as_bytes(), &blob, flags)?;
-            veilfs_core::crash::at("vault.xattr");
-            Ok(())
+            self.xattr.set(t, &node.identity, name, value, flags).map_err(|e| xerr(e, what))
         })
     }
 
     /// LISTXATTR: NUL-separated plaintext names.
     pub(crate) fn do_listxattr(&self, ino: u64) -> io::Result<Vec<u8>> {
         let node = self.nodes.get(ino)?;
-        let raw = self.with_xattr(&node, None, |t| t.list_all())?;
+        let (names, bad) = self.with_xattr(&node, None, |t| self.xattr.list(t, &node.identity).map_err(cerr))?;
+        for e in bad {
+            tracing::error!("integrity error in an xattr of {}: {e}", self.cipher_path(&node));
+        }
         let mut out = Vec::new();
-        for stored in raw.split(|&b| b == 0).filter(|s| !s.is_empty()) {
-            match self.xattr.decrypt_name(&node.identity, stored) {
-                Some(Ok(plain)) => {
-                    out.extend_from_slice(&plain);
-                    out.push(0);
-                }
-                Some(Err(e)) => tracing::error!("integrity error in an xattr of {}: {e}", self.cipher_path(&node)),
-                None => {}
-            }
+        for n in names {
+            out.extend_from_slice(&n);
+            out.push(0);
         }
         Ok(out)
     }
@@ -91,7 +70,15 @@ impl VeilFs {
     pub(crate) fn do_removexattr(&self, ino: u64, name: &[u8], c: Caller) -> io::Result<()> {
         self.check_writable()?;
         let node = self.nodes.get(ino)?;
-        let stored = self.xattr.encrypt_name(&node.identity, name).map_err(|_| errno(libc::ENODATA))?;
-        self.with_xattr(&node, Some(c), |t| t.remove(stored.as_bytes()))
+        let what = || self.cipher_path(&node);
+        self.with_xattr(&node, Some(c), |t| self.xattr.remove(t, &node.identity, name).map_err(|e| xerr(e, what)))
+    }
+}
+
+/// The errno of an attribute error; an integrity error is logged naming the ciphertext object.
+fn xerr(e: veilfs_core::Error, what: impl FnOnce() -> String) -> io::Error {
+    match e {
+        veilfs_core::Error::Auth { what: w, detail } => cerr(veilfs_core::Error::auth(what(), format!("{w} {detail}"))),
+        e => cerr(e),
     }
 }
