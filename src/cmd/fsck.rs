@@ -41,6 +41,7 @@ fn kind_name(k: ProblemKind) -> &'static str {
         ProblemKind::Duplicate => "crash leftover (duplicate entry)",
         ProblemKind::OrphanSideFile => "crash leftover (orphaned side file)",
         ProblemKind::MissingDirIv => "crash leftover (missing directory IV)",
+        ProblemKind::Unsettled => "recovered crash state (unsettled file)",
     }
 }
 

@@ -34,8 +34,13 @@ pub const FEATURES_V1: &[&str] =
 /// (docs/FORMAT.md §9). Every new vault names it; vaults made before it lack it and keep the
 /// shared kind `0x04`.
 pub const FEATURE_SPECIAL_KINDS: &str = "special-kinds";
+/// A file's header may carry the UNSETTLED flag while a writer changes its tail, and its tail
+/// is then read by the crash rules of docs/FORMAT.md §5.8 (a torn tail reads as a prefix).
+/// Every new forward vault names it; a reader without it refuses the vault, and a vault
+/// without it never carries the flag.
+pub const FEATURE_UNSETTLED_TAILS: &str = "unsettled-tails";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
-pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC];
+pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC, FEATURE_UNSETTLED_TAILS];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
 /// this feature requires and which needs it (docs/FORMAT.md §17). Readers need nothing else.
@@ -154,11 +159,11 @@ impl VaultConfig {
             features: FEATURES_V1
                 .iter()
                 .copied()
-                .chain(std::iter::once(if cipher == ContentCipher::Aes256GcmSiv {
-                    FEATURE_DETERMINISTIC
+                .chain(if cipher == ContentCipher::Aes256GcmSiv {
+                    vec![FEATURE_DETERMINISTIC]
                 } else {
-                    FEATURE_SPECIAL_KINDS
-                }))
+                    vec![FEATURE_SPECIAL_KINDS, FEATURE_UNSETTLED_TAILS]
+                })
                 .map(String::from)
                 .collect(),
             root_dir_iv: b64_encode(root_iv),

@@ -20,6 +20,7 @@ pub mod kdf;
 pub mod lock;
 pub mod recovery;
 pub mod reverse;
+pub mod settle;
 pub mod sys;
 pub mod vault;
 pub mod xattr;
