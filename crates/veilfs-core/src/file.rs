@@ -215,7 +215,7 @@ impl CryptFile {
             if t.rule != TailRule::Stash {
                 // Drop what lies after the block (a torn block, holes): still read the same.
                 cut(l.block_offset(n + 1))?;
-                self.write_stash(*n, &ct, l.block_offset(n + 1))?;
+                self.write_stash(*n, &ct, l.block_offset(n + 1), l.block_offset(n + 1))?;
             }
             sys::pwrite_all(self.fd(), &ct, l.block_offset(*n)).ctx(|| format!("writing {}", self.what))?;
             cut(l.cipher_size(t.size))?;
@@ -224,11 +224,22 @@ impl CryptFile {
     }
 
     /// Writes a stash of block `n` (its ciphertext sealed as last, `ct`) at offset `at`,
-    /// after the file's end (docs/FORMAT.md §5.8).
-    fn write_stash(&self, n: u64, ct: &[u8], at: u64) -> Result<()> {
-        sys::pwrite_all(self.fd(), &tail::stash_bytes(n, ct), at).ctx(|| format!("writing {}", self.what))?;
+    /// after the file's end (docs/FORMAT.md §5.8); returns whether it was written. Where the
+    /// backing store has no room for it, the file is cut back to `at` and the step goes on
+    /// without one (the crash window of a file without the feature, logged), so a full disk
+    /// never refuses a write inside the file or a truncate that frees space.
+    fn write_stash(&self, n: u64, ct: &[u8], at: u64, end: u64) -> Result<bool> {
+        match sys::pwrite_all(self.fd(), &tail::stash_bytes(n, ct), at) {
+            Ok(()) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) => {
+                tracing::debug!("{}: no room to stash block {n} ({e}); going on without", self.what);
+                sys::ftruncate(self.fd(), end).ctx(|| format!("truncating {}", self.what))?;
+                return Ok(false);
+            }
+            Err(e) => return Err(Error::io(format!("writing {}", self.what), e)),
+        }
         crash::point!("file.tail_stashed");
-        Ok(())
+        Ok(true)
     }
 
     /// Whether this writer marks tail changes with UNSETTLED: the vault has the feature and
@@ -794,8 +805,7 @@ impl CryptFile {
         }
         let new_holes = leaves_holes && self.deferring() && !settled_sparse;
         let stashed = match old {
-            Some((n, ct)) if stash => {
-                self.write_stash(*n, ct, l.block_offset(n + 1))?;
+            Some((n, ct)) if stash && self.write_stash(*n, ct, l.block_offset(n + 1), l.cipher_size(size))? => {
                 Some(l.block_offset(n + 1) + (ct.len() + tail::STASH_TRAILER) as u64)
             }
             _ => None,
@@ -935,10 +945,10 @@ impl CryptFile {
         self.reserve_holes(l.block_offset(n), ct.len() as u64)?;
         let old = (n, old);
         let stash_at = l.block_offset(l.block_count(size));
-        let stash = self.unsettled_ok();
         let csize = l.cipher_size(size);
-        (if stash { self.write_stash(n, &ct, stash_at) } else { Ok(()) })
-            .and_then(|()| sys::pwrite_all(self.fd(), &ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what)))
+        let stash = self.unsettled_ok() && self.write_stash(n, &ct, stash_at, csize)?;
+        sys::pwrite_all(self.fd(), &ct, l.block_offset(n))
+            .ctx(|| format!("writing {}", self.what))
             .and_then(|()| {
                 crash::point!("file.shrink_resealed");
                 sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))
