@@ -282,7 +282,11 @@ fn format_v1_known_answers() {
         };
         assert!(open(false).is_err(), "{rule}: UNSETTLED must be refused without \"unsettled-tails\"");
         let mut got = Vec::new();
-        open(true).unwrap().stream(|p| Ok::<(), veilfs_core::Error>(got.extend_from_slice(p))).unwrap();
+        let sink = |p: &[u8]| {
+            got.extend_from_slice(p);
+            Ok::<(), veilfs_core::Error>(())
+        };
+        open(true).unwrap().stream(sink).unwrap();
         assert_eq!(hex(&got), f["plaintext"].as_str().unwrap(), "{rule}");
     }
     // The recovery key display decodes to its bytes.
