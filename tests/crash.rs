@@ -30,16 +30,7 @@ const LONG: &str = "llllllllllllllllllllllllllllllllllllllllllllllllllllllllllll
 
 /// Points where a crash can still leave a block that does not authenticate, with the
 /// reason (the format's own gap, docs/FORMAT.md §15 Q2); fsck --repair salvages them.
-const KNOWN_TORN: &[(&str, &str)] = &[
-    (
-        "file.reseal_alone",
-        "a write past a hole re-seals the old final block as an inner one before the new blocks go out (two writes)",
-    ),
-    ("file.torn_write", "a write cut short inside a grow leaves a final block cut in two"),
-    ("file.shrink_resealed", "a shrinking truncate re-seals the new final block before cutting the file (two steps)"),
-    ("file.settle_sparse", "holes left undeclared (FORMAT.md §5.5) are all-zero blocks of a non-sparse file"),
-    ("vault.exchange", "RENAME_EXCHANGE is three renames: the displaced object waits under a temporary name"),
-];
+const KNOWN_TORN: &[(&str, &str)] = &[];
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
@@ -104,7 +95,7 @@ fn operate(point: &str, mnt: &Path) {
     let _ = match point {
         "file.header_alone" => write_at("h", 100_000, &added()[..5_000], true),
         "file.reseal_alone" | "file.settle_sparse" => write_at("old", 200_000, &added()[..5_000], false),
-        "file.torn_write" | "file.after_write" => write_at("old", 20_000, &added(), false),
+        "file.torn_write" | "file.after_write" | "file.tail_stashed" => write_at("old", 20_000, &added(), false),
         "file.shrink_resealed" => fs::OpenOptions::new().write(true).open(p("old")).and_then(|f| f.set_len(10_001)),
         "vault.create" => fs::File::create(p("c1")).map(drop),
         "vault.side_file" => fs::File::create(p(&LONG.replace('l', "n"))).map(drop),
@@ -178,7 +169,7 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
             new.extend_from_slice(&added()[..5_000]);
             old_new_or_prefix(&read(&p("old"))?, &old(), &new)
         }
-        "file.torn_write" | "file.after_write" => {
+        "file.torn_write" | "file.after_write" | "file.tail_stashed" => {
             let mut new = old();
             new.extend_from_slice(&added());
             old_new_or_prefix(&read(&p("old"))?, &old(), &new)

@@ -7,7 +7,7 @@ use secrecy::SecretString;
 use serde_json::{json, Value};
 use sha2::Digest;
 use std::path::PathBuf;
-use veilfs_core::content::header::FLAG_SPARSE;
+use veilfs_core::content::header::{FLAG_SPARSE, FLAG_UNSETTLED};
 use veilfs_core::content::{BlockCodec, ContentCipher, FileHeader};
 use veilfs_core::keys::MasterKey;
 use veilfs_core::names::SpecialBinding;
@@ -105,6 +105,7 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
                     "stored": String::from_utf8(rv.seal_target(&link_id, b"hello.txt").unwrap()).unwrap()},
     });
     let overflow = overflow_vectors(&k);
+    let unsettled = unsettled_vectors(&k, file_id);
     let rk_bytes = arr::<32>("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     let rk_display = RecoveryKey::from_bytes(rk_bytes).display();
     json!({
@@ -123,6 +124,7 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
         "config_special_kinds": config_special_kinds,
         "deterministic": deterministic,
         "overflow": overflow,
+        "unsettled": unsettled,
     })
 }
 
@@ -154,6 +156,49 @@ fn overflow_vectors(k: &veilfs_core::keys::SubKeys) -> Value {
             "continuation_name": veilfs_core::xattr::more_name(head), "continuation": hex(tail),
         },
     })
+}
+
+/// Files in the unsettled states of FORMAT.md §5.8 (GCM, 4096-byte blocks, fixed nonces),
+/// each with the plaintext the rules give, and headers with UNSETTLED.
+fn unsettled_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value {
+    let headers: Vec<Value> = [FLAG_UNSETTLED, FLAG_SPARSE | FLAG_UNSETTLED]
+        .iter()
+        .map(|&flags| json!({"flags": flags, "file_id": hex(&file_id), "bytes": hex(&FileHeader { flags, id: file_id }.encode(k))}))
+        .collect();
+    let codec = BlockCodec::new(ContentCipher::Aes256Gcm, k, file_id);
+    let seal = |n: u64, last: bool, plain: &[u8]| codec.seal_with_nonce(n, last, &[0x30 + n as u8; 12], plain);
+    let (a, b) = (vec![0x61u8; 4096], vec![0x62u8; 4096]);
+    let head = FileHeader { flags: FLAG_UNSETTLED, id: file_id }.encode(k).to_vec();
+    let file = |parts: &[&[u8]]| {
+        parts.iter().fold(head.clone(), |mut f, p| {
+            f.extend_from_slice(p);
+            f
+        })
+    };
+    let mut stash = seal(1, true, b"veilfs stash");
+    stash.extend_from_slice(&1u64.to_be_bytes());
+    let mut short_zeros = seal(1, true, b"tail");
+    short_zeros.resize(4124, 0);
+    let cases: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
+        (
+            "final block sealed inner",
+            file(&[&seal(0, false, &a), &seal(1, false, &b)]),
+            [a.clone(), b.clone()].concat(),
+        ),
+        ("stash", file(&[&seal(0, false, &a), &[0x55; 4124], &stash]), [&a[..], b"veilfs stash"].concat()),
+        ("torn final block", file(&[&seal(0, false, &a), &seal(1, false, &b), &[0x55; 2000]]), [a.clone(), b].concat()),
+        (
+            "torn, shorter last block followed by zeros",
+            file(&[&seal(0, false, &a), &short_zeros, &[0x55; 50]]),
+            [&a[..], b"tail"].concat(),
+        ),
+        ("torn first write", file(&[&[0x55; 1000]]), Vec::new()),
+    ];
+    let files: Vec<Value> = cases
+        .into_iter()
+        .map(|(rule, ct, plain)| json!({"rule": rule, "cipher": "AES-256-GCM", "block_size": 4096, "file_id": hex(&file_id), "ciphertext": hex(&ct), "plaintext": hex(&plain)}))
+        .collect();
+    json!({"headers": headers, "files": files})
 }
 
 /// The binding of each special-file type, in a vault with the feature `special-kinds` (own
@@ -226,6 +271,7 @@ fn format_v1_known_answers() {
         "recovery_key",
         "deterministic",
         "overflow",
+        "unsettled",
     ] {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }
@@ -254,6 +300,28 @@ fn format_v1_known_answers() {
         let pw = Secret::Password(SecretString::from(committed[key]["password"].as_str().unwrap().to_string()));
         let mk = cfg.unlock(&pw, None, &t.path().join("veilfs.conf")).unwrap();
         assert_eq!(hex(mk.expose_secret()), committed[key]["master_key"].as_str().unwrap(), "{key}");
+    }
+    // Unsettled files read as the rules of FORMAT.md §5.8 say.
+    let mk = MasterKey::from_bytes(MASTER);
+    let ctx = veilfs_core::ContentCtx::new(ContentCipher::Aes256Gcm, 4096, std::sync::Arc::new(mk.subkeys()));
+    for f in committed["unsettled"]["files"].as_array().unwrap() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("f");
+        std::fs::write(&p, unhex(f["ciphertext"].as_str().unwrap())).unwrap();
+        let id = arr::<16>(f["file_id"].as_str().unwrap());
+        let rule = f["rule"].as_str().unwrap();
+        let open = |on: bool| {
+            let file = std::fs::File::open(&p).unwrap();
+            veilfs_core::CryptFile::open(file, ctx.clone().with_unsettled_tails(on), id, rule.into())
+        };
+        assert!(open(false).is_err(), "{rule}: UNSETTLED must be refused without \"unsettled-tails\"");
+        let mut got = Vec::new();
+        let sink = |p: &[u8]| {
+            got.extend_from_slice(p);
+            Ok::<(), veilfs_core::Error>(())
+        };
+        open(true).unwrap().stream(sink).unwrap();
+        assert_eq!(hex(&got), f["plaintext"].as_str().unwrap(), "{rule}");
     }
     // The recovery key display decodes to its bytes.
     let rk = RecoveryKey::parse(committed["recovery_key"]["display"].as_str().unwrap()).unwrap();

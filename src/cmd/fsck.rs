@@ -42,6 +42,7 @@ fn kind_name(k: ProblemKind) -> &'static str {
         ProblemKind::OrphanSideFile => "crash leftover (orphaned side file)",
         ProblemKind::OrphanXattrPiece => "crash leftover (orphaned xattr continuation)",
         ProblemKind::MissingDirIv => "crash leftover (missing directory IV)",
+        ProblemKind::Unsettled => "recovered crash state (unsettled file)",
     }
 }
 

@@ -272,6 +272,21 @@ pub fn run(mut a: Args) -> Result<i32> {
     }
     let mut lock = take_lock(&a, &cipherdir)?;
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
+    if lock.as_ref().is_some_and(|l| l.took_over()) && !a.read_only {
+        // The last writer crashed: settle the files it left mid-write before serving
+        // (docs/FORMAT.md §5.8), so the kernel never caches a size the crash rules shorten,
+        // and finish its interrupted exchanges (§10).
+        match veilfs_core::settle::crash_sweep(&vault) {
+            Ok(n) if n == Default::default() => {}
+            Ok(n) => tracing::warn!(
+                "{}: recovered crash state: settled {} file(s) left mid-write, finished {} exchange(s)",
+                cipherdir.display(),
+                n.files,
+                n.exchanges
+            ),
+            Err(e) => tracing::warn!("{}: crash sweep: {e}", cipherdir.display()),
+        }
+    }
     let ready = if a.foreground { None } else { Some(daemonize()?) };
     if let Some(l) = &mut lock {
         // The daemon holds the OS lock now (the open file came along): it names itself.

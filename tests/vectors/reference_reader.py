@@ -179,6 +179,8 @@ def file_key(keys: dict[str, bytes], file_id: bytes) -> bytes:
 
 HEADER_LEN = 36
 FLAG_SPARSE = 0x0001
+FLAG_UNSETTLED = 0x0002  # §5.8, only with the feature "unsettled-tails"
+UNSETTLED_TAILS = "unsettled-tails"
 
 
 def block_aad(file_id: bytes, n: int, last: bool) -> bytes:
@@ -190,7 +192,7 @@ def header_encode(keys, flags: int, file_id: bytes) -> bytes:
     return body + hmac256(keys["header"], b"veilfs v1 header" + body)[:16]
 
 
-def header_decode(keys, data: bytes) -> tuple[int, bytes]:
+def header_decode(keys, data: bytes, unsettled_tails: bool = False) -> tuple[int, bytes]:
     """§5.1: tag first (constant time), then version, then flags. Returns (flags, file ID)."""
     if len(data) < HEADER_LEN:
         raise IntegrityError("file header truncated")
@@ -200,7 +202,7 @@ def header_decode(keys, data: bytes) -> tuple[int, bytes]:
     version, flags = struct.unpack(">HH", data[:4])
     if version != 1:
         raise IntegrityError(f"unsupported header version {version}")
-    if flags & ~FLAG_SPARSE:
+    if flags & ~(FLAG_SPARSE | (FLAG_UNSETTLED if unsettled_tails else 0)):
         raise IntegrityError(f"unknown header flags {flags:#x}")
     return flags, data[4:20]
 
@@ -227,29 +229,100 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
 
 
 def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
-    """§5.4 with holes (§5.5) and empty files (§5.6)."""
-    B, aead = vault.block_size, vault.aead
+    """§5.4 with holes (§5.5), empty files (§5.6) and unsettled files (§5.8)."""
+    return decrypt_content(vault.aead, vault.keys, vault.block_size, data, identity, vault.unsettled_tails)
+
+
+def decrypt_content(aead, keys, B: int, data: bytes, identity: bytes, unsettled_tails: bool) -> bytes:
     O = aead.overhead
+    if len(data) == 0:
+        return b""
+    flags, fid = header_decode(keys, data, unsettled_tails)
+    if fid != identity:
+        raise IntegrityError("header file ID differs from the entry's identity (content of another file)")
+    key = file_key(keys, fid)
+    sparse = bool(flags & FLAG_SPARSE)
+    if flags & FLAG_UNSETTLED:
+        if len(data) == HEADER_LEN:
+            return b""
+        end, last_plain = unsettled_end(aead, key, fid, data, B, O, sparse)
+        if end is None:
+            return b""
+        return inner_blocks(aead, key, fid, data, B, O, sparse, end) + last_plain
     p, k = plain_size(len(data), B, O)
     if k == 0:
         return b""
-    flags, fid = header_decode(vault.keys, data)
-    if fid != identity:
-        raise IntegrityError("header file ID differs from the entry's identity (content of another file)")
-    key = file_key(vault.keys, fid)
+    out = inner_blocks(aead, key, fid, data, B, O, sparse, k - 1)
+    off = HEADER_LEN + (k - 1) * (B + O)
+    try:
+        return out + aead.open(key, block_aad(fid, k - 1, True), data[off : off + p - (k - 1) * B + O])
+    except IntegrityError as e:
+        raise IntegrityError(f"block {k - 1}: {e}") from None
+
+
+def inner_blocks(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: bool, count: int) -> bytes:
+    """Blocks 0 … count−1, each a full inner block (last = 0) or, with SPARSE, a hole."""
     out = bytearray()
-    for n in range(k):
+    for n in range(count):
         off = HEADER_LEN + n * (B + O)
-        last = n == k - 1
-        blk = data[off : off + min(B, p - n * B) + O]
-        if (flags & FLAG_SPARSE) and not last and blk.count(0) == len(blk):
+        blk = data[off : off + B + O]
+        if sparse and len(blk) == B + O and blk.count(0) == len(blk):
             out += bytes(B)  # a hole: B zero bytes, unauthenticated by design
             continue
         try:
-            out += aead.open(key, block_aad(fid, n, last), blk)
+            out += aead.open(key, block_aad(fid, n, False), blk)
         except IntegrityError as e:
             raise IntegrityError(f"block {n}: {e}") from None
     return bytes(out)
+
+
+def _opens_as_end(aead, key, fid: bytes, j: int, b: bytes, B: int, O: int) -> bytes | None:
+    """§5.8: the plaintext if slot j's bytes b open as an end of the file, else None."""
+    if len(b) <= O or b.count(0) == len(b):
+        return None
+    tries = [(b, True)] + ([(b, False)] if len(b) == B + O else [])
+    z = len(b.rstrip(b"\0"))
+    tries += [(b[:n], True) for n in range(max(z, O + 1), len(b))]
+    for blk, last in tries:
+        try:
+            return aead.open(key, block_aad(fid, j, last), blk)
+        except IntegrityError:
+            pass
+    return None
+
+
+def unsettled_end(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: bool):
+    """§5.8: (j, plaintext of block j that ends the file), or (None, b"") for an empty file."""
+    S, c = B + O, len(data)
+    body = c - HEADER_LEN
+    F = -(-body // S) - 1
+    slot = lambda j: data[HEADER_LEN + j * S : HEADER_LEN + (j + 1) * S]
+    pt = _opens_as_end(aead, key, fid, F, slot(F), B, O)
+    if pt is not None:
+        return F, pt  # rule 1
+    if body > O + 8:
+        t = struct.unpack(">Q", data[-8:])[0]
+        s = (c - 9 - HEADER_LEN) // S
+        x = data[HEADER_LEN + s * S : c - 8]
+        if t < s and len(x) > O:
+            try:
+                return t, aead.open(key, block_aad(fid, t, True), x)  # rule 2: a stash
+            except IntegrityError:
+                pass
+    skipped = False
+    for j in range(F - 1, -1, -1):  # rule 3: a torn final block
+        b = slot(j)
+        if b.count(0) == len(b):
+            if sparse:
+                continue
+        else:
+            pt = _opens_as_end(aead, key, fid, j, b, B, O)
+            if pt is not None:
+                return j, pt
+        if skipped:
+            raise IntegrityError(f"unsettled file: slot {j} does not open and one was skipped already")
+        skipped = True
+    return None, b""
 
 
 # ---------------------------------------------------------------- §6 names
@@ -342,7 +415,7 @@ KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism
               "hkdf-sha256": ["algorithm", "salt"]}
 FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
 OVERFLOW = "overflow"
-OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW}
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS}
 
 
 def canonical_json(obj) -> bytes:
@@ -596,6 +669,7 @@ class Vault:
         self.root_iv = unb64(cfg["root_dir_iv"])
         self.special_kinds = SPECIAL_KINDS in cfg["features"]
         self.overflow = OVERFLOW in cfg["features"]
+        self.unsettled_tails = UNSETTLED_TAILS in cfg["features"]
         self.errors: list[tuple[bytes, str]] = []
 
     @classmethod
@@ -773,6 +847,20 @@ def run_vectors(path: str, t: Tally):
         enc = header_encode(keys, h["flags"], hx(h["file_id"]))
         t.check(enc.hex() == h["bytes"], f"header flags {h['flags']}: encode")
         t.check(header_decode(keys, hx(h["bytes"])) == (h["flags"], hx(h["file_id"])), f"header flags {h['flags']}: decode")
+    un = v.get("unsettled", {})
+    for h in un.get("headers", []):
+        what = f"unsettled header flags {h['flags']}"
+        t.check(header_encode(keys, h["flags"], hx(h["file_id"])).hex() == h["bytes"], f"{what}: encode")
+        t.check(header_decode(keys, hx(h["bytes"]), True) == (h["flags"], hx(h["file_id"])), f"{what}: decode")
+        try:
+            header_decode(keys, hx(h["bytes"]), False)
+            t.check(False, f"{what}: must be refused without {UNSETTLED_TAILS}")
+        except IntegrityError:
+            t.check(True, "")
+    for f in un.get("files", []):
+        what = f"unsettled file ({f['rule']})"
+        got = decrypt_content(ContentAead(f["cipher"]), keys, f["block_size"], hx(f["ciphertext"]), hx(f["file_id"]), True)
+        t.check(got.hex() == f["plaintext"], what, f"{len(got)} bytes")
     for n in v["names"]:
         what = f"name {n['name'][:20]!r}"
         iv, ident = hx(n["dir_iv"]), hx(n["identity"])

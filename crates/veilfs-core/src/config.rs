@@ -39,8 +39,14 @@ pub const FEATURE_SPECIAL_KINDS: &str = "special-kinds";
 /// (docs/FORMAT.md §8.1, §16.1). Every new forward vault names it; vaults made before it keep
 /// the smaller limits (about 3000 and 65508 bytes).
 pub const FEATURE_OVERFLOW: &str = "overflow";
+/// A file's header may carry the UNSETTLED flag while a writer changes its tail, and its tail
+/// is then read by the crash rules of docs/FORMAT.md §5.8 (a torn tail reads as a prefix).
+/// Every new forward vault names it; a reader without it refuses the vault, and a vault
+/// without it never carries the flag.
+pub const FEATURE_UNSETTLED_TAILS: &str = "unsettled-tails";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
-pub const OPTIONAL_FEATURES: &[&str] = &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC, FEATURE_OVERFLOW];
+pub const OPTIONAL_FEATURES: &[&str] =
+    &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
 /// this feature requires and which needs it (docs/FORMAT.md §17). Readers need nothing else.
@@ -163,7 +169,7 @@ impl VaultConfig {
                 .chain(if cipher == ContentCipher::Aes256GcmSiv {
                     vec![FEATURE_DETERMINISTIC]
                 } else {
-                    vec![FEATURE_SPECIAL_KINDS, FEATURE_OVERFLOW]
+                    vec![FEATURE_SPECIAL_KINDS, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS]
                 })
                 .map(String::from)
                 .collect(),

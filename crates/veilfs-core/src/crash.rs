@@ -14,6 +14,7 @@
 /// so a point added to the code without an entry here is never exercised.
 pub const POINTS: &[&str] = &[
     "file.header_alone",
+    "file.tail_stashed",
     "file.reseal_alone",
     "file.torn_write",
     "file.after_write",

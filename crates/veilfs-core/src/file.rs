@@ -7,7 +7,8 @@
 //! re-read with `fstat` on every request.
 
 use crate::content::block::BlockCodec;
-use crate::content::header::{FileHeader, FileId, FLAG_SPARSE, HEADER_LEN};
+use crate::content::header::{FileHeader, FileId, FLAG_SPARSE, FLAG_UNSETTLED, HEADER_LEN};
+use crate::content::tail::{self, Tail, TailRule};
 use crate::content::{ContentCipher, Layout};
 use crate::crash;
 use crate::error::{Error, IoContext, Result};
@@ -15,7 +16,7 @@ use crate::keys::SubKeys;
 use crate::sys;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What every file of a vault shares: cipher, geometry and keys.
@@ -27,12 +28,21 @@ pub struct ContentCtx {
     pub layout: Layout,
     /// The vault's subkeys.
     pub keys: Arc<SubKeys>,
+    /// Feature `"unsettled-tails"`: headers may carry UNSETTLED (docs/FORMAT.md §5.8).
+    pub unsettled_tails: bool,
 }
 
 impl ContentCtx {
-    /// A context for `cipher` with `block_size`-byte blocks.
+    /// A context for `cipher` with `block_size`-byte blocks (without `"unsettled-tails"`).
     pub fn new(cipher: ContentCipher, block_size: u32, keys: Arc<SubKeys>) -> Self {
-        ContentCtx { cipher, layout: Layout::new(block_size.into(), cipher.overhead() as u64), keys }
+        let layout = Layout::new(block_size.into(), cipher.overhead() as u64);
+        ContentCtx { cipher, layout, keys, unsettled_tails: false }
+    }
+
+    /// The same context with feature `"unsettled-tails"` on or off.
+    pub fn with_unsettled_tails(mut self, on: bool) -> Self {
+        self.unsettled_tails = on;
+        self
     }
 }
 
@@ -81,6 +91,22 @@ pub struct CryptFile {
     pending: Mutex<Vec<(u64, u64)>>,
     /// `pending` is not empty (a lock-free check for the common case).
     has_pending: AtomicBool,
+    /// The header on disk carries UNSETTLED (docs/FORMAT.md §5.8).
+    unsettled: AtomicBool,
+    /// SPARSE was written for holes of this write session only (cleared at settle when they
+    /// were all filled).
+    provisional_sparse: AtomicBool,
+    /// Plaintext bytes that may be on stable storage (the size at open or at the last sync,
+    /// less what truncates cut): a rewrite of a final block holding any of them stashes a copy
+    /// of the block first.
+    durable: AtomicU64,
+    /// Where the file ends by the crash rules, while it is read without being settled (a file
+    /// found UNSETTLED at open, before [`recover_tail`](Self::recover_tail)).
+    view: Mutex<Option<Tail>>,
+    /// `view` is set.
+    has_view: AtomicBool,
+    /// Serializes header rewrites (flags set by writers, cleared by settle).
+    hdr_lock: Mutex<()>,
 }
 
 impl CryptFile {
@@ -97,9 +123,144 @@ impl CryptFile {
             defer_sparse: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
+            unsettled: AtomicBool::new(false),
+            provisional_sparse: AtomicBool::new(false),
+            durable: AtomicU64::new(0),
+            view: Mutex::new(None),
+            has_view: AtomicBool::new(false),
+            hdr_lock: Mutex::new(()),
         };
         f.load_header()?;
+        if f.unsettled.load(Ordering::Acquire) {
+            f.load_view()?;
+        }
+        let len = f.file.metadata().ctx(|| format!("stat {}", f.what))?.len();
+        let durable = f.plain_size().unwrap_or_else(|_| f.ctx.layout.plain_size_lenient(len));
+        f.durable.store(durable, Ordering::Release);
         Ok(f)
+    }
+
+    /// Finds where a file found UNSETTLED ends (docs/FORMAT.md §5.8) and reads it that way
+    /// until [`recover_tail`](Self::recover_tail); logs a recovered crash once.
+    fn load_view(&self) -> Result<()> {
+        let l = self.ctx.layout;
+        let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
+        let tail = if c <= l.header() {
+            Tail { size: 0, last: None, rule: TailRule::Settled }
+        } else {
+            let read = |off: u64, buf: &mut [u8]| {
+                sys::pread_full(self.fd(), buf, off).ctx(|| format!("reading {}", self.what))
+            };
+            let sparse = self.header_state() == HDR_SPARSE;
+            tail::resolve(&l, &self.codec, c, sparse, &read, &self.what)?.ok_or_else(|| {
+                let e = Error::auth(&self.what, "unsettled file: no block at its end authenticates (damaged tail)");
+                tracing::error!("{e}");
+                e
+            })?
+        };
+        if tail.rule != TailRule::Settled {
+            tracing::warn!(
+                "{}: recovered crash state ({}): reads as {} bytes",
+                self.what,
+                tail.rule.describe(),
+                tail.size
+            );
+        }
+        *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(tail);
+        self.has_view.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// How a file found UNSETTLED at open ends (rule and plaintext size), while it is read
+    /// by the crash rules; `None` for a settled file. For fsck.
+    pub fn crash_state(&self) -> Option<(TailRule, u64)> {
+        if !self.has_view.load(Ordering::Acquire) {
+            return None;
+        }
+        self.view.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|t| (t.rule, t.size))
+    }
+
+    /// Settles a file found UNSETTLED at open: rewrites its tail as the crash rules read it
+    /// (the block that ends it sealed as last, at its place, and the file cut after it) and
+    /// clears the flag. Each step leaves a state the rules read the same way: the block is
+    /// first stashed after the end, so a crash while it is rewritten in place loses nothing.
+    /// Returns the rule that had applied, `None` when there was nothing to settle. Needs a
+    /// writable file; run by the mount at open and by `fsck --repair`.
+    pub fn recover_tail(&self) -> Result<Option<TailRule>> {
+        if !self.has_view.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(t) = v.as_ref() else { return Ok(None) };
+        self.rewrite_tail(t)?;
+        let rule = t.rule;
+        *v = None;
+        self.has_view.store(false, Ordering::Release);
+        Ok(Some(rule))
+    }
+
+    fn rewrite_tail(&self, t: &Tail) -> Result<()> {
+        let l = self.ctx.layout;
+        let cut = |len: u64| sys::ftruncate(self.fd(), len).ctx(|| format!("truncating {}", self.what));
+        if t.size == 0 {
+            cut(0)?;
+            self.header.store(HDR_ABSENT, Ordering::Release);
+            self.unsettled.store(false, Ordering::Release);
+            return Ok(());
+        }
+        if let Some((n, plain)) = &t.last {
+            let mut ct = vec![0u8; plain.len() + l.overhead as usize];
+            self.codec.seal_into(*n, true, plain, &mut ct);
+            if t.rule != TailRule::Stash {
+                // Drop what lies after the block (a torn block, holes): still read the same.
+                cut(l.block_offset(n + 1))?;
+                self.write_stash(*n, &ct, l.block_offset(n + 1), l.block_offset(n + 1))?;
+            }
+            sys::pwrite_all(self.fd(), &ct, l.block_offset(*n)).ctx(|| format!("writing {}", self.what))?;
+            cut(l.cipher_size(t.size))?;
+        }
+        self.write_header(self.header_state() == HDR_SPARSE, false)
+    }
+
+    /// Writes a stash of block `n` (its ciphertext sealed as last, `ct`) at offset `at`,
+    /// after the file's end (docs/FORMAT.md §5.8); returns whether it was written. Where the
+    /// backing store has no room for it, the file is cut back to `at` and the step goes on
+    /// without one (the crash window of a file without the feature, logged), so a full disk
+    /// never refuses a write inside the file or a truncate that frees space.
+    fn write_stash(&self, n: u64, ct: &[u8], at: u64, end: u64) -> Result<bool> {
+        match sys::pwrite_all(self.fd(), &tail::stash_bytes(n, ct), at) {
+            Ok(()) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) => {
+                tracing::debug!("{}: no room to stash block {n} ({e}); going on without", self.what);
+                sys::ftruncate(self.fd(), end).ctx(|| format!("truncating {}", self.what))?;
+                return Ok(false);
+            }
+            Err(e) => return Err(Error::io(format!("writing {}", self.what), e)),
+        }
+        crash::point!("file.tail_stashed");
+        Ok(true)
+    }
+
+    /// Whether this writer marks tail changes with UNSETTLED: the vault has the feature and
+    /// this process owns the file (see [`set_defer_sparse`](Self::set_defer_sparse)).
+    fn unsettled_ok(&self) -> bool {
+        self.ctx.unsettled_tails && self.deferring()
+    }
+
+    /// Sets UNSETTLED in the header before the first change of the file's tail of a write
+    /// session (a no-op when set, or when the header is absent: the first write's header
+    /// carries the flag).
+    fn ensure_unsettled(&self) -> Result<()> {
+        if !self.unsettled_ok() || self.unsettled.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
+        match self.header_state() {
+            _ if self.unsettled.load(Ordering::Acquire) => Ok(()),
+            HDR_ABSENT | HDR_UNKNOWN => Ok(()),
+            s => self.write_header(s == HDR_SPARSE, true),
+        }
     }
 
     /// Defers marking the file SPARSE when a write leaves a hole until [`settle`](Self::settle)
@@ -112,21 +273,36 @@ impl CryptFile {
     /// known in memory only: a crash before `settle` leaves them unreadable (authentication
     /// errors), never silently zero. Only for a single process owning the file (the mount
     /// without shared storage).
+    ///
+    /// In a vault with `"unsettled-tails"` the same switch makes this writer set UNSETTLED
+    /// before it changes the file's tail, and write SPARSE (provisionally) before a write
+    /// makes a hole: a crash then leaves holes that read as zeros and a tail the crash rules
+    /// read (docs/FORMAT.md §5.8). [`settle`](Self::settle) clears both when they are no
+    /// longer needed.
     pub fn set_defer_sparse(&self, on: bool) {
         self.defer_sparse.store(on, Ordering::Relaxed);
     }
 
-    /// Writes the SPARSE flag if holes made by earlier writes are still unfilled (see
-    /// [`set_defer_sparse`](Self::set_defer_sparse)). Run on the last close and before syncing.
+    /// Settles the header: writes SPARSE if holes made by earlier writes are still unfilled
+    /// (see [`set_defer_sparse`](Self::set_defer_sparse)), or clears a provisional SPARSE whose
+    /// holes were all filled, and clears UNSETTLED. Run on the last close and by
+    /// [`sync`](Self::sync).
     pub fn settle(&self) -> Result<()> {
-        if !self.has_pending.load(Ordering::Acquire) {
+        let flagged = self.unsettled.load(Ordering::Acquire) || self.provisional_sparse.load(Ordering::Acquire);
+        if !self.has_pending.load(Ordering::Acquire) && !flagged {
             return Ok(());
         }
+        let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if !p.is_empty() && self.header_state() != HDR_SPARSE {
+        let state = self.header_state();
+        let present = state == HDR_PLAIN || state == HDR_SPARSE;
+        let provisional = self.provisional_sparse.load(Ordering::Acquire);
+        let sparse = (state == HDR_SPARSE && !(provisional && p.is_empty())) || (!provisional && !p.is_empty());
+        if present && (self.unsettled.load(Ordering::Acquire) || sparse != (state == HDR_SPARSE)) {
             crash::point!("file.settle_sparse");
-            self.write_header(true)?;
+            self.write_header(sparse, false)?;
         }
+        self.provisional_sparse.store(false, Ordering::Release);
         p.clear();
         self.has_pending.store(false, Ordering::Release);
         Ok(())
@@ -198,6 +374,16 @@ impl CryptFile {
             HDR_ABSENT
         } else {
             let h = FileHeader::decode(&buf[..n], &self.ctx.keys, &self.what)?;
+            if h.is_unsettled() && !self.ctx.unsettled_tails {
+                return Err(Error::auth(
+                    &self.what,
+                    format!(
+                        "unknown file header flags {:#x} (UNSETTLED in a vault without \"unsettled-tails\")",
+                        h.flags
+                    ),
+                ));
+            }
+            self.unsettled.store(h.is_unsettled(), Ordering::Release);
             if h.id != *self.codec.file_id() {
                 return Err(Error::auth(
                     &self.what,
@@ -226,6 +412,11 @@ impl CryptFile {
 
     /// Plaintext size from the backing file's size.
     pub fn plain_size(&self) -> Result<u64> {
+        if self.has_view.load(Ordering::Acquire) {
+            if let Some(t) = self.view.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                return Ok(t.size);
+            }
+        }
         let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         self.ctx.layout.plain_size(len).map_err(|e| match e {
             Error::Auth { detail, .. } => Error::auth(&self.what, detail),
@@ -233,19 +424,27 @@ impl CryptFile {
         })
     }
 
-    fn header_bytes(&self, sparse: bool) -> [u8; HEADER_LEN] {
-        FileHeader { flags: if sparse { FLAG_SPARSE } else { 0 }, id: *self.codec.file_id() }.encode(&self.ctx.keys)
+    fn header_bytes(&self, sparse: bool, unsettled: bool) -> [u8; HEADER_LEN] {
+        let flags = if sparse { FLAG_SPARSE } else { 0 } | if unsettled { FLAG_UNSETTLED } else { 0 };
+        FileHeader { flags, id: *self.codec.file_id() }.encode(&self.ctx.keys)
     }
 
-    fn write_header(&self, sparse: bool) -> Result<()> {
-        sys::pwrite_all(self.fd(), &self.header_bytes(sparse), 0).ctx(|| format!("writing header of {}", self.what))?;
+    fn write_header(&self, sparse: bool, unsettled: bool) -> Result<()> {
+        sys::pwrite_all(self.fd(), &self.header_bytes(sparse, unsettled), 0)
+            .ctx(|| format!("writing header of {}", self.what))?;
         self.header.store(if sparse { HDR_SPARSE } else { HDR_PLAIN }, Ordering::Release);
+        self.unsettled.store(unsettled, Ordering::Release);
         Ok(())
     }
 
     /// Decrypts block `n` (whose ciphertext is `ct`) into `out`; `last` tells whether it is the
     /// file's last block. In a sparse file an all-zero ciphertext block is a hole.
     fn open_block(&self, n: u64, last: bool, ct: &[u8], out: &mut [u8]) -> Result<usize> {
+        if self.has_view.load(Ordering::Acquire) {
+            if let Some(len) = self.view_block(n, out) {
+                return Ok(len);
+            }
+        }
         if !last
             && (self.header_state() == HDR_SPARSE || self.has_pending.load(Ordering::Acquire))
             && ct.iter().all(|&b| b == 0)
@@ -256,6 +455,16 @@ impl CryptFile {
             return Ok(len);
         }
         self.codec.open_into(n, last, ct, out, &self.what).inspect_err(|e| tracing::error!("{e}"))
+    }
+
+    /// The plaintext of block `n` when the crash rules end the file with it.
+    fn view_block(&self, n: u64, out: &mut [u8]) -> Option<usize> {
+        let v = self.view.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, plain) = v.as_ref()?.last.as_ref()?;
+        (*m == n).then(|| {
+            out[..plain.len()].copy_from_slice(plain);
+            plain.len()
+        })
     }
 
     /// Reads the whole file in order, 1 MiB at a time, handing each authenticated piece to
@@ -506,14 +715,29 @@ impl CryptFile {
     ///
     /// On the success path this costs no extra system call (the old last block is read anyway
     /// to re-seal it), except one read of it when a growing write replaces it whole.
+    ///
+    /// With UNSETTLED (docs/FORMAT.md §5.8) a write that changes the final block first sets
+    /// the flag (once per write session), and when that block may hold fsynced bytes, first
+    /// stashes its old ciphertext after the end: a crash in the `pwrite` that rewrites it
+    /// then leaves the stash to read it from.
     pub fn write_at(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
         if data.is_empty() {
             return Ok(size);
         }
+        self.recover_tail()?;
         let l = self.ctx.layout;
         let end = off + data.len() as u64;
         let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
         let csize = l.cipher_size(size);
+        let old_last = size.saturating_sub(1) / l.block_size;
+        let touches_tail = size == 0 || end > size || last >= old_last;
+        if touches_tail {
+            self.ensure_unsettled()?;
+        }
+        let stash = self.unsettled_ok()
+            && size > 0
+            && touches_tail
+            && old_last * l.block_size < self.durable.load(Ordering::Acquire);
         // Holes inside the old size that a full disk refused part-way are zeroed again.
         let holes = self.may_have_holes();
         let repair = |e: &Error| {
@@ -522,24 +746,25 @@ impl CryptFile {
                 self.zero_torn_hole(l.block_offset(first), csize.min(l.block_offset(last + 1)));
             }
         };
-        if end <= size {
-            return self.write_blocks(data, off, size, None).inspect_err(repair);
+        if end <= size && !stash {
+            return self.write_blocks(data, off, size, None, false).inspect_err(repair);
         }
         // In a grow the old last block is always touched: re-sealed as an inner block, or
         // rewritten longer.
         let old = match size {
             0 => None,
-            _ => Some(((size - 1) / l.block_size, self.read_block_ct((size - 1) / l.block_size, size)?)),
+            _ => Some((old_last, self.read_block_ct(old_last, size)?)),
         };
-        self.write_blocks(data, off, size, old.as_ref()).inspect_err(|e| {
+        self.write_blocks(data, off, size, old.as_ref(), stash).inspect_err(|e| {
             repair(e);
             self.undo(Some(csize), old.as_ref())
         })
     }
 
     /// [`write_at`](Self::write_at) without the undo; `old` is the old last block and its
-    /// ciphertext when the write grows the file.
-    fn write_blocks(&self, data: &[u8], off: u64, size: u64, old: Option<&(u64, Vec<u8>)>) -> Result<u64> {
+    /// ciphertext when the write grows the file (or stashes it); `stash`: write a stash of it
+    /// first, and remove it once the block is rewritten.
+    fn write_blocks(&self, data: &[u8], off: u64, size: u64, old: Option<&(u64, Vec<u8>)>, stash: bool) -> Result<u64> {
         let l = self.ctx.layout;
         // Block `n` of the old file, decrypted from the copy kept for undo when it is the old
         // last block (one read less).
@@ -557,16 +782,34 @@ impl CryptFile {
         // A new file's header goes out with its first block in one write when they are
         // adjacent, so a crash cannot leave a header without data.
         let mut header_with_data = None;
+        // With UNSETTLED, SPARSE goes out before the hole is made (provisionally: settle
+        // clears it if the hole is filled first); without, only when not deferred.
+        let unsettled = self.unsettled_ok();
+        let eager_sparse = leaves_holes && (!self.deferring() || unsettled);
+        let settled_sparse = self.header_state() == HDR_SPARSE && !self.provisional_sparse.load(Ordering::Acquire);
         match self.header_state() {
-            HDR_ABSENT | HDR_UNKNOWN if size == 0 && first == 0 => header_with_data = Some(self.header_bytes(false)),
+            HDR_ABSENT | HDR_UNKNOWN if size == 0 && first == 0 => {
+                header_with_data = Some(self.header_bytes(false, unsettled))
+            }
             HDR_ABSENT | HDR_UNKNOWN if size == 0 => {
-                self.write_header(leaves_holes && !self.deferring())?;
+                self.provisional_sparse.store(eager_sparse && unsettled, Ordering::Release);
+                self.write_header(eager_sparse, unsettled)?;
                 crash::point!("file.header_alone");
             }
-            HDR_PLAIN if leaves_holes && !self.deferring() => self.write_header(true)?,
+            HDR_PLAIN if eager_sparse => {
+                let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.provisional_sparse.store(unsettled, Ordering::Release);
+                self.write_header(true, self.unsettled.load(Ordering::Acquire))?;
+            }
             _ => {}
         }
-        let new_holes = leaves_holes && self.deferring() && self.header_state() != HDR_SPARSE;
+        let new_holes = leaves_holes && self.deferring() && !settled_sparse;
+        let stashed = match old {
+            Some((n, ct)) if stash && self.write_stash(*n, ct, l.block_offset(n + 1), l.cipher_size(size))? => {
+                Some(l.block_offset(n + 1) + (ct.len() + tail::STASH_TRAILER) as u64)
+            }
+            _ => None,
+        };
         // The old last block loses its "last" flag (and is zero-extended: inner blocks are
         // full) when the write starts beyond it. Next to the write it goes out in the same
         // system call; beyond a hole, on its own.
@@ -589,6 +832,11 @@ impl CryptFile {
                     sys::pwrite_all(self.fd(), &old, l.block_offset(old_last))
                         .ctx(|| format!("writing {}", self.what))?;
                     crash::point!("file.reseal_alone");
+                    // The stash lies where a hole goes: the re-sealed block now holds it all.
+                    if stashed.is_some() {
+                        sys::ftruncate(self.fd(), l.block_offset(old_last + 1))
+                            .ctx(|| format!("truncating {}", self.what))?;
+                    }
                 }
             }
         }
@@ -643,6 +891,12 @@ impl CryptFile {
         crash::point!("file.after_write");
         if header_with_data.is_some() {
             self.header.store(HDR_PLAIN, Ordering::Release);
+            self.unsettled.store(unsettled, Ordering::Release);
+        }
+        // What is left of the stash after the file's new end goes.
+        let new_csize = l.cipher_size(new_size);
+        if stashed.is_some_and(|e| e > new_csize) {
+            sys::ftruncate(self.fd(), new_csize).ctx(|| format!("truncating {}", self.what))?;
         }
         self.fill_pending(first, last + 1);
         if new_holes {
@@ -657,9 +911,13 @@ impl CryptFile {
         if new_size == size {
             return Ok(());
         }
+        self.recover_tail()?;
         if new_size == 0 {
             sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
             self.header.store(HDR_ABSENT, Ordering::Release);
+            self.unsettled.store(false, Ordering::Release);
+            self.provisional_sparse.store(false, Ordering::Release);
+            self.durable.store(0, Ordering::Release);
             self.fill_pending(0, u64::MAX);
             return Ok(());
         }
@@ -674,7 +932,9 @@ impl CryptFile {
         }
         // Shrinking: re-seal the new last block (shorter, and flagged last), then cut. If
         // either step fails, the block's old ciphertext goes back (a hole is allocated first,
-        // so a full disk fails before the block is half written).
+        // so a full disk fails before the block is half written). With UNSETTLED the new
+        // block is first stashed after the old end, so a crash before the cut reads it there.
+        self.ensure_unsettled()?;
         let n = (new_size - 1) / l.block_size;
         let old = self.read_block_ct(n, size)?;
         let mut blk = vec![0u8; l.block_size as usize];
@@ -684,22 +944,35 @@ impl CryptFile {
         self.codec.seal_into(n, true, &blk[..blen], &mut ct);
         self.reserve_holes(l.block_offset(n), ct.len() as u64)?;
         let old = (n, old);
+        let stash_at = l.block_offset(l.block_count(size));
+        let csize = l.cipher_size(size);
+        let stash = self.unsettled_ok() && self.write_stash(n, &ct, stash_at, csize)?;
         sys::pwrite_all(self.fd(), &ct, l.block_offset(n))
             .ctx(|| format!("writing {}", self.what))
             .and_then(|()| {
                 crash::point!("file.shrink_resealed");
                 sys::ftruncate(self.fd(), l.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))
             })
-            .inspect_err(|_| self.undo(None, Some(&old)))?;
+            .inspect_err(|_| self.undo(stash.then_some(csize), Some(&old)))?;
         self.fill_pending(n, u64::MAX);
+        self.durable.fetch_min(new_size, Ordering::AcqRel);
         Ok(())
     }
 
     /// Flushes data and metadata to stable storage (`fdatasync` when `data_only`).
+    ///
+    /// Holes are declared before the flush. UNSETTLED is cleared after it: the flush makes
+    /// a complete tail durable first, so a crash after a sync never needs the crash rules for
+    /// what it flushed (the cleared header reaches the disk with the next flush).
     pub fn sync(&self, data_only: bool) -> Result<()> {
-        self.settle()?;
+        if !self.unsettled_ok() {
+            self.settle()?;
+        }
         let r = if data_only { sys::fdatasync(self.fd()) } else { sys::fsync(self.fd()) };
-        r.ctx(|| format!("syncing {}", self.what))
+        r.ctx(|| format!("syncing {}", self.what))?;
+        let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
+        self.durable.fetch_max(self.ctx.layout.plain_size_lenient(len), Ordering::AcqRel);
+        self.settle()
     }
 }
 

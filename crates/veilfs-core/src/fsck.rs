@@ -52,6 +52,10 @@ pub enum ProblemKind {
     /// A directory without its `veilfs.diriv` (a crash right after mkdir); restorable from
     /// the directory's authenticated entry.
     MissingDirIv,
+    /// A file whose header carries UNSETTLED: a writer died while changing its tail; it reads
+    /// by the crash rules of docs/FORMAT.md §5.8 ("recovered crash state"). `--repair`
+    /// settles it as it reads.
+    Unsettled,
 }
 
 impl ProblemKind {
@@ -392,7 +396,7 @@ impl<'a> Checker<'a> {
                 self.in_lost_found = was;
                 return;
             }
-            EntryKind::File => self.check_file(dir, &e),
+            EntryKind::File => self.check_file(dir, &e, &plain),
             EntryKind::Symlink => {
                 self.report.symlinks += 1;
                 self.vault.readlink(dir, &e).map(drop)
@@ -452,7 +456,7 @@ impl<'a> Checker<'a> {
 
     /// Reads and authenticates every block of a regular file (each inode once; a second name
     /// of one inode must promise the same identity).
-    fn check_file(&mut self, dir: &CipherDir, e: &Entry) -> Result<()> {
+    fn check_file(&mut self, dir: &CipherDir, e: &Entry, plain: &Path) -> Result<()> {
         let key = (e.stat.st_dev, e.stat.st_ino);
         if let Some(id) = self.inodes.get(&key) {
             if *id != e.identity {
@@ -470,6 +474,15 @@ impl<'a> Checker<'a> {
             f.verify_header()?;
         }
         let off = f.stream(|_| Ok::<(), Error>(()))?;
+        if let Some((rule, size)) = f.crash_state() {
+            let detail = format!("recovered crash state: {}; reads as {size} bytes", rule.describe());
+            let i = self.problem(ProblemKind::Unsettled, dir.path.join(&e.on_disk), Some(plain), detail);
+            if self.repair {
+                drop(f);
+                let r = self.vault.open_file(dir, e, libc::O_RDWR).and_then(|f| f.recover_tail());
+                self.repaired(i, r.map(|_| "settled as it reads".into()));
+            }
+        }
         self.report.bytes += off;
         (self.progress)(off);
         self.inodes.insert(key, e.identity);

@@ -118,6 +118,8 @@ pub struct VaultLock {
     held: Option<(OwnedFd, OwnedFd)>,
     path: PathBuf,
     holder: Holder,
+    /// A dead holder's lock was taken over: it crashed (see [`took_over`](Self::took_over)).
+    took_over: bool,
 }
 
 impl VaultLock {
@@ -187,6 +189,7 @@ impl VaultLock {
                 }
                 return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, breakable: false });
             }
+            let previous_existed = previous.is_some();
             if let Some(h) = previous {
                 if !h.is_this_host() && !break_lock {
                     return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder: h, breakable: true });
@@ -201,7 +204,7 @@ impl VaultLock {
                     if h.is_this_host() { "that process is gone" } else { "--break-lock" }
                 );
             }
-            let lock = VaultLock { held: Some((dir, fd)), path, holder: me };
+            let lock = VaultLock { held: Some((dir, fd)), path, holder: me, took_over: previous_existed };
             lock.write_holder()?;
             return Ok(lock);
         }
@@ -233,7 +236,13 @@ impl VaultLock {
         } else {
             tracing::warn!("cannot take the vault lock {}: {e}; going on without it", path.display());
         }
-        Ok(VaultLock { held: None, path, holder: me })
+        Ok(VaultLock { held: None, path, holder: me, took_over: false })
+    }
+
+    /// Whether this lock was taken over from a holder that died holding it (a crash): its
+    /// writes may have left files for the crash sweep ([`crate::settle`]).
+    pub fn took_over(&self) -> bool {
+        self.took_over
     }
 
     /// Records this process as the holder: after a fork, the daemon that now holds the lock

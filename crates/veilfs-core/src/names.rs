@@ -288,6 +288,10 @@ pub const PART_PREFIX: &str = "veilfs.part.";
 /// The vault lock (top directory only; see [`crate::lock`]).
 pub const LOCK_NAME: &str = "veilfs.lock";
 
+/// Prefix of an exchange's intent record (F§10): `veilfs.xchg.<r>` next to the object it
+/// moved aside as `veilfs.tmp.<r>`, read by the crash sweep to finish the exchange.
+pub const XCHG_PREFIX: &str = "veilfs.xchg.";
+
 /// A fresh temporary name (`veilfs.tmp.` and 96 random bits).
 pub fn temp_name() -> String {
     format!("{TEMP_PREFIX}{}", b64_encode(&crate::random::bytes::<12>()))

@@ -191,7 +191,8 @@ impl Vault {
     pub fn from_parts(cipherdir: &Path, config: VaultConfig, master: MasterKey) -> Vault {
         let keys: SubKeys = master.subkeys();
         let names = Arc::new(NameCipher::new(&keys, config.special_binding()));
-        let ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys));
+        let ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys))
+            .with_unsettled_tails(config.has_feature(crate::config::FEATURE_UNSETTLED_TAILS));
         Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master }
     }
 
@@ -997,29 +998,71 @@ impl Vault {
 
     /// Exchanges entries `a` of `a_dir` and `b` of `b_dir` (RENAME_EXCHANGE): each object
     /// takes the other's name, under a new binding. Returns the new on-disk names of `a`'s
-    /// object (now in `b_dir`) and `b`'s (now in `a_dir`). Not atomic on disk: the displaced
-    /// object waits under a temporary name, so a crash leaves it recoverable (`fsck --repair`
-    /// moves it to lost+found), never lost.
+    /// object (now in `b_dir`) and `b`'s (now in `a_dir`). Three renames on disk: `b`'s object
+    /// waits under a temporary name `veilfs.tmp.<r>` while `a`'s takes its name. An intent
+    /// record `veilfs.xchg.<r>` next to it, written first and removed last, names the
+    /// steps, so the crash sweep finishes an interrupted exchange
+    /// ([`finish_exchange`](Self::finish_exchange)): a crash leaves the old pair or, once the
+    /// first rename is done, the new one (F§10).
     pub fn exchange_at(&self, a_dir: &CipherDir, a: &Entry, b_dir: &CipherDir, b: &Entry) -> Result<(String, String)> {
         let a_new = self.entry_name_for(b_dir, &b.key, a.kind, &a.identity)?;
         let b_new = self.entry_name_for(a_dir, &a.key, b.kind, &b.identity)?;
         let tmp = crate::names::temp_name();
+        let journal = format!("{}{}", crate::names::XCHG_PREFIX, &tmp[crate::names::TEMP_PREFIX.len()..]);
+        let rel = a_dir.path.strip_prefix(&self.root_path).unwrap_or(Path::new("")).to_string_lossy().into_owned();
+        let intent = ExchangeIntent { a_dir: rel, a: a.on_disk.clone(), a_new: a_new.clone(), b_new: b_new.clone() };
+        intent.write(b_dir, &journal)?;
         let mv = |fd: &CipherDir, old: &str, td: &CipherDir, new: &str| {
             sys::renameat2(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes(), libc::RENAME_NOREPLACE)
                 .ctx(|| fd.child_path(old))
         };
-        let a_side = self.carry_target_side(a_dir, &a.on_disk, a.kind, b_dir)?;
-        let b_side = self.carry_target_side(b_dir, &b.on_disk, b.kind, a_dir)?;
-        mv(b_dir, &b.on_disk, b_dir, &tmp)?;
+        let undo_intent = |e| {
+            let _ = sys::unlinkat(b_dir.fd(), journal.as_bytes(), false);
+            e
+        };
+        let a_side = self.carry_target_side(a_dir, &a.on_disk, a.kind, b_dir).map_err(undo_intent)?;
+        let b_side = self.carry_target_side(b_dir, &b.on_disk, b.kind, a_dir).map_err(undo_intent)?;
+        mv(b_dir, &b.on_disk, b_dir, &tmp).map_err(undo_intent)?;
         crash::point!("vault.exchange");
         mv(a_dir, &a.on_disk, b_dir, &a_new)?;
         mv(b_dir, &tmp, a_dir, &b_new)?;
+        sys::unlinkat(b_dir.fd(), journal.as_bytes(), false).ctx(|| b_dir.child_path(&journal))?;
         for (dir, side) in [(a_dir, a_side), (b_dir, b_side)] {
             if let Some(side) = side {
                 self.drop_target_side(dir, &side);
             }
         }
         Ok((a_new, b_new))
+    }
+
+    /// Finishes the exchange whose intent record `journal` lies in directory `dir` (opened
+    /// below the vault root `root`), after a crash: if its first rename was done, makes the
+    /// other two; then removes the record. Returns whether renames were made. Each step is a
+    /// no-op when already done, so a crash during this too is finished by the next sweep.
+    pub fn finish_exchange(&self, root: BorrowedFd<'_>, dir: BorrowedFd<'_>, journal: &str) -> Result<bool> {
+        let r = &journal[crate::names::XCHG_PREFIX.len()..];
+        let tmp = format!("{}{r}", crate::names::TEMP_PREFIX);
+        let what = || format!("{}: exchange record {journal}", self.root_path.display());
+        let intent = ExchangeIntent::read(dir, journal).ctx(what)?;
+        let exists = |d: BorrowedFd<'_>, n: &str| sys::fstatat(d, n.as_bytes()).is_ok();
+        let moved = exists(dir, &tmp);
+        if moved {
+            let a_dir = sys::open_dir_below(root, &intent.a_dir).ctx(what)?;
+            if exists(a_dir.as_fd(), &intent.a) && !exists(dir, &intent.a_new) {
+                sys::renameat2(
+                    a_dir.as_fd(),
+                    intent.a.as_bytes(),
+                    dir,
+                    intent.a_new.as_bytes(),
+                    libc::RENAME_NOREPLACE,
+                )
+                .ctx(what)?;
+            }
+            sys::renameat2(dir, tmp.as_bytes(), a_dir.as_fd(), intent.b_new.as_bytes(), libc::RENAME_NOREPLACE)
+                .ctx(what)?;
+        }
+        sys::unlinkat(dir, journal.as_bytes(), false).ctx(what)?;
+        Ok(moved)
     }
 
     /// Creates a hard link named by `key` in `to` to the object `src_on_disk` of `from` (of
@@ -1158,4 +1201,44 @@ fn owner_access<T>(dir: &CipherDir, name: &str, mut f: impl FnMut() -> Result<T>
         Ok((child, _)) => sys::with_owner_rwx(child.as_fd(), &mut f),
         Err(_) => f(),
     })
+}
+
+/// The intent record of an exchange (F§10): `key=value` lines naming the first object's
+/// directory (relative to the vault root, empty for the root), its on-disk name, its new
+/// name (in the record's directory) and the new name of the object moved aside.
+#[derive(Debug, PartialEq, Eq)]
+struct ExchangeIntent {
+    a_dir: String,
+    a: String,
+    a_new: String,
+    b_new: String,
+}
+
+impl ExchangeIntent {
+    fn write(&self, dir: &CipherDir, name: &str) -> Result<()> {
+        let text = format!("a_dir={}\na={}\na_new={}\nb_new={}\n", self.a_dir, self.a, self.a_new, self.b_new);
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let fd = sys::openat(dir.fd(), name.as_bytes(), flags, 0o600).ctx(|| dir.child_path(name))?;
+        sys::pwrite_all(fd.as_fd(), text.as_bytes(), 0).ctx(|| dir.child_path(name))
+    }
+
+    fn read(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<Self> {
+        let (fd, st) = sys::open_regular_at(dir, name.as_bytes(), libc::O_RDONLY)
+            .map_err(|e| e.err().unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL)))?;
+        let mut buf = vec![0u8; (st.st_size as usize).min(4096)];
+        let n = sys::pread_full(fd.as_fd(), &mut buf, 0)?;
+        let text = String::from_utf8_lossy(&buf[..n]);
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+                .map(str::to_string)
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("no {k}")))
+        };
+        let (a, a_new, b_new) = (field("a")?, field("a_new")?, field("b_new")?);
+        // Names only, never paths: a record cannot move anything out of its directories.
+        if [&a, &a_new, &b_new].iter().any(|n| n.is_empty() || n.contains('/')) {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a name"));
+        }
+        Ok(ExchangeIntent { a_dir: field("a_dir")?, a, a_new, b_new })
+    }
 }

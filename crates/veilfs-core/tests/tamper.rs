@@ -527,3 +527,41 @@ fn xattr_continuation_truncated_is_detected() {
     set_raw(&pf, &name, &value[..value.len() - 1]);
     assert_auth(v.xattrs(&root, &f), "xattr value failed authentication");
 }
+
+#[test]
+fn unsettled_flag_cannot_be_set_by_an_attacker() {
+    // UNSETTLED would let a file cut at a block boundary read as a prefix (FORMAT.md §5.8).
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", &data(3 * B + 10, 10));
+    let p = cipher_path(&v, &root, "f");
+    let orig = std::fs::read(&p).unwrap();
+    let mut forged = orig[..(H + 2 * CB) as usize].to_vec();
+    forged[3] |= 2; // flags := UNSETTLED
+    std::fs::write(&p, &forged).unwrap();
+    assert_auth(read_file(&v, &root, "f"), "header authentication failed");
+}
+
+#[test]
+fn file_written_by_a_mount_session_and_settled_is_cut_at_a_block_boundary_detected() {
+    // A writer session sets UNSETTLED (the mount's mode: defer on); the last close clears it,
+    // and from then on truncation at a block boundary is detected as in any file.
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let (_e, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    let d = data(3 * B + 10, 11);
+    f.write_at(&d[..B], 0, 0).unwrap();
+    f.write_at(&d[B..], B as u64, B as u64).unwrap();
+    let p = cipher_path(&v, &root, "f");
+    assert_eq!(std::fs::read(&p).unwrap()[3] & 2, 2, "a growing write session sets UNSETTLED");
+    f.settle().unwrap();
+    drop(f);
+    let orig = std::fs::read(&p).unwrap();
+    assert_eq!(orig[3] & 2, 0, "settle clears UNSETTLED");
+    assert_eq!(read_file(&v, &root, "f").unwrap(), d);
+    for cut in [H + 2 * CB, H + CB] {
+        std::fs::write(&p, &orig[..cut as usize]).unwrap();
+        assert_auth(read_file(&v, &root, "f"), "");
+    }
+}

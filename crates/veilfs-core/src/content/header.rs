@@ -3,12 +3,13 @@
 //! ```text
 //! offset  len  field
 //!      0    2  version, big-endian, = 1
-//!      2    2  flags, big-endian (bit 0: SPARSE — the file may contain holes)
+//!      2    2  flags, big-endian (bit 0: SPARSE — the file may contain holes;
+//!                 bit 1: UNSETTLED — a writer was changing the file's tail, FORMAT.md §5.8)
 //!      4   16  file ID (random)
 //!     20   16  HMAC-SHA256(header key, "veilfs v1 header" ‖ bytes 0..20), first 16 bytes
 //! ```
 //! The HMAC stops an attacker from setting the SPARSE flag (which would let all-zero blocks
-//! read as zeros) or changing the version. The file ID is additionally bound by every block's
+//! read as zeros) or UNSETTLED (which lets a torn tail read as a prefix), or changing the version. The file ID is additionally bound by every block's
 //! AAD and by the directory entry that names the file.
 
 use crate::error::{Error, Result};
@@ -21,7 +22,10 @@ pub const HEADER_LEN: usize = 36;
 pub const HEADER_VERSION: u16 = 1;
 /// Flag: the file may contain holes (all-zero ciphertext blocks that read as zeros).
 pub const FLAG_SPARSE: u16 = 1;
-const KNOWN_FLAGS: u16 = FLAG_SPARSE;
+/// Flag: a writer was changing the file's tail in more than one step (feature
+/// `"unsettled-tails"`); the tail is read by the rules of FORMAT.md §5.8.
+pub const FLAG_UNSETTLED: u16 = 2;
+const KNOWN_FLAGS: u16 = FLAG_SPARSE | FLAG_UNSETTLED;
 const HEADER_LABEL: &[u8] = b"veilfs v1 header";
 
 /// A file's random 128-bit identity.
@@ -45,6 +49,11 @@ impl FileHeader {
     /// True when the SPARSE flag is set.
     pub fn is_sparse(&self) -> bool {
         self.flags & FLAG_SPARSE != 0
+    }
+
+    /// True when the UNSETTLED flag is set.
+    pub fn is_unsettled(&self) -> bool {
+        self.flags & FLAG_UNSETTLED != 0
     }
 
     /// Serializes and authenticates the header.

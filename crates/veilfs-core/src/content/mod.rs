@@ -9,6 +9,7 @@ pub mod aead;
 pub mod block;
 pub mod header;
 pub mod layout;
+pub mod tail;
 
 pub use aead::{BlockKey, ContentCipher};
 pub use block::BlockCodec;

@@ -125,6 +125,19 @@ pub fn open_dir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     openat(dir, name, libc::O_DIRECTORY | libc::O_RDONLY | libc::O_NOFOLLOW, 0)
 }
 
+/// Opens the directory `rel` below `root` (names separated by `/`; empty: `root` itself), one
+/// name at a time, never following a link and never going up (`..` is refused).
+pub fn open_dir_below(root: BorrowedFd<'_>, rel: &str) -> io::Result<OwnedFd> {
+    let mut cur = open_dir_at(root, b".")?;
+    for c in rel.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        if c == ".." {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        cur = open_dir_at(cur.as_fd(), c.as_bytes())?;
+    }
+    Ok(cur)
+}
+
 /// Opens a directory by path.
 pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(path, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?)

@@ -1,7 +1,8 @@
 //! Extended attributes, by where the call goes: an open fd (`f*xattr`), the object behind a
 //! verified `O_PATH` handle (through `/proc/self/fd/N`, as there is no fd form taking one),
 //! or a path whose last component is not followed (`l*xattr`). An empty `buf` asks a
-//! get or list call for the size.
+//! get or list call for the size (as in libc; rustix has separate `*_query` calls for it,
+//! and its plain calls answer 0 for an empty buffer).
 
 use std::ffi::CString;
 use std::io;
@@ -17,7 +18,10 @@ fn xflags(flags: libc::c_int) -> XattrFlags {
 
 /// `lgetxattr`; an empty `buf` asks for the size.
 pub fn lgetxattr(path: &CString, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::fs::lgetxattr(path, name, buf)?)
+    Ok(match buf.is_empty() {
+        true => rustix::fs::lgetxattr_query(path, name)?,
+        false => rustix::fs::lgetxattr(path, name, buf)?,
+    })
 }
 
 /// `lsetxattr`.
@@ -27,7 +31,10 @@ pub fn lsetxattr(path: &CString, name: &[u8], value: &[u8], flags: libc::c_int) 
 
 /// `llistxattr`; an empty `buf` asks for the size.
 pub fn llistxattr(path: &CString, buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::fs::llistxattr(path, buf)?)
+    Ok(match buf.is_empty() {
+        true => rustix::fs::llistxattr_query(path)?,
+        false => rustix::fs::llistxattr(path, buf)?,
+    })
 }
 
 /// `lremovexattr`.
@@ -37,7 +44,10 @@ pub fn lremovexattr(path: &CString, name: &[u8]) -> io::Result<()> {
 
 /// `fgetxattr`; an empty `buf` asks for the size.
 pub fn fgetxattr(fd: BorrowedFd<'_>, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::fs::fgetxattr(fd, name, buf)?)
+    Ok(match buf.is_empty() {
+        true => rustix::fs::fgetxattr_query(fd, name)?,
+        false => rustix::fs::fgetxattr(fd, name, buf)?,
+    })
 }
 
 /// `fsetxattr`.
@@ -47,7 +57,10 @@ pub fn fsetxattr(fd: BorrowedFd<'_>, name: &[u8], value: &[u8], flags: libc::c_i
 
 /// `flistxattr`; an empty `buf` asks for the size.
 pub fn flistxattr(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::fs::flistxattr(fd, buf)?)
+    Ok(match buf.is_empty() {
+        true => rustix::fs::flistxattr_query(fd)?,
+        false => rustix::fs::flistxattr(fd, buf)?,
+    })
 }
 
 /// `fremovexattr`.
@@ -58,7 +71,10 @@ pub fn fremovexattr(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
 /// `getxattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink); an empty
 /// `buf` asks for the size.
 pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::fs::getxattr(fd_path(fd), name, buf)?)
+    Ok(match buf.is_empty() {
+        true => rustix::fs::getxattr_query(fd_path(fd), name)?,
+        false => rustix::fs::getxattr(fd_path(fd), name, buf)?,
+    })
 }
 
 /// `setxattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink).
@@ -68,7 +84,10 @@ pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &[u8], value: &[u8], flags: libc::c
 
 /// `listxattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink).
 pub fn listxattr_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::fs::listxattr(fd_path(fd), buf)?)
+    Ok(match buf.is_empty() {
+        true => rustix::fs::listxattr_query(fd_path(fd))?,
+        false => rustix::fs::listxattr(fd_path(fd), buf)?,
+    })
 }
 
 /// `removexattr` of the object behind `fd` (an `O_PATH` handle of a non-symlink).
