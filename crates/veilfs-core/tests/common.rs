@@ -50,9 +50,14 @@ pub fn data(len: usize, seed: u8) -> Vec<u8> {
 /// A vault as made before the config feature `special-kinds` existed (docs/FORMAT.md §9):
 /// the six original features only, so every special file is bound as kind 0x04.
 pub fn legacy_vault(dir: &Path) -> Vault {
+    vault_without(dir, veilfs_core::config::FEATURE_SPECIAL_KINDS)
+}
+
+/// A new vault in `dir` whose config does not name `feature`, as made before it existed.
+pub fn vault_without(dir: &Path, feature: &str) -> Vault {
     let mut v = new_vault(dir);
     let mut cfg = v.config().clone();
-    cfg.features.retain(|f| f != veilfs_core::config::FEATURE_SPECIAL_KINDS);
+    cfg.features.retain(|f| f != feature);
     v.save_config(cfg).unwrap();
     reopen(dir)
 }
@@ -71,9 +76,5 @@ pub fn xattr_tempdir() -> tempfile::TempDir {
 /// A vault as made before the config feature `overflow` existed: symlink targets and xattr
 /// values keep their inline limits.
 pub fn vault_without_overflow(dir: &Path) -> Vault {
-    let mut v = new_vault(dir);
-    let mut cfg = v.config().clone();
-    cfg.features.retain(|f| f != veilfs_core::config::FEATURE_OVERFLOW);
-    v.save_config(cfg).unwrap();
-    reopen(dir)
+    vault_without(dir, veilfs_core::config::FEATURE_OVERFLOW)
 }
