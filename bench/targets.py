@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""Prints veilfs's performance targets (issue 5) as met / not met from a run.
+"""Prints veilfs's performance targets as met / not met from a run.
 
-    bench/targets.py RESULTS_DIR [--backing tmpfs] [--before EARLIER_DIR]
+    bench/targets.py RESULTS_DIR [--backing tmpfs] [--round 1|2] [--before EARLIER_DIR]
 
-Reads RESULTS_DIR/results.json (written by bench/run) and prints a Markdown table:
-for every workload, veilfs's median, its ratio to gocryptfs (>1 = veilfs better), its
-cost relative to the FUSE floor (veilfs time / floor time, or floor rate / veilfs rate;
-<= 1.3 is the target) and its ratio to plain, followed by the scalar targets (du, build,
-4 KiB writes, two writers, peak RSS). Needs plain, fuse-floor, veilfs and gocryptfs in the
-run; rows whose inputs are missing say so. With --before, prints instead a before/after
-table of the same ratios against an earlier run (each run's ratios come from its own
-peers, so machine drift between the runs cancels out as far as it can).
+Reads RESULTS_DIR/results.json (written by bench/run) and prints Markdown tables.
+
+--round 2 (the default; issue 15): for every workload, veilfs's median, the best FUSE peer
+in the run and veilfs's ratio to it (>1 = veilfs better; target >= 1.0, "never behind"),
+its ratio to gocryptfs (target >= 2 where the floor itself is >= 2.2x gocryptfs), its cost
+relative to the FUSE floor (target <= 1.15) and its ratio to plain; then the warm-metadata
+rows (target within 1.2x of plain), du (<= 1.01x plain), streaming read (>= 2x gocryptfs)
+and big file cp out (>= securefs).
+
+--round 1 (issue 5): the first round's table (2x gocryptfs, <= 1.3x the floor) and its
+scalar targets (du, build, 4 KiB writes, two writers, peak RSS, reverse view).
+
+Needs plain, fuse-floor, veilfs and gocryptfs in the run; cells whose inputs are missing
+print "–" and are not counted as met. With --before, prints instead a before/after table
+of the same ratios against an earlier run (each run's ratios come from its own peers, so
+machine drift between the runs cancels out as far as it can).
 """
 
 from __future__ import annotations
@@ -30,6 +38,13 @@ from veilbench.workloads import Metric  # noqa: E402
 SPEED = ("stream_write", "stream_read", "bigfile_in", "bigfile_out", "extract", "rsync", "ls_lR",
          "md5sum", "delete", "many_in", "many_out", "mixed_in", "mixed_out", "md_create", "md_stat",
          "md_delete", "randread", "randwrite")
+
+
+# The FUSE peers a "never behind" target compares against (names as in bench/run --fs).
+FUSE_PEERS = ("gocryptfs", "securefs", "encfs", "cryfs")
+
+# Warm metadata (issue 15): second passes without dropping caches; target within 1.2x plain.
+WARM = ("warm_rsync", "warm_ls", "warm_find", "noop_make", "git_status")
 
 
 def median(per_fs: dict, fs: str, metric: str) -> float | None:
@@ -84,6 +99,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path)
     p.add_argument("--backing", default="tmpfs")
+    p.add_argument("--round", type=int, choices=(1, 2), default=2, help="which round's targets (default 2)")
     p.add_argument("--before", type=Path, help="an earlier run: print a before/after table")
     a = p.parse_args(argv)
     loaded = load(a.results, a.backing)
@@ -95,7 +111,84 @@ def main(argv: list[str]) -> int:
             return 2
         before_after(earlier, loaded)
         return 0
-    per_fs, metrics = loaded
+    if a.round == 1:
+        round1(*loaded)
+    else:
+        round2(*loaded)
+    return 0
+
+
+def best_peer(per_fs: dict, m: Metric, name: str) -> tuple[str | None, float | None]:
+    """The FUSE peer of the run that does best on *name*, and its median."""
+    cells = [(fs, median(per_fs, fs, name)) for fs in FUSE_PEERS]
+    cells = [(fs, v) for fs, v in cells if v]
+    if not cells:
+        return None, None
+    return max(cells, key=lambda c: c[1] if m.higher_is_better else -c[1])
+
+
+def round2(per_fs: dict, metrics: dict) -> None:
+    """Issue 15's table and targets."""
+    rows = ["| workload | veilfs | best FUSE peer | × best peer (≥ 1) | × gocryptfs | fuse-floor × gocryptfs "
+            "| cost vs floor (≤ 1.15) | × plain | met |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    met_count = [0, 0]
+
+    def mark(ok: bool | None, what: str, out: list) -> None:
+        if ok is None:
+            return
+        met_count[0] += ok
+        met_count[1] += 1
+        out.append(f"{what} {'✓' if ok else '✗'}")
+
+    for name in SPEED:
+        m = metrics.get(name)
+        v = median(per_fs, "veilfs", name)
+        if m is None or v is None:
+            continue
+        vg, cost, vp = ratios(per_fs, m, name)
+        peer, pv = best_peer(per_fs, m, name)
+        vb = better_ratio(m, v, pv) if pv else None
+        g, f = median(per_fs, "gocryptfs", name), median(per_fs, "fuse-floor", name)
+        fg = better_ratio(m, f, g) if f and g else None
+        met: list[str] = []
+        mark(None if vb is None else vb >= 1.0, "peer", met)
+        # 2x gocryptfs where the floor makes it reachable, and always for streaming reads.
+        if (fg is not None and fg >= 2.2) or name == "stream_read":
+            mark(None if vg is None else vg >= 2.0, "2× gocryptfs", met)
+        if name == "bigfile_out" and median(per_fs, "securefs", name):
+            mark(better_ratio(m, v, median(per_fs, "securefs", name)) >= 1.0, "securefs", met)
+        mark(None if cost is None else cost <= 1.15, "floor", met)
+        rows.append(f"| {m.label} ({m.unit}) | {fmt_value(v)} | {peer or '–'} | {fmt(vb)} | {fmt(vg)} | {fmt(fg)} "
+                    f"| {fmt(cost)} | {fmt(vp)} | {', '.join(met)} |")
+    print("\n".join(rows))
+    print()
+    extra = []
+    for name in WARM:
+        m, v, p = metrics.get(name), median(per_fs, "veilfs", name), median(per_fs, "plain", name)
+        if m is None or v is None or not p:
+            continue
+        x = v / p
+        peer, pv = best_peer(per_fs, m, name)
+        tail = f"; best FUSE peer {peer} {pv / p:.2f}×" if pv else ""
+        ok = x <= 1.2
+        met_count[0] += ok
+        met_count[1] += 1
+        extra.append(f"- warm {m.label}: {x:.2f}× plain's time (target ≤ 1.2) {'✓' if ok else '✗'}{tail}")
+    du_v, du_p = median(per_fs, "veilfs", "du"), median(per_fs, "plain", "du")
+    if du_v and du_p:
+        ok = du_v / du_p <= 1.01
+        met_count[0] += ok
+        met_count[1] += 1
+        extra.append(f"- du of the extracted tree: {du_v / du_p:.3f}× plain (target ≤ 1.01) {'✓' if ok else '✗'}")
+    if extra:
+        print("\n".join(extra))
+        print()
+    print(f"Targets met: {met_count[0]} of {met_count[1]}.")
+
+
+def round1(per_fs: dict, metrics: dict) -> None:
+    """Issue 5's table and scalar targets."""
     rows = ["| workload | veilfs | × gocryptfs (≥ 2) | cost vs fuse-floor (≤ 1.3) | × plain | fuse-floor × gocryptfs | met |",
             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name in SPEED:
@@ -149,7 +242,6 @@ def main(argv: list[str]) -> int:
         if v:
             extra.append(f"- daemon {unit}: {v:.3g}" + (f" (gocryptfs {g:.3g})" if g else ""))
     print("\n".join(extra))
-    return 0
 
 
 if __name__ == "__main__":

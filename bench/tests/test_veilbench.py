@@ -161,6 +161,29 @@ class TargetsTest(unittest.TestCase):
             self.assertIn("| 2.00 | 4.00 | 2.50 | 1.25 | 0.20 | 0.40 |", rows["stream_write"])
             self.assertIn("| 0.75 | 1.50 | 2.00 | 1.00 | 0.25 | 0.50 |", rows["delete (rm -rf + sync)"])
 
+    def test_round2_best_peer_floor_and_counts(self):
+        import contextlib
+        import io
+        fss = ("plain", "fuse-floor", "veilfs", "gocryptfs", "securefs")
+        with tempfile.TemporaryDirectory() as t:
+            # write: securefs (300 MiB/s) is the best peer; veilfs 450 is 1.5x it, 4.5x gocryptfs,
+            # and the floor (500) is 5x gocryptfs, so "2x gocryptfs" applies; cost 500/450 = 1.11.
+            # delete: veilfs 2.4 s vs gocryptfs 2 s: behind the best peer (0.83x).
+            run = self._run_dir(Path(t) / "r", dict(zip(fss, (1000, 500, 450, 100, 300))),
+                                dict(zip(fss, (1.0, 2.0, 2.4, 2.0, 3.0))))
+            per_fs, metrics = targets.load(run, "tmpfs")
+            self.assertEqual(targets.best_peer(per_fs, metrics["stream_write"], "stream_write"), ("securefs", 300))
+            self.assertEqual(targets.best_peer(per_fs, metrics["delete"], "delete"), ("gocryptfs", 2.0))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(targets.main([str(run)]), 0)
+            rows = {line.split(" | ")[0].strip("| "): line for line in out.getvalue().splitlines()}
+            self.assertIn("| securefs | 1.50 | 4.50 | 5.00 | 1.11 |", rows["stream_write (MiB/s)"])
+            self.assertIn("peer ✓, 2× gocryptfs ✓, floor ✓", rows["stream_write (MiB/s)"])
+            self.assertIn("| gocryptfs | 0.83 |", rows["delete (rm -rf + sync) (s)"])
+            self.assertIn("peer ✗, floor ✗", rows["delete (rm -rf + sync) (s)"])
+            self.assertIn("Targets met: 3 of 5.", out.getvalue())
+
 
 if __name__ == "__main__":
     unittest.main()
