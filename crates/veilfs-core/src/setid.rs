@@ -11,7 +11,7 @@
 //! Cost: the mode is remembered while this process owns the file (the mount without shared
 //! storage), refreshed by every chmod the mount makes, so a file without set-id bits costs no
 //! system call; one with them costs one `fstat` after the change (and an `fchmod` if the bits
-//! went). Measured for a `dd bs=4k` through a user's mount in docs/PERFORMANCE.md.
+//! went). Counted for a `dd bs=4k` through a user's mount in docs/PERFORMANCE.md.
 
 use crate::sys;
 use std::io;
