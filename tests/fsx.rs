@@ -16,7 +16,8 @@
 //!
 //! Replay a failure with the seed and count it prints:
 //! `VEILFS_FSX_SEED=<seed> VEILFS_FSX_OPS=<ops> cargo test --release --test fsx <test name>`.
-//! Without VEILFS_FSX_SEED the seed is random (and printed). VEILFS_FSX_DUMP=1 lists the plain
+//! Without VEILFS_FSX_SEED the seed is random (and printed). VEILFS_FSX_HISTORY=<n> lists the last n operations
+//! before a mismatch (default 24). VEILFS_FSX_DUMP=1 lists the plain
 //! tree at the end; VEILFS_FSX_NO_OPEN_UNLINKED=1 avoids keeping files open past their last name
 //! (a debugging aid to fuzz past a known bug there — see `no_open_unlinked`).
 //!
@@ -49,6 +50,8 @@ const IDS: [u32; 4] = [0, 1000, 65534, u32::MAX];
 const BLOCK: u64 = 4096;
 const PAGE: u64 = 4096;
 const MAX_HANDLES: usize = 3;
+/// Operations listed with a mismatch (VEILFS_FSX_HISTORY=<n> lists more: the step that set up a
+/// difference can be thousands of operations before the one that shows it).
 const HISTORY: usize = 24;
 /// Whole trees are compared every this many operations.
 const CHECKPOINT: usize = 2000;
@@ -360,6 +363,8 @@ struct Fsx {
     /// ever open after its last name is gone. Only a debugging aid to fuzz past a known bug in
     /// that area; the default (unset) exercises it.
     no_open_unlinked: bool,
+    /// How many operations a mismatch lists (`HISTORY`, or VEILFS_FSX_HISTORY).
+    history_len: usize,
     /// Per operation: (count, how many first syscalls failed alike on both sides).
     stats: RefCell<BTreeMap<&'static str, (u32, u32)>>,
     cur_op: &'static str,
@@ -379,6 +384,7 @@ impl Fsx {
             handles: Vec::new(),
             next_handle: 0,
             no_open_unlinked: std::env::var("VEILFS_FSX_NO_OPEN_UNLINKED").is_ok_and(|v| v == "1"),
+            history_len: std::env::var("VEILFS_FSX_HISTORY").ok().and_then(|v| v.parse().ok()).unwrap_or(HISTORY),
             stats: Default::default(),
             cur_op: "",
         }
@@ -397,7 +403,7 @@ impl Fsx {
     }
 
     fn log(&mut self, s: String) {
-        if self.history.len() == HISTORY {
+        if self.history.len() >= self.history_len {
             self.history.pop_front();
         }
         self.history.push_back(format!("#{} {s}", self.step));

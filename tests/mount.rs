@@ -788,6 +788,108 @@ fn multi_user_permissions_match_a_local_filesystem() {
     assert_eq!(plain, veil, "left: plain tmpfs, right: veilfs");
 }
 
+/// Runs the Python `script` with the case directory as its argument in a fresh directory of
+/// tmpfs and of the mount, once with the write-back cache and once without, and compares what
+/// it prints. Leaves the mount without the write-back cache.
+fn same_as_tmpfs_in_both_cache_modes(m: &mut Mounted, script: &str) {
+    for (case, extra) in [("wb", None), ("nowb", Some("--no-writeback"))] {
+        if let Some(opt) = extra {
+            m.umount();
+            m.extra.push(opt.to_string());
+            m.mount();
+        }
+        let run = |r: &Path| {
+            let dir = r.join(case);
+            fs::create_dir(&dir).unwrap();
+            let o = std::process::Command::new("python3").arg("-c").arg(script).arg(&dir).output().unwrap();
+            assert!(o.status.success(), "{case} in {}: {}", r.display(), text(&o));
+            sh(&format!("chmod -R u+rwx {}", dir.display()));
+            text(&o)
+        };
+        let (plain, veil) = (run(&m.plain), run(&m.mnt));
+        assert_eq!(plain, veil, "{case}: left: plain tmpfs, right: veilfs");
+    }
+}
+
+/// Prints what each call gave (`ok`, a value, or the error), for [`same_as_tmpfs_in_both_cache_modes`].
+const PY_TRY: &str = r"import os, sys
+os.chdir(sys.argv[1])
+def t(name, f):
+    try:
+        r = f()
+        print(name, 'ok' if r is None else r)
+    except OSError as e:
+        print(name, e.strerror)
+";
+
+/// A file whose first name the mount knows lies in a directory its owner may no longer search
+/// (chmod 0600 while the file is open), used through its other name and the open fd: Linux
+/// needs no name for that, the daemon does. A daemon that is not root got EACCES at its own
+/// backing step by that name: link and removexattr failed with EACCES, and with the write-back
+/// cache the kernel's flush of the file's times failed, which made a later close EIO (fsx seeds
+/// 5110828998909097518, 4769455689665124616, 6269957571406070883, as an ordinary user).
+#[test]
+fn a_file_whose_directory_denies_its_owner_search_works_through_its_other_name_as_on_tmpfs() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    let script = format!(
+        "{PY_TRY}\
+os.mkdir('d')\n\
+with open('d/f', 'wb') as f: f.write(b'x' * 100)\n\
+os.link('d/f', 'top')\n\
+fd = os.open('d/f', os.O_RDWR)\n\
+os.chmod('d', 0o600)\n\
+t('pwrite', lambda: os.pwrite(fd, b'y' * 5000, 10))\n\
+t('fstat', lambda: oct(os.fstat(fd).st_mode))\n\
+t('fchmod', lambda: os.fchmod(fd, 0o640))\n\
+t('fsetxattr', lambda: os.setxattr(fd, 'user.a', b'1'))\n\
+t('close', lambda: os.close(fd))\n\
+t('utime top', lambda: os.utime('top', (1, 2)))\n\
+t('chmod top', lambda: os.chmod('top', 0o600))\n\
+t('setxattr top', lambda: os.setxattr('top', 'user.b', b'2'))\n\
+t('removexattr top', lambda: os.removexattr('top', 'user.b'))\n\
+t('removexattr top again', lambda: os.removexattr('top', 'user.b'))\n\
+t('getxattr top', lambda: os.getxattr('top', 'user.a'))\n\
+t('link top', lambda: os.link('top', 'top2'))\n\
+t('stat top2', lambda: (oct(os.stat('top2').st_mode), os.stat('top2').st_size, os.stat('top2').st_nlink))\n\
+t('read top2', lambda: open('top2', 'rb').read().count(b'y'))\n\
+fd = os.open('top', os.O_WRONLY | os.O_APPEND)\n\
+t('append', lambda: os.write(fd, b'z' * 10))\n\
+t('close', lambda: os.close(fd))\n\
+t('mtime top', lambda: int(os.stat('top').st_mtime) > 2)\n"
+    );
+    same_as_tmpfs_in_both_cache_modes(&mut m, &script);
+}
+
+/// A set-group-id file (group-executable, so Linux clears the bit at a write by its owner)
+/// written with a hole before the chmod, then closed: tmpfs keeps the bit, since nothing is
+/// written after the chmod. A daemon that is not root cleared it at its own header write when
+/// the last handle closed (declaring the hole), which the backing filesystem takes for a write
+/// by an unprivileged process (fsx seed 15151829520160468, as an ordinary user).
+#[test]
+fn setgid_bits_survive_the_daemons_header_write_at_the_last_close_as_on_tmpfs() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    let script = format!(
+        "{PY_TRY}\
+fd = os.open('sg', os.O_RDWR | os.O_CREAT, 0o640)\n\
+os.pwrite(fd, b'z', 100000)\n\
+os.chmod('sg', 0o2750)\n\
+t('close', lambda: os.close(fd))\n\
+t('mode', lambda: oct(os.stat('sg').st_mode))\n\
+fd = os.open('su', os.O_RDWR | os.O_CREAT, 0o755)\n\
+os.pwrite(fd, b'z', 3)\n\
+os.chmod('su', 0o4755)\n\
+t('fallocate', lambda: os.posix_fallocate(fd, 0, 50000))\n\
+t('mode', lambda: oct(os.stat('su').st_mode))\n\
+t('fsync', lambda: os.fsync(fd))\n\
+t('close', lambda: os.close(fd))\n\
+t('mode', lambda: oct(os.stat('su').st_mode))\n"
+    );
+    same_as_tmpfs_in_both_cache_modes(&mut m, &script);
+    m.remount();
+    let modes = |r: &Path| text(&sh(&format!("cd {} && stat -c '%n %a %s' */s?", r.display())));
+    assert_eq!(modes(&m.plain), modes(&m.mnt));
+}
+
 /// Directories whose mode denies their owner (allowed on Linux: the owner still sees, stats,
 /// lists or removes them as the mode says), files written through a handle opened before a
 /// chmod to 0400 or with mode 0200, and a set-group-id file written through a shared mapping

@@ -13,6 +13,7 @@ use crate::content::{ContentCipher, Layout};
 use crate::crash;
 use crate::error::{Error, IoContext, Result};
 use crate::keys::SubKeys;
+use crate::setid::SetIdKeeper;
 use crate::sys;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -107,6 +108,8 @@ pub struct CryptFile {
     has_view: AtomicBool,
     /// Serializes header rewrites (flags set by writers, cleared by settle).
     hdr_lock: Mutex<()>,
+    /// The backing file's mode, and its set-id bits kept through this process's changes.
+    setid: SetIdKeeper,
 }
 
 impl CryptFile {
@@ -129,12 +132,15 @@ impl CryptFile {
             view: Mutex::new(None),
             has_view: AtomicBool::new(false),
             hdr_lock: Mutex::new(()),
+            setid: SetIdKeeper::new(0),
         };
         f.load_header()?;
         if f.unsettled.load(Ordering::Acquire) {
             f.load_view()?;
         }
-        let len = f.file.metadata().ctx(|| format!("stat {}", f.what))?.len();
+        let st = sys::fstat(f.fd()).ctx(|| format!("stat {}", f.what))?;
+        f.setid.note(st.st_mode);
+        let len = st.st_size as u64;
         let durable = f.plain_size().unwrap_or_else(|_| f.ctx.layout.plain_size_lenient(len));
         f.durable.store(durable, Ordering::Release);
         Ok(f)
@@ -190,6 +196,10 @@ impl CryptFile {
         if !self.has_view.load(Ordering::Acquire) {
             return Ok(None);
         }
+        self.keeping_setid(|| self.recover_tail_now())
+    }
+
+    fn recover_tail_now(&self) -> Result<Option<TailRule>> {
         let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
         let Some(t) = v.as_ref() else { return Ok(None) };
@@ -292,6 +302,10 @@ impl CryptFile {
         if !self.has_pending.load(Ordering::Acquire) && !flagged {
             return Ok(());
         }
+        self.keeping_setid(|| self.settle_now())
+    }
+
+    fn settle_now(&self) -> Result<()> {
         let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let state = self.header_state();
@@ -724,6 +738,10 @@ impl CryptFile {
         if data.is_empty() {
             return Ok(size);
         }
+        self.keeping_setid(|| self.write_at_now(data, off, size))
+    }
+
+    fn write_at_now(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
         self.recover_tail()?;
         let l = self.ctx.layout;
         let end = off + data.len() as u64;
@@ -907,10 +925,14 @@ impl CryptFile {
 
     /// Changes the plaintext size of a file of `size` bytes to `new_size`.
     pub fn truncate(&self, new_size: u64, size: u64) -> Result<()> {
-        let l = self.ctx.layout;
         if new_size == size {
             return Ok(());
         }
+        self.keeping_setid(|| self.truncate_now(new_size, size))
+    }
+
+    fn truncate_now(&self, new_size: u64, size: u64) -> Result<()> {
+        let l = self.ctx.layout;
         self.recover_tail()?;
         if new_size == 0 {
             sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
@@ -927,7 +949,7 @@ impl CryptFile {
             let new_last_start = (new_size - 1) / l.block_size * l.block_size;
             let from = size.max(new_last_start);
             let zeros = vec![0u8; (new_size - from) as usize];
-            self.write_at(&zeros, from, size)?;
+            self.write_at_now(&zeros, from, size)?;
             return Ok(());
         }
         // Shrinking: re-seal the new last block (shorter, and flagged last), then cut. If
@@ -973,6 +995,51 @@ impl CryptFile {
         let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         self.durable.fetch_max(self.ctx.layout.plain_size_lenient(len), Ordering::AcqRel);
         self.settle()
+    }
+
+    /// Reserves backing space for plaintext bytes `off..off + len` of a file of `size` bytes
+    /// (`fallocate`), so later writes there cannot fail with ENOSPC; with `extend`, also
+    /// makes the file `off + len` bytes long if that is longer. Returns the new size.
+    pub fn allocate(&self, off: u64, len: u64, extend: bool, size: u64) -> Result<u64> {
+        let l = self.ctx.layout;
+        let end = off
+            .checked_add(len)
+            .ok_or_else(|| Error::io(&self.what, std::io::Error::from_raw_os_error(libc::EFBIG)))?;
+        let start = l.block_offset(l.block_of(off));
+        let cend = l.cipher_size(end);
+        self.keeping_setid(|| {
+            sys::fallocate(self.fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))
+                .ctx(|| format!("allocating {}", self.what))?;
+            match extend && end > size {
+                true => self.truncate_now(end, size).map(|()| end),
+                false => Ok(size),
+            }
+        })
+    }
+
+    /// The backing file's mode bits (`st_mode & 0o7777`): remembered while this process is
+    /// the file's only changer ([`set_defer_sparse`](Self::set_defer_sparse)), else read.
+    pub fn mode(&self) -> Result<u32> {
+        self.setid.mode(self.fd(), self.deferring()).ctx(|| format!("stat {}", self.what))
+    }
+
+    /// Records the mode the file was given through another handle (a chmod by name, or
+    /// through the same inode's directory entry), or that the kernel reported.
+    pub fn note_mode(&self, st_mode: u32) {
+        self.setid.note(st_mode);
+    }
+
+    /// `fchmod` of the backing file, remembered (see [`mode`](Self::mode)).
+    pub fn chmod(&self, mode: u32) -> Result<()> {
+        sys::fchmod(self.fd(), mode & 0o7777).ctx(|| format!("chmod {}", self.what))?;
+        self.setid.note(mode);
+        Ok(())
+    }
+
+    /// Runs `f`, a change of the backing file, keeping the set-id bits the backing
+    /// filesystem would clear because this process lacks `CAP_FSETID` (see `setid.rs`).
+    fn keeping_setid<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.setid.keeping(self.fd(), self.deferring(), &self.what, f)
     }
 }
 

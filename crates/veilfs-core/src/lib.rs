@@ -22,6 +22,7 @@ pub mod kdf;
 pub mod lock;
 pub mod recovery;
 pub mod reverse;
+mod setid;
 pub mod settle;
 pub mod symlink;
 #[allow(unsafe_code)]

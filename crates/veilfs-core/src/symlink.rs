@@ -137,7 +137,8 @@ impl Vault {
     /// inline, or from its side file (feature `overflow`).
     pub fn read_target(&self, dir: &CipherDir, on_disk: &str, id: &Identity) -> Result<Vec<u8>> {
         let what = dir.child_path(on_disk);
-        let stored = sys::readlinkat(dir.fd(), on_disk.as_bytes()).ctx(|| what.clone())?;
+        let read = || sys::readlinkat(dir.fd(), on_disk.as_bytes());
+        let stored = sys::in_dir_as_owner(dir.fd(), sys::is_eacces, read).ctx(|| what.clone())?;
         if self.config().has_overflow() {
             if let Some(named) = overflow_id(&stored) {
                 if named != *id {

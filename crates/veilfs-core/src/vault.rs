@@ -393,13 +393,10 @@ impl Vault {
             if matches!(ParsedEntry::parse(&r.name), ParsedEntry::Internal) {
                 continue;
             }
-            let st = match sys::fstatat(dir.fd(), &r.name) {
+            let st = match Self::stat_entry(dir, &r.name) {
                 Ok(st) => st,
-                Err(e) => {
-                    bad.push(BadEntry {
-                        on_disk: r.name.clone(),
-                        error: Error::io(dir.child_path(&String::from_utf8_lossy(&r.name)), e),
-                    });
+                Err(error) => {
+                    bad.push(BadEntry { on_disk: r.name.clone(), error });
                     continue;
                 }
             };
@@ -443,7 +440,7 @@ impl Vault {
                 continue;
             }
             let on_disk = String::from_utf8_lossy(&r.name).into_owned();
-            let st = sys::fstatat(dir.fd(), &r.name).ctx(|| dir.child_path(&on_disk))?;
+            let st = Self::stat_entry(dir, &r.name)?;
             let binding = parsed.binding().expect("user entry");
             let (kind, identity) = match self.verified_identity(&dir.iv, &key.d, binding, &st) {
                 Ok(found) => found,
@@ -489,7 +486,19 @@ impl Vault {
     /// symlink, never blocking on a planted FIFO, and only if it is a regular file and (when
     /// `ino` is given) still the inode that was looked up. Anything else is an integrity error
     /// naming the ciphertext file: something was put where the entry's file belongs.
+    ///
+    /// A mode that denies the owner (a file of mode 0444 opened for writing by a writer that
+    /// opened it before the chmod, 0200 opened for reading: the mount opens every file for
+    /// reading and writing, since writes read partial blocks), or a directory that denies its
+    /// owner search, is no reason to fail: the owner's rights are granted on both for the
+    /// moment of the open (`owner_access`, docs/SECURITY.md §7a). The plaintext modes are the
+    /// backing modes, and the kernel checked them before it asked.
     pub fn open_content(dir: &CipherDir, on_disk: &str, flags: libc::c_int, ino: u64) -> Result<OwnedFd> {
+        owner_access(dir, on_disk, || Self::open_content_once(dir, on_disk, flags, ino))
+    }
+
+    /// One attempt of [`open_content`](Self::open_content), without granting anything.
+    fn open_content_once(dir: &CipherDir, on_disk: &str, flags: libc::c_int, ino: u64) -> Result<OwnedFd> {
         match sys::open_regular_at(dir.fd(), on_disk.as_bytes(), flags) {
             Ok((fd, st)) if ino == 0 || st.st_ino == ino => Ok(fd),
             Ok(_) => Err(Error::auth(dir.child_path(on_disk), "was replaced by another file while in use")),
@@ -501,12 +510,19 @@ impl Vault {
         }
     }
 
+    /// The backing `stat` of the object `on_disk` in `dir` (never following a link), also in a
+    /// directory whose mode denies its owner search: the kernel reaches such an object through
+    /// another hard link or an open fd, where the daemon has only names (see `in_dir`).
+    pub fn stat_entry(dir: &CipherDir, on_disk: &[u8]) -> Result<Stat> {
+        in_dir(dir, || sys::fstatat(dir.fd(), on_disk).ctx(|| dir.child_path(&String::from_utf8_lossy(on_disk))))
+    }
+
     /// A verified `O_PATH` handle on the object of `entry` in `dir`: of the entry's kind and
     /// the inode the entry was listed with. Attribute changes act on this handle, so a link
     /// planted under the entry's name is never followed (docs/SECURITY.md §8).
     pub fn entry_handle(dir: &CipherDir, on_disk: &str, kind: EntryKind, ino: u64) -> Result<(OwnedFd, Stat)> {
         let what = || dir.child_path(on_disk);
-        let (fd, st) = sys::open_path_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
+        let (fd, st) = in_dir(dir, || sys::open_path_at(dir.fd(), on_disk.as_bytes()).ctx(what))?;
         if EntryKind::from_mode(st.st_mode) != kind {
             return Err(Error::auth(
                 what(),
@@ -1079,7 +1095,8 @@ impl Vault {
     ) -> Result<String> {
         let on_disk = self.entry_name_for(to, key, kind, identity)?;
         let side = self.carry_target_side(from, src_on_disk, kind, to)?;
-        if let Err(e) = sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes()) {
+        let link = || sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes());
+        if let Err(e) = sys::in_dir_as_owner(from.fd(), sys::is_eacces, link) {
             if let Some(side) = &side {
                 self.drop_target_side(to, side);
             }
@@ -1192,7 +1209,6 @@ pub fn path_components(path: &Path) -> Result<Vec<&[u8]>> {
 /// a user's own mount would otherwise show such a directory as missing after a remount and
 /// refuse `rmdir` with EACCES where Linux says ENOTEMPTY.
 fn owner_access<T>(dir: &CipherDir, name: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
-    let denied = |e: &Error| matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EACCES));
     match f() {
         Err(e) if denied(&e) => {}
         r => return r,
@@ -1201,6 +1217,18 @@ fn owner_access<T>(dir: &CipherDir, name: &str, mut f: impl FnMut() -> Result<T>
         Ok((child, _)) => sys::with_owner_rwx(child.as_fd(), &mut f),
         Err(_) => f(),
     })
+}
+
+/// Runs `f` (a step on a name inside `dir`) and, if the backing store refuses it with EACCES,
+/// runs it once more with the owner's `rwx` granted for the moment on `dir` alone
+/// ([`sys::in_dir_as_owner`]).
+fn in_dir<T>(dir: &CipherDir, f: impl FnMut() -> Result<T>) -> Result<T> {
+    sys::in_dir_as_owner(dir.fd(), denied, f)
+}
+
+/// Whether `e` is the backing store's EACCES.
+fn denied(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if sys::is_eacces(source))
 }
 
 /// The intent record of an exchange (F§10): `key=value` lines naming the first object's

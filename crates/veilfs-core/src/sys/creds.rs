@@ -171,3 +171,25 @@ fn grant(fd: BorrowedFd<'_>) -> Option<(u32, u32, u64)> {
         }
     }
 }
+
+/// Runs `f`, a step that reaches a name inside the directory behind `dir` (stat, an `O_PATH`
+/// or content open, a link from it), and if the backing store refuses it with EACCES
+/// (`denied`), runs it once more with the owner's `rwx` granted on that directory for the
+/// moment ([`with_owner_rwx`]). The kernel let the caller reach the object (through another
+/// hard link, or an fd opened before a `chmod` of its directory to 0600), so the daemon's own
+/// way to it by name must not fail where tmpfs, which needs no name, does not.
+pub fn in_dir_as_owner<T, E>(
+    dir: BorrowedFd<'_>,
+    denied: impl Fn(&E) -> bool,
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    match f() {
+        Err(e) if denied(&e) => with_owner_rwx(dir, f),
+        r => r,
+    }
+}
+
+/// Whether an I/O error is EACCES (for [`in_dir_as_owner`]).
+pub fn is_eacces(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EACCES)
+}

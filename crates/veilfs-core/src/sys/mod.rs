@@ -32,7 +32,9 @@ pub mod process;
 pub mod term;
 pub mod xattr;
 
-pub use creds::{act_as, creds_of, fs_uid, groups_of, privileged, with_owner_rwx, ActingGuard, ProcCreds};
+pub use creds::{
+    act_as, creds_of, fs_uid, groups_of, in_dir_as_owner, is_eacces, privileged, with_owner_rwx, ActingGuard, ProcCreds,
+};
 pub use rustix::fs::StatVfs;
 pub use xattr::{
     fgetxattr, flistxattr, fremovexattr, fsetxattr, getxattr_fd, lgetxattr, listxattr_fd, llistxattr, lremovexattr,

@@ -97,7 +97,13 @@ impl VeilFs {
             sys::utimens_fd(fd, &a.times())?;
             self.atime_recheck(node);
         }
-        Ok(self.attr_of(node, &sys::fstat(fd)?))
+        let st = sys::fstat(fd)?;
+        // An open file remembers its mode (`CryptFile::mode`): a chmod, or a chown that
+        // cleared set-id bits, through another handle must reach it.
+        if let Some(c) = self.open_crypt(node) {
+            c.note_mode(st.st_mode);
+        }
+        Ok(self.attr_of(node, &st))
     }
 
     /// STATFS.

@@ -40,23 +40,10 @@ impl VeilFs {
                 // Verified: a regular file, and the inode the kernel checked permissions
                 // against; a planted FIFO, device or link, or a swapped file, is an integrity
                 // error.
-                let open = |flags| Vault::open_content(&dir.cd, &l.on_disk, flags, node.backing_ino);
                 // The file is opened once for every handle, for reading and writing (writes
-                // read too: partial blocks). A mode that denies the owner (0444 after the
-                // writer opened it, 0200) is no reason to fail a handle the kernel let in:
-                // the owner's rights are granted for the moment of the open (see
-                // `sys::with_owner_rwx`).
-                let rw = |flags| {
-                    open(flags).or_else(|e| match &e {
-                        veilfs_core::Error::Io { source, .. } if source.raw_os_error() == Some(libc::EACCES) => {
-                            match sys::open_path_at(dir.cd.fd(), l.on_disk.as_bytes()) {
-                                Ok((h, _)) => sys::with_owner_rwx(h.as_fd(), || open(flags)),
-                                Err(_) => Err(e),
-                            }
-                        }
-                        _ => Err(e),
-                    })
-                };
+                // read too: partial blocks); a mode that denies the owner is the engine's to
+                // get past (see `Vault::open_content`).
+                let rw = |flags| Vault::open_content(&dir.cd, &l.on_disk, flags, node.backing_ino);
                 let fd = match rw(if self.opts.read_only { libc::O_RDONLY } else { libc::O_RDWR }) {
                     Ok(fd) => fd,
                     Err(veilfs_core::Error::Io { source, .. })
@@ -203,10 +190,7 @@ impl VeilFs {
         }
         let end = off.checked_add(data.len() as u64).ok_or_else(|| errno(libc::EFBIG))?;
         self.atime_recheck(&h.node);
-        let keep = self.setid_kept(&h.crypt)?;
-        let r = self.write_locked(&h.crypt, f, off, end, data);
-        self.restore_setid(&h.crypt, keep);
-        r
+        self.write_locked(&h.crypt, f, off, end, data)
     }
 
     /// The part of [`do_write`](Self::do_write) under the file's locks.
@@ -248,10 +232,7 @@ impl VeilFs {
         let f = node.file()?;
         let _w = f.resizing();
         let cur = self.current_size(f, crypt)?;
-        let keep = self.setid_kept(crypt)?;
-        let r = crypt.truncate(size, cur).map_err(cerr);
-        self.restore_setid(crypt, keep);
-        r?;
+        crypt.truncate(size, cur).map_err(cerr)?;
         f.set_size(size);
         self.atime_recheck(node);
         self.drop_setid(node, crypt, caller, false).map(drop)
@@ -265,20 +246,12 @@ impl VeilFs {
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
             return Err(errno(libc::EOPNOTSUPP));
         }
-        let end = off.checked_add(len).ok_or_else(|| errno(libc::EFBIG))?;
+        off.checked_add(len).ok_or_else(|| errno(libc::EFBIG))?;
         let _w = f.resizing();
         let cur = self.current_size(f, &h.crypt)?;
-        // Reserve the ciphertext space, so later writes cannot fail with ENOSPC.
-        let start = self.layout.block_offset(self.layout.block_of(off));
-        let cend = self.layout.cipher_size(end);
-        let keep = self.setid_kept(&h.crypt)?;
-        let r = sys::fallocate(h.crypt.backing().as_fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))
-            .and_then(|()| match mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > cur {
-                true => h.crypt.truncate(end, cur).map_err(cerr).map(|()| f.set_size(end)),
-                false => Ok(()),
-            });
-        self.restore_setid(&h.crypt, keep);
-        r?;
+        let extend = mode & libc::FALLOC_FL_KEEP_SIZE == 0;
+        let new = h.crypt.allocate(off, len, extend, cur).map_err(cerr)?;
+        f.set_size(new);
         self.atime_recheck(&h.node);
         if self.drop_setid(&h.node, &h.crypt, caller, false)? {
             self.invalidate_attr(h.node.id);
@@ -302,8 +275,11 @@ impl VeilFs {
         caller: Caller,
         unprivileged: bool,
     ) -> io::Result<bool> {
-        let fd = crypt.backing().as_fd();
-        let st = sys::fstat(fd)?;
+        // Most files have no set-id bit: known without a system call (see `CryptFile::mode`).
+        if crypt.mode().map_err(cerr)? & (libc::S_ISUID | libc::S_ISGID) == 0 {
+            return Ok(false);
+        }
+        let st = sys::fstat(crypt.backing().as_fd())?;
         let mode = st.st_mode;
         if mode & (libc::S_ISUID | libc::S_ISGID) == 0 || mode & libc::S_IFMT != libc::S_IFREG {
             return Ok(false);
@@ -324,39 +300,8 @@ impl VeilFs {
         }
         tracing::debug!("node {}: set-id bits {:o} cleared after a change by uid {}", node.id, drop, caller.uid);
         // As the daemon: the caller need not own the file (Linux forces this change too).
-        sys::privileged(|| sys::fchmod(fd, mode & 0o7777 & !drop))?;
+        sys::privileged(|| crypt.chmod(mode & 0o7777 & !drop)).map_err(cerr)?;
         Ok(true)
-    }
-
-    /// A daemon without `CAP_FSETID` (one running as the mounting user) has the backing
-    /// filesystem apply Linux's set-id rule to *its own* writes, truncations and allocations,
-    /// so the bits would go also where Linux keeps them for the one who asked: a write through
-    /// a shared mapping (written back later, by nobody), or a writer holding `CAP_FSETID`.
-    /// Returns the mode to put back after the change (`None` for a root daemon, or when the
-    /// file has no set-id bit); the plaintext rule itself is [`drop_setid`](Self::drop_setid)'s.
-    fn setid_kept(&self, crypt: &CryptFile) -> io::Result<Option<u32>> {
-        if self.euid == 0 {
-            return Ok(None);
-        }
-        let mode = sys::fstat(crypt.backing().as_fd())?.st_mode;
-        Ok((mode & (libc::S_ISUID | libc::S_ISGID) != 0).then_some(mode & 0o7777))
-    }
-
-    /// Puts back the set-id bits [`setid_kept`](Self::setid_kept) saw, if the backing
-    /// filesystem cleared them (best effort: a failure leaves the file as Linux would for an
-    /// unprivileged writer, and is logged).
-    fn restore_setid(&self, crypt: &CryptFile, keep: Option<u32>) {
-        let Some(mode) = keep else { return };
-        let fd = crypt.backing().as_fd();
-        match sys::fstat(fd) {
-            // Only when nothing but set-id bits changed (a chmod meanwhile wins).
-            Ok(st) if st.st_mode & 0o7777 != mode && st.st_mode & 0o1777 == mode & 0o1777 => {
-                if let Err(e) = sys::fchmod(fd, mode) {
-                    tracing::warn!("set-id bits of backing inode {} not restored: {e}", st.st_ino);
-                }
-            }
-            _ => {}
-        }
     }
 
     /// LSEEK (SEEK_DATA / SEEK_HOLE) without the writeback cache: the backing file's answer,

@@ -19,7 +19,7 @@ impl VeilFs {
             let plain = Decoded { name: name.to_vec(), d: key.d.clone() };
             idx.insert(key.key.clone(), IndexEntry::new(on_disk.to_string(), d_type, Some(plain)));
         });
-        let st = sys::fstatat(dir.cd.fd(), on_disk.as_bytes())?;
+        let st = Self::stat_entry(dir, on_disk)?;
         Ok((self.node_at(parent, &key.d, on_disk, &st)?, st))
     }
 
@@ -132,7 +132,7 @@ impl VeilFs {
         let _g = dir.ops.lock();
         let (key, found) = self.find(dir, name)?;
         let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
-        let st = sys::fstatat(dir.cd.fd(), on_disk.as_bytes())?;
+        let st = Self::stat_entry(dir, &on_disk)?;
         let kind = EntryKind::from_mode(st.st_mode);
         match (is_dir, kind == EntryKind::Dir) {
             (true, false) => return Err(errno(libc::ENOTDIR)),

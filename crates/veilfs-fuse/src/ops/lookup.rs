@@ -27,7 +27,7 @@ impl VeilFs {
     pub(crate) fn resolve(&self, dir: &DirState, d: &[u8], first: String, others: Vec<String>) -> io::Result<String> {
         let mut best: Option<((i64, i64), String)> = None;
         for on_disk in std::iter::once(first.clone()).chain(others) {
-            let Ok(st) = sys::fstatat(dir.cd.fd(), on_disk.as_bytes()) else { continue };
+            let Ok(st) = Self::stat_entry(dir, &on_disk) else { continue };
             if self.identity(dir, d, &on_disk, &st).is_err() {
                 continue;
             }
@@ -37,6 +37,13 @@ impl VeilFs {
             }
         }
         Ok(best.map_or(first, |(_, on_disk)| on_disk))
+    }
+
+    /// The backing stat of entry `on_disk` of `dir` ([`Vault::stat_entry`]: also where the
+    /// directory's mode denies its owner search, which a listing (mode 0600), an open fd or
+    /// another hard link gets past on Linux).
+    pub(super) fn stat_entry(dir: &DirState, on_disk: &str) -> io::Result<Stat> {
+        Vault::stat_entry(&dir.cd, on_disk.as_bytes()).map_err(cerr)
     }
 
     /// The identity `on_disk` (in `dir`, with `D` = `d`, backing type from `st`) promises.
@@ -68,7 +75,7 @@ impl VeilFs {
         let dir = parent.dir()?;
         let (key, found) = self.find(dir, name)?;
         let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
-        let st = match sys::fstatat(dir.cd.fd(), on_disk.as_bytes()) {
+        let st = match Self::stat_entry(dir, &on_disk) {
             Ok(st) => st,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // Changed behind our back (shared storage): forget the stale index.
@@ -94,7 +101,7 @@ impl VeilFs {
         }
         let found = node.find_link(|l| {
             let dir = l.parent.dir.as_ref()?;
-            let st = sys::fstatat(dir.cd.fd(), l.on_disk.as_bytes()).ok()?;
+            let st = Self::stat_entry(dir, &l.on_disk).ok()?;
             Some((dir.cd.child_path(&l.on_disk), st))
         });
         // A deleted, closed object stays ESTALE here (answering with its last attributes made

@@ -74,14 +74,4 @@ impl VeilFs {
         let st = Self::stat_entry(dir, &e.on_disk)?;
         Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
     }
-
-    /// The backing stat of entry `on_disk` of `dir`. A directory that its owner may read but
-    /// not search (mode 0600) still lists on Linux; the entry's stat then needs the owner's
-    /// search right for a moment (`with_owner_rwx`, for a daemon that is not root).
-    fn stat_entry(dir: &DirState, on_disk: &str) -> io::Result<sys::Stat> {
-        sys::fstatat(dir.cd.fd(), on_disk.as_bytes()).or_else(|e| match e.raw_os_error() {
-            Some(libc::EACCES) => sys::with_owner_rwx(dir.cd.fd(), || sys::fstatat(dir.cd.fd(), on_disk.as_bytes())),
-            _ => Err(e),
-        })
-    }
 }

@@ -32,12 +32,12 @@ impl VeilFs {
         };
         let (skey, sfound) = self.find(fd_, name)?;
         let s_on = sfound.ok_or_else(|| errno(libc::ENOENT))?;
-        let sst = sys::fstatat(fd_.cd.fd(), s_on.as_bytes())?;
+        let sst = Self::stat_entry(fd_, &s_on)?;
         let (skind, sid) = self.identity(fd_, &skey.d, &s_on, &sst)?;
         let (dkey, dfound) = self.find(td, newname)?;
         let dst = match &dfound {
             Some(on) => {
-                let st = sys::fstatat(td.cd.fd(), on.as_bytes())?;
+                let st = Self::stat_entry(td, on)?;
                 let (k, id) = self.identity(td, &dkey.d, on, &st)?;
                 Some((on.clone(), st, k, id))
             }
