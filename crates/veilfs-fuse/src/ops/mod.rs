@@ -27,6 +27,7 @@ mod attrs;
 mod data;
 mod entries;
 mod lookup;
+mod perms;
 mod readdir;
 mod rename;
 mod xattrs;
@@ -49,6 +50,9 @@ pub struct FsOptions {
     /// Reads never change access times (`noatime`); otherwise they do as with Linux's
     /// `relatime` (see `ops/atime.rs`).
     pub noatime: bool,
+    /// The daemon checks permissions itself (`perm.rs`): set by [`mount`](crate::mount)
+    /// for a mount without `--allow-other`, which has no `default_permissions`.
+    pub check_permissions: bool,
 }
 
 /// What a SETATTR asks to change (`None`: leave as is).
