@@ -479,12 +479,18 @@ fn permission_outcomes_match_tmpfs_without_default_permissions() {
     for (name, prefix) in &runs {
         let want = perm_run(&m.plain.join(name), prefix);
         let got = perm_run(&m.mnt.join(name), prefix);
+        // At most three differences of each operation.
+        let mut seen = std::collections::HashMap::new();
         let diff: Vec<String> = want
             .iter()
             .zip(&got)
             .filter(|(w, g)| w != g)
+            .filter(|(w, _)| {
+                let n = seen.entry(w.split(' ').nth(1).unwrap_or("").to_string()).or_insert(0);
+                *n += 1;
+                *n <= 3
+            })
             .map(|(w, g)| format!("tmpfs: {w}  veilfs: {g}"))
-            .take(40)
             .collect();
         assert!(
             diff.is_empty() && want.len() == got.len(),

@@ -131,6 +131,31 @@ pub(crate) fn check_sticky(who: &Who, dir: &Stat, victim: &Stat) -> io::Result<(
     }
 }
 
+/// Hard-link protection (`fs.protected_hardlinks`, `may_linkat`), which the kernel checks
+/// through the permission this mount now makes: with it on, linking to a file needs its
+/// ownership (or `CAP_FOWNER`), or a regular file without set-user-id (nor set-group-id with
+/// group execute) that `who` may read and write. EPERM otherwise.
+pub(crate) fn check_link_source(who: &Who, st: &Stat, protected: bool) -> io::Result<()> {
+    if !protected || who.owns(st) {
+        return Ok(());
+    }
+    let mode = st.st_mode;
+    let safe = mode & libc::S_IFMT == libc::S_IFREG
+        && mode & libc::S_ISUID == 0
+        && mode & (libc::S_ISGID | libc::S_IXGRP) != (libc::S_ISGID | libc::S_IXGRP);
+    if safe && check(who, st, READ | WRITE).is_ok() {
+        Ok(())
+    } else {
+        Err(not_permitted())
+    }
+}
+
+/// Whether the kernel protects hard links (`/proc/sys/fs/protected_hardlinks`; on when
+/// unreadable, as distributions ship it).
+pub(crate) fn hardlinks_protected() -> bool {
+    std::fs::read_to_string("/proc/sys/fs/protected_hardlinks").map_or(true, |s| s.trim() != "0")
+}
+
 /// What a SETATTR changes, for [`check_setattr`].
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Change {

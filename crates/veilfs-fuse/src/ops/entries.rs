@@ -202,6 +202,9 @@ impl VeilFs {
         if node.kind == EntryKind::Dir {
             return Err(errno(libc::EPERM));
         }
+        if let Some(who) = self.who(c) {
+            crate::perm::check_link_source(&who, &self.perm_stat(&node)?, self.protected_hardlinks)?;
+        }
         self.make_entry(newparent, newname, c, |dir, key| {
             let src = node.link()?;
             let from = &src.parent.dir()?.cd;

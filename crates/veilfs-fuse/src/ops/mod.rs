@@ -160,6 +160,8 @@ pub struct VeilFs {
     pub(crate) opts: FsOptions,
     pub(crate) writeback: bool,
     pub(crate) euid: u32,
+    /// `fs.protected_hardlinks` at mount time (`perm::check_link_source`).
+    pub(crate) protected_hardlinks: bool,
     pub(crate) activity: Arc<Activity>,
     /// Tells the kernel of changes it cannot see in replies; set once the session is
     /// mounted (empty when the operations are driven without a kernel).
@@ -218,6 +220,7 @@ impl VeilFs {
             handles: Handles::default(),
             writeback: false,
             euid,
+            protected_hardlinks: crate::perm::hardlinks_protected(),
             opts,
             activity,
             notifier: Arc::default(),
