@@ -149,6 +149,9 @@ fn setid_run(dir: &Path, cases: &[SetIdCase], user: &TestUser, other_gid: u32) -
 /// root `--allow-other` mount; root's own writes keep the bits.
 #[test]
 fn set_id_bits_are_cleared_as_tmpfs_clears_them() {
+    if !root_only("acts as two users made with useradd in a root --allow-other mount") {
+        return;
+    }
     let Some(m) = Mounted::new("64m", &["--allow-other"]) else { return };
     let user = TestUser::new("vfpsx");
     let other = TestUser::new("vfpsg");
@@ -297,6 +300,9 @@ fn atime_steps(dir: &Path) -> Vec<(&'static str, bool)> {
 /// same way.
 #[test]
 fn access_times_follow_relatime_and_noatime_as_on_tmpfs() {
+    if !root_only("remounts the backing tmpfs and mounts tmpfs with atime options") {
+        return;
+    }
     let Some(mut m) = Mounted::new("64m", &[]) else { return };
     assert!(mount_entry(&m.mnt).unwrap().mount_opts.contains("relatime"));
     let relatime = atime_steps(&m.plain);
