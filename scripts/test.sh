@@ -15,10 +15,10 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 # The reference reader (tests/vectors/reference_reader.py) runs inside `tests/vectors.rs` too.
 python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
 cargo test --workspace --release "$@"
-# The mount test group again as an ordinary user, through fusermount3 (as root only: it makes
+# The mount and POSIX test groups again as an ordinary user, through fusermount3 (as root only: it makes
 # the user; run as a user, the cargo test above already mounted as one).
 if [[ $(id -u) -eq 0 ]]; then
-  bash scripts/test-nonroot.sh mount
+  bash scripts/test-nonroot.sh mount posix
 fi
 # The crash matrix (issue 12) needs a build with crash points compiled in (tests/crash.rs):
 # the daemon dies at every named point and at random moments under load. Its table (point,

@@ -149,6 +149,9 @@ fn setid_run(dir: &Path, cases: &[SetIdCase], user: &TestUser, other_gid: u32) -
 /// root `--allow-other` mount; root's own writes keep the bits.
 #[test]
 fn set_id_bits_are_cleared_as_tmpfs_clears_them() {
+    if !root_only("acts as two users made with useradd in a root --allow-other mount") {
+        return;
+    }
     let Some(m) = Mounted::new("64m", &["--allow-other"]) else { return };
     let user = TestUser::new("vfpsx");
     let other = TestUser::new("vfpsg");
@@ -297,6 +300,9 @@ fn atime_steps(dir: &Path) -> Vec<(&'static str, bool)> {
 /// same way.
 #[test]
 fn access_times_follow_relatime_and_noatime_as_on_tmpfs() {
+    if !root_only("remounts the backing tmpfs and mounts tmpfs with atime options") {
+        return;
+    }
     let Some(mut m) = Mounted::new("64m", &[]) else { return };
     assert!(mount_entry(&m.mnt).unwrap().mount_opts.contains("relatime"));
     let relatime = atime_steps(&m.plain);
@@ -403,4 +409,108 @@ fn symlink_targets_and_xattr_values_reach_linux_limits_as_on_tmpfs() {
     assert_eq!(get_xattr(&back.join("f"), "user.big"), get_xattr(&m.plain.join("f"), "user.big"));
     let o = run(&BIN, &["fsck", c2.to_str().unwrap(), "--passfile", pf2.to_str().unwrap()]);
     assert!(o.status.success(), "fsck: {}", text(&o));
+}
+
+/// The permission matrix (tests/perm_matrix.py): `setup` under `dir` for `owners`, as whoever
+/// runs the test; with `stranger`, sticky directories hold that uid's entries.
+fn perm_setup(dir: &Path, owners: &[(u32, u32)], stranger: Option<u32>) {
+    let script = dir.parent().unwrap().join("perm_matrix.py");
+    fs::write(&script, include_str!("perm_matrix.py")).unwrap();
+    let owners = format!("[{}]", owners.iter().map(|(u, g)| format!("[{u},{g}]")).collect::<Vec<_>>().join(","));
+    let mut args = vec![script.to_str().unwrap().to_string(), "setup".into(), dir.display().to_string(), owners];
+    args.extend(stranger.map(|s| s.to_string()));
+    let o = std::process::Command::new("python3").args(&args).output().unwrap();
+    assert!(o.status.success(), "matrix setup in {}: {}", dir.display(), text(&o));
+}
+
+/// Runs the matrix operations on `dir` (set up by [`perm_setup`]), through `prefix` (e.g.
+/// `setpriv` dropping every capability); returns the outcome lines.
+fn perm_run(dir: &Path, prefix: &[&str]) -> Vec<String> {
+    let script = dir.parent().unwrap().join("perm_matrix.py");
+    let mut cmd: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+    cmd.extend(["python3".into(), script.display().to_string(), "run".into(), dir.display().to_string()]);
+    let o = std::process::Command::new(&cmd[0]).args(&cmd[1..]).current_dir(dir).output().unwrap();
+    assert!(o.status.success(), "matrix run in {}: {}", dir.display(), text(&o));
+    String::from_utf8(o.stdout).unwrap().lines().map(str::to_string).collect()
+}
+
+/// A mount that is not `--allow-other` has no `default_permissions`: the daemon checks
+/// permissions itself (crates/veilfs-fuse/src/perm.rs). Every mode 0000–0777 on files and
+/// directories, sticky directories and set-id modes, each owned by the runner, by another
+/// uid in the runner's group and by a stranger (as root), against each operation whose
+/// permission Linux checks (open by access mode and O_TRUNC, access(2), chdir, xattrs,
+/// utimens "now" and set, truncate, chmod with set-group-id, chown/chgrp, listing, lookup,
+/// create/mkdir/symlink/mknod/link, rename, unlink, rmdir, the sticky-bit rule): the mount
+/// answers each as tmpfs does (EACCES, EPERM, or success, and the same final attributes).
+/// As root it runs twice: with root's capabilities (the overrides) and with none (`setpriv
+/// --bounding-set=-all`: owner, group and other classes, as uid 0 can still reach its own
+/// mount); as an ordinary user (scripts/test-nonroot.sh posix) the runner owns everything
+/// (a user cannot give files away) and the daemon, not being root, grants itself owner
+/// rights on the backing objects, so only these checks stand between the user and a mode
+/// that denies them.
+#[test]
+fn permission_outcomes_match_tmpfs_without_default_permissions() {
+    if !which("python3") {
+        assert!(std::env::var("CI").is_err(), "python3 is needed");
+        return;
+    }
+    let Some(mut m) = Mounted::new("256m", &[]) else { return };
+    let e = mount_entry(&m.mnt).expect("mounted");
+    assert!(!e.super_opts.contains("default_permissions"), "{e:?}");
+    // SAFETY: getuid and getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    const OTHER: u32 = 4_242_001;
+    const STRANGER: u32 = 4_242_002;
+    let runs: Vec<(&str, Vec<&str>)> = if is_root() {
+        vec![
+            ("full", vec![]),
+            ("nocaps", vec!["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]),
+        ]
+    } else {
+        vec![("user", vec![])]
+    };
+    let owners: Vec<(u32, u32)> =
+        if is_root() { vec![(uid, gid), (OTHER, gid), (OTHER, OTHER)] } else { vec![(uid, gid)] };
+    let stranger = is_root().then_some(STRANGER);
+    for (name, _) in &runs {
+        for base in [&m.mnt, &m.plain] {
+            let d = base.join(name);
+            fs::create_dir(&d).unwrap();
+            perm_setup(&d, &owners, stranger);
+        }
+    }
+    // Nothing the setup looked up stays in the kernel's caches.
+    m.remount();
+    let mut total = 0;
+    for (name, prefix) in &runs {
+        let want = perm_run(&m.plain.join(name), prefix);
+        let got = perm_run(&m.mnt.join(name), prefix);
+        // At most three differences of each operation.
+        let mut seen = std::collections::HashMap::new();
+        let diff: Vec<String> = want
+            .iter()
+            .zip(&got)
+            .filter(|(w, g)| w != g)
+            .filter(|(w, _)| {
+                let n = seen.entry(w.split(' ').nth(1).unwrap_or("").to_string()).or_insert(0);
+                *n += 1;
+                *n <= 3
+            })
+            .map(|(w, g)| format!("tmpfs: {w}  veilfs: {g}"))
+            .collect();
+        assert!(
+            diff.is_empty() && want.len() == got.len(),
+            "{name}: {} vs {} lines\n{}",
+            want.len(),
+            got.len(),
+            diff.join("\n")
+        );
+        let denied =
+            want.iter().filter(|l| l.ends_with(" EACCES") || l.ends_with(" EPERM") || l.ends_with(" no")).count();
+        eprintln!("{name}: {} outcomes alike, {denied} of them refusals", want.len());
+        // The matrix must exercise refusals, not only successes.
+        assert!(denied > if *name == "full" { 100 } else { 5_000 }, "{name}: only {denied} refusals");
+        total += want.len();
+    }
+    assert!(total > 20_000);
 }

@@ -393,6 +393,7 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
             negative_ttl: ttl,
             writeback: !a.no_writeback && !a.shared_storage,
             noatime: a.noatime,
+            check_permissions: !a.allow_other,
         },
         allow_other: a.allow_other,
         threads: a.threads,

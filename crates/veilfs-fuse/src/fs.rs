@@ -107,9 +107,9 @@ impl Filesystem for VeilFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.touch();
-        match self.do_lookup(parent.0, name.as_bytes()) {
+        match self.do_lookup(parent.0, name.as_bytes(), caller(req)) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !self.opts.negative_ttl.is_zero() => {
                 reply.entry(&self.opts.negative_ttl, &attr::negative(), GEN)
             }
@@ -180,32 +180,34 @@ impl Filesystem for VeilFs {
         reply: ReplyEntry,
     ) {
         self.touch();
-        self.entry(
-            reply,
-            self.acting(caller(req)).and_then(|_as| self.do_mknod(parent.0, name.as_bytes(), mode, rdev)),
-        );
+        let c = caller(req);
+        self.entry(reply, self.acting(c).and_then(|_as| self.do_mknod(parent.0, name.as_bytes(), mode, rdev, c)));
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
         self.touch();
-        self.entry(reply, self.acting(caller(req)).and_then(|_as| self.do_mkdir(parent.0, name.as_bytes(), mode)));
+        let c = caller(req);
+        self.entry(reply, self.acting(c).and_then(|_as| self.do_mkdir(parent.0, name.as_bytes(), mode, c)));
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.touch();
-        empty(reply, self.acting(caller(req)).and_then(|_as| self.do_remove(parent.0, name.as_bytes(), false)));
+        let c = caller(req);
+        empty(reply, self.acting(c).and_then(|_as| self.do_remove(parent.0, name.as_bytes(), false, c)));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.touch();
-        empty(reply, self.acting(caller(req)).and_then(|_as| self.do_remove(parent.0, name.as_bytes(), true)));
+        let c = caller(req);
+        empty(reply, self.acting(c).and_then(|_as| self.do_remove(parent.0, name.as_bytes(), true, c)));
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         self.touch();
+        let c = caller(req);
         let r = self
-            .acting(caller(req))
-            .and_then(|_as| self.do_symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes()));
+            .acting(c)
+            .and_then(|_as| self.do_symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), c));
         self.entry(reply, r);
     }
 
@@ -220,18 +222,17 @@ impl Filesystem for VeilFs {
         reply: ReplyEmpty,
     ) {
         self.touch();
-        let r = self
-            .acting(caller(req))
-            .and_then(|_as| self.do_rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()));
+        let c = caller(req);
+        let r = self.acting(c).and_then(|_as| {
+            self.do_rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits(), c)
+        });
         empty(reply, r);
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         self.touch();
-        self.entry(
-            reply,
-            self.acting(caller(req)).and_then(|_as| self.do_link(ino.0, newparent.0, newname.as_bytes())),
-        );
+        let c = caller(req);
+        self.entry(reply, self.acting(c).and_then(|_as| self.do_link(ino.0, newparent.0, newname.as_bytes(), c)));
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -307,9 +308,9 @@ impl Filesystem for VeilFs {
         empty(reply, r);
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.touch();
-        match self.do_opendir(ino.0) {
+        match self.do_opendir(ino.0, caller(req)) {
             Ok(fh) => {
                 let flags = if self.opts.shared_storage {
                     FopenFlags::empty()
@@ -353,14 +354,19 @@ impl Filesystem for VeilFs {
         reply.ok();
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         self.touch();
         let (node, entries) = match self.snapshot(fh.0) {
             Ok(x) => x,
             Err(e) => return reply.error(e.into()),
         };
         let parent = node.link().map(|l| l.parent.id).unwrap_or(ino.0);
-        let ttl = self.opts.ttl;
+        // A reader who may list but not search the directory gets no entry the kernel may
+        // keep: its next use of a name is a LOOKUP, which checks search permission.
+        let ttl = match self.may(caller(req), &node, crate::perm::EXEC) {
+            Ok(_) => self.opts.ttl,
+            Err(_) => std::time::Duration::ZERO,
+        };
         let mut i = offset as usize;
         loop {
             let full = match i {
@@ -439,9 +445,9 @@ impl Filesystem for VeilFs {
         empty(reply, self.do_setxattr(ino.0, name.as_bytes(), value, flags, caller(req)));
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.touch();
-        xattr_reply(reply, size, self.do_getxattr(ino.0, name.as_bytes()));
+        xattr_reply(reply, size, self.do_getxattr(ino.0, name.as_bytes(), caller(req)));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -454,9 +460,10 @@ impl Filesystem for VeilFs {
         empty(reply, self.do_removexattr(ino.0, name.as_bytes(), caller(req)));
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        // The kernel checks permissions itself (default_permissions); never called then.
-        reply.ok();
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // Sent only without default_permissions (a mount that is not --allow-other).
+        self.touch();
+        empty(reply, self.do_access(ino.0, mask.bits() as u32, caller(req)));
     }
 
     fn create(

@@ -28,7 +28,8 @@
 //!
 //! `ops` holds what each request does, one file per op family (`ops/lookup.rs`,
 //! `ops/data.rs`, `ops/readdir.rs`, `ops/entries.rs`, `ops/rename.rs`, `ops/attrs.rs`,
-//! `ops/xattrs.rs`); `fs` is the fuser `Filesystem` shell; `inodes` the node table and each
+//! `ops/xattrs.rs`, `ops/perms.rs`); `perm` the permission rules a mount without
+//! `default_permissions` applies itself; `fs` is the fuser `Filesystem` shell; `inodes` the node table and each
 //! file's shared state; `dirs` each directory's fd, IV and name index; `handles`; `rangelock`;
 //! `attr` (stat conversion); `reverse` the read-only view of `veilfs mount --reverse`, a
 //! front end of its own over `veilfs_core::reverse`; `tests` drives `ops` on a temporary vault without /dev/fuse.
@@ -42,6 +43,7 @@ mod fs;
 mod handles;
 mod inodes;
 mod ops;
+mod perm;
 mod rangelock;
 pub mod reverse;
 #[cfg(test)]
@@ -59,7 +61,9 @@ use std::sync::Arc;
 pub struct MountConfig {
     /// Behaviour options.
     pub fs: FsOptions,
-    /// Let other users in (the kernel checks permissions: default_permissions).
+    /// Let other users in. The kernel then checks permissions (`default_permissions`);
+    /// without it only the mount owner's processes get in and the daemon checks them
+    /// (`perm.rs`), which spares a GETATTR of the parent after every UNLINK.
     pub allow_other: bool,
     /// Worker threads.
     pub threads: usize,
@@ -75,7 +79,9 @@ pub fn mount(
     cfg: &MountConfig,
     activity: Arc<Activity>,
 ) -> std::io::Result<fuser::Session<VeilFs>> {
-    let fs = VeilFs::new(vault, cfg.fs.clone(), activity)?;
+    let mut opts = cfg.fs.clone();
+    opts.check_permissions = !cfg.allow_other;
+    let fs = VeilFs::new(vault, opts, activity)?;
     let notifier = fs.notifier.clone();
     let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),
@@ -83,8 +89,10 @@ pub fn mount(
         // type `fuse`; as a kernel option the kernel sets the subtype (`fuse.veilfs`), and
         // fusermount3 (non-root) gets the same `subtype=veilfs` text either way.
         fuser::MountOption::CUSTOM("subtype=veilfs".into()),
-        fuser::MountOption::DefaultPermissions,
     ];
+    if cfg.allow_other {
+        options.push(fuser::MountOption::DefaultPermissions);
+    }
     if cfg.fs.read_only {
         options.push(fuser::MountOption::RO);
     }

@@ -23,6 +23,7 @@ fn fs() -> (tempfile::TempDir, VeilFs) {
         negative_ttl: Duration::ZERO,
         writeback: false,
         noatime: false,
+        check_permissions: true,
     };
     let fs = VeilFs::new(Arc::new(vault), opts, Arc::new(Activity::default())).unwrap();
     (t, fs)
@@ -36,7 +37,7 @@ fn write(fs: &VeilFs, parent: u64, name: &str, data: &[u8]) -> u64 {
 }
 
 fn read(fs: &VeilFs, parent: u64, name: &str) -> std::io::Result<Vec<u8>> {
-    let (node, _) = fs.do_lookup(parent, name.as_bytes())?;
+    let (node, _) = fs.do_lookup(parent, name.as_bytes(), ME)?;
     let (fh, _) = fs.do_open(node.id, libc::O_RDONLY, ME)?;
     let mut out = Err(std::io::Error::from_raw_os_error(libc::EIO));
     fs.do_read(fh, 0, 1 << 20, |r| out = r.map(|d| d.to_vec()));
@@ -45,7 +46,7 @@ fn read(fs: &VeilFs, parent: u64, name: &str) -> std::io::Result<Vec<u8>> {
 }
 
 fn names(fs: &VeilFs, dir: u64) -> Vec<String> {
-    let fh = fs.do_opendir(dir).unwrap();
+    let fh = fs.do_opendir(dir, ME).unwrap();
     let (_, snap) = fs.snapshot(fh).unwrap();
     let mut n: Vec<String> = snap.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
     n.sort();
@@ -65,38 +66,38 @@ fn create_write_read_and_list() {
     assert_eq!(read(&fs, ROOT, &"long".repeat(50)).unwrap(), vec![7; 9000]);
     assert_eq!(names(&fs, ROOT), ["a".to_string(), "long".repeat(50)]);
     assert_eq!(errno(fs.do_create(ROOT, b"a", 0o644, libc::O_RDWR | libc::O_EXCL, ME)), libc::EEXIST);
-    assert_eq!(errno(fs.do_lookup(ROOT, b"missing")), libc::ENOENT);
+    assert_eq!(errno(fs.do_lookup(ROOT, b"missing", ME)), libc::ENOENT);
 }
 
 #[test]
 fn rename_replace_noreplace_and_exchange() {
     let (_t, fs) = fs();
-    let (d, _) = fs.do_mkdir(ROOT, b"d", 0o755).unwrap();
+    let (d, _) = fs.do_mkdir(ROOT, b"d", 0o755, ME).unwrap();
     write(&fs, ROOT, "a", b"A");
     write(&fs, ROOT, "b", b"B");
     write(&fs, d.id, "c", b"C");
     // Replace.
-    fs.do_rename(ROOT, b"a", ROOT, b"b", 0).unwrap();
+    fs.do_rename(ROOT, b"a", ROOT, b"b", 0, ME).unwrap();
     assert_eq!(read(&fs, ROOT, "b").unwrap(), b"A");
     assert_eq!(errno(read(&fs, ROOT, "a")), libc::ENOENT);
     // NOREPLACE.
     write(&fs, ROOT, "a", b"A2");
-    assert_eq!(errno(fs.do_rename(ROOT, b"a", ROOT, b"b", libc::RENAME_NOREPLACE)), libc::EEXIST);
+    assert_eq!(errno(fs.do_rename(ROOT, b"a", ROOT, b"b", libc::RENAME_NOREPLACE, ME)), libc::EEXIST);
     // EXCHANGE across directories, long names too.
     let long = "x".repeat(200);
-    fs.do_rename(ROOT, b"a", ROOT, long.as_bytes(), 0).unwrap();
-    fs.do_rename(ROOT, long.as_bytes(), d.id, b"c", libc::RENAME_EXCHANGE).unwrap();
+    fs.do_rename(ROOT, b"a", ROOT, long.as_bytes(), 0, ME).unwrap();
+    fs.do_rename(ROOT, long.as_bytes(), d.id, b"c", libc::RENAME_EXCHANGE, ME).unwrap();
     assert_eq!(read(&fs, ROOT, &long).unwrap(), b"C");
     assert_eq!(read(&fs, d.id, "c").unwrap(), b"A2");
     // A directory into itself, a directory over a file, a file over a non-empty directory.
-    assert_eq!(errno(fs.do_rename(ROOT, b"d", d.id, b"inside", 0)), libc::EINVAL);
-    assert_eq!(errno(fs.do_rename(ROOT, b"d", ROOT, b"b", 0)), libc::ENOTDIR);
-    assert_eq!(errno(fs.do_rename(ROOT, b"b", ROOT, b"d", 0)), libc::EISDIR);
-    let (e, _) = fs.do_mkdir(ROOT, b"e", 0o755).unwrap();
-    assert_eq!(errno(fs.do_rename(ROOT, b"e", ROOT, b"d", 0)), libc::ENOTEMPTY);
-    fs.do_rename(ROOT, b"d", ROOT, b"e", 0).unwrap();
+    assert_eq!(errno(fs.do_rename(ROOT, b"d", d.id, b"inside", 0, ME)), libc::EINVAL);
+    assert_eq!(errno(fs.do_rename(ROOT, b"d", ROOT, b"b", 0, ME)), libc::ENOTDIR);
+    assert_eq!(errno(fs.do_rename(ROOT, b"b", ROOT, b"d", 0, ME)), libc::EISDIR);
+    let (e, _) = fs.do_mkdir(ROOT, b"e", 0o755, ME).unwrap();
+    assert_eq!(errno(fs.do_rename(ROOT, b"e", ROOT, b"d", 0, ME)), libc::ENOTEMPTY);
+    fs.do_rename(ROOT, b"d", ROOT, b"e", 0, ME).unwrap();
     assert_eq!(read(&fs, e.id, "c").map_err(|e| e.raw_os_error()), Err(Some(libc::ENOENT)));
-    let (e2, _) = fs.do_lookup(ROOT, b"e").unwrap();
+    let (e2, _) = fs.do_lookup(ROOT, b"e", ME).unwrap();
     assert_eq!(read(&fs, e2.id, "c").unwrap(), b"A2");
     assert_eq!(names(&fs, ROOT), ["b".to_string(), "e".to_string(), long]);
 }
@@ -104,19 +105,19 @@ fn rename_replace_noreplace_and_exchange() {
 #[test]
 fn remove_files_directories_and_links() {
     let (_t, fs) = fs();
-    let (d, _) = fs.do_mkdir(ROOT, b"d", 0o755).unwrap();
+    let (d, _) = fs.do_mkdir(ROOT, b"d", 0o755, ME).unwrap();
     let a = write(&fs, d.id, "a", b"A");
-    fs.do_link(a, ROOT, b"hard").unwrap();
-    fs.do_symlink(ROOT, b"s", b"target").unwrap();
-    assert_eq!(errno(fs.do_remove(ROOT, b"d", true)), libc::ENOTEMPTY);
-    assert_eq!(errno(fs.do_remove(ROOT, b"d", false)), libc::EISDIR);
-    assert_eq!(errno(fs.do_remove(ROOT, b"hard", true)), libc::ENOTDIR);
-    fs.do_remove(d.id, b"a", false).unwrap();
-    fs.do_remove(ROOT, b"d", true).unwrap();
+    fs.do_link(a, ROOT, b"hard", ME).unwrap();
+    fs.do_symlink(ROOT, b"s", b"target", ME).unwrap();
+    assert_eq!(errno(fs.do_remove(ROOT, b"d", true, ME)), libc::ENOTEMPTY);
+    assert_eq!(errno(fs.do_remove(ROOT, b"d", false, ME)), libc::EISDIR);
+    assert_eq!(errno(fs.do_remove(ROOT, b"hard", true, ME)), libc::ENOTDIR);
+    fs.do_remove(d.id, b"a", false, ME).unwrap();
+    fs.do_remove(ROOT, b"d", true, ME).unwrap();
     assert_eq!(read(&fs, ROOT, "hard").unwrap(), b"A");
-    let (s, _) = fs.do_lookup(ROOT, b"s").unwrap();
+    let (s, _) = fs.do_lookup(ROOT, b"s", ME).unwrap();
     assert_eq!(fs.do_readlink(s.id).unwrap(), b"target");
-    fs.do_remove(ROOT, b"s", false).unwrap();
+    fs.do_remove(ROOT, b"s", false, ME).unwrap();
     assert_eq!(names(&fs, ROOT), ["hard"]);
 }
 
@@ -129,6 +130,6 @@ fn setattr_truncates_and_changes_modes_through_verified_handles() {
     assert_eq!((attr.size, attr.perm), (4000, 0o600));
     assert_eq!(read(&fs, ROOT, "a").unwrap(), vec![1; 4000]);
     fs.do_setxattr(a, b"user.k", b"v", 0, ME).unwrap();
-    assert_eq!(fs.do_getxattr(a, b"user.k").unwrap(), b"v");
+    assert_eq!(fs.do_getxattr(a, b"user.k", ME).unwrap(), b"v");
     assert_eq!(fs.do_listxattr(a).unwrap(), b"user.k\0");
 }

@@ -74,14 +74,17 @@ pub fn privileged<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// What `/proc/PID/status` says of a process's rights: its supplementary groups and whether
-/// its effective capabilities hold `CAP_FSETID` (which keeps set-id bits through a write).
+/// What `/proc/PID/status` says of a process's rights: its supplementary groups and its
+/// effective capabilities (`CAP_FSETID` keeps set-id bits through a write; the DAC ones
+/// override file modes).
 #[derive(Debug, Clone, Default)]
 pub struct ProcCreds {
     /// Supplementary groups.
     pub groups: Vec<libc::gid_t>,
     /// `CAP_FSETID` is effective.
     pub cap_fsetid: bool,
+    /// The effective capability set, one bit per capability number (`CAP_CHOWN` = 0, …).
+    pub caps: u64,
 }
 
 /// The credentials of process `pid` (from `/proc/PID/status`).
@@ -94,7 +97,7 @@ pub fn creds_of(pid: u32) -> io::Result<ProcCreds> {
     let caps =
         u64::from_str_radix(field("CapEff:")?.trim(), 16).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     const CAP_FSETID: u32 = 4;
-    Ok(ProcCreds { groups, cap_fsetid: caps & (1 << CAP_FSETID) != 0 })
+    Ok(ProcCreds { groups, cap_fsetid: caps & (1 << CAP_FSETID) != 0, caps })
 }
 
 /// The supplementary groups of process `pid` (from `/proc/PID/status`), for [`act_as`].

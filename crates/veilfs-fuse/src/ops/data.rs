@@ -118,6 +118,7 @@ impl VeilFs {
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             self.check_writable()?;
         }
+        self.may(caller, &node, crate::perm::open_mask(flags))?;
         let crypt = self.acquire(&node)?;
         if flags & libc::O_TRUNC != 0 {
             let f = node.file()?;

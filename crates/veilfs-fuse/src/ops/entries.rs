@@ -35,6 +35,7 @@ impl VeilFs {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
         let dir = pnode.dir()?;
+        let checked = self.may(caller, &pnode, crate::perm::EXEC)?;
         let guard = dir.ops.lock();
         let (key, found) = self.find(dir, name)?;
         if found.is_some() {
@@ -42,9 +43,12 @@ impl VeilFs {
             if flags & libc::O_EXCL != 0 {
                 return Err(errno(libc::EEXIST));
             }
-            let (node, st) = self.do_lookup(parent, name)?;
+            let (node, st) = self.do_lookup(parent, name, caller)?;
             let (fh, _) = self.do_open(node.id, flags, caller)?;
             return Ok((node, st, fh));
+        }
+        if let Some((who, st)) = &checked {
+            crate::perm::check(who, st, crate::perm::WRITE)?;
         }
         let (on_disk, _, crypt) = self.vault.create_file_at(&dir.cd, &key, mode).map_err(cerr)?;
         crypt.set_defer_sparse(!self.opts.shared_storage);
@@ -61,16 +65,18 @@ impl VeilFs {
     /// Makes a new entry `name` in directory `parent`: under the directory's lock, refuses a
     /// name in use (EEXIST), lets `make` create the backing object (returning its on-disk name
     /// and `d_type`) and registers it. The object belongs to whoever the thread acts as
-    /// ([`acting`](Self::acting)).
+    /// ([`acting`](Self::acting)); `c` needs write and search permission on the parent.
     pub(super) fn make_entry(
         &self,
         parent: u64,
         name: &[u8],
+        c: Caller,
         make: impl FnOnce(&DirState, &NameKey) -> io::Result<(String, u8)>,
     ) -> io::Result<(Arc<Node>, Stat)> {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
         let dir = pnode.dir()?;
+        self.may(c, &pnode, crate::perm::WRITE | crate::perm::EXEC)?;
         let _g = dir.ops.lock();
         let (key, found) = self.find(dir, name)?;
         if found.is_some() {
@@ -81,12 +87,19 @@ impl VeilFs {
     }
 
     /// MKNOD (FIFOs, sockets, device nodes; regular files too).
-    pub(crate) fn do_mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u32) -> io::Result<(Arc<Node>, Stat)> {
+    pub(crate) fn do_mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        c: Caller,
+    ) -> io::Result<(Arc<Node>, Stat)> {
         let kind = EntryKind::from_mode(mode);
         if kind == EntryKind::Dir {
             return Err(errno(libc::EINVAL));
         }
-        self.make_entry(parent, name, |dir, key| {
+        self.make_entry(parent, name, c, |dir, key| {
             if kind == EntryKind::File {
                 let (on_disk, _, _) = self.vault.create_file_at(&dir.cd, key, mode).map_err(cerr)?;
                 Ok((on_disk, libc::DT_REG))
@@ -99,8 +112,8 @@ impl VeilFs {
     }
 
     /// MKDIR.
-    pub(crate) fn do_mkdir(&self, parent: u64, name: &[u8], mode: u32) -> io::Result<(Arc<Node>, Stat)> {
-        self.make_entry(parent, name, |dir, key| {
+    pub(crate) fn do_mkdir(&self, parent: u64, name: &[u8], mode: u32, c: Caller) -> io::Result<(Arc<Node>, Stat)> {
+        self.make_entry(parent, name, c, |dir, key| {
             // A set-group-id directory passes the bit on, as local filesystems do.
             let mode = (mode & 0o7777) | (sys::fstat(dir.cd.fd())?.st_mode & libc::S_ISGID);
             let (on_disk, _sub) = self.vault.mkdir_at(&dir.cd, key, mode).map_err(cerr)?;
@@ -109,8 +122,14 @@ impl VeilFs {
     }
 
     /// SYMLINK.
-    pub(crate) fn do_symlink(&self, parent: u64, name: &[u8], target: &[u8]) -> io::Result<(Arc<Node>, Stat)> {
-        self.make_entry(parent, name, |dir, key| {
+    pub(crate) fn do_symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        c: Caller,
+    ) -> io::Result<(Arc<Node>, Stat)> {
+        self.make_entry(parent, name, c, |dir, key| {
             let (on_disk, _) = self.vault.symlink_at(&dir.cd, key, target).map_err(cerr)?;
             Ok((on_disk, libc::DT_LNK))
         })
@@ -124,15 +143,21 @@ impl VeilFs {
         self.vault.read_target(&dir.cd, &l.on_disk, &node.identity).map_err(cerr)
     }
 
-    /// UNLINK and RMDIR.
-    pub(crate) fn do_remove(&self, parent: u64, name: &[u8], is_dir: bool) -> io::Result<()> {
+    /// UNLINK and RMDIR (by `c`: search and write permission on the parent, and the
+    /// sticky-bit rule).
+    pub(crate) fn do_remove(&self, parent: u64, name: &[u8], is_dir: bool, c: Caller) -> io::Result<()> {
         self.check_writable()?;
         let pnode = self.nodes.get(parent)?;
         let dir = pnode.dir()?;
+        let checked = self.may(c, &pnode, crate::perm::EXEC)?;
         let _g = dir.ops.lock();
         let (key, found) = self.find(dir, name)?;
         let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
         let st = Self::stat_entry(dir, &on_disk)?;
+        if let Some((who, pst)) = &checked {
+            crate::perm::check(who, pst, crate::perm::WRITE)?;
+            crate::perm::check_sticky(who, pst, &st)?;
+        }
         let kind = EntryKind::from_mode(st.st_mode);
         match (is_dir, kind == EntryKind::Dir) {
             (true, false) => return Err(errno(libc::ENOTDIR)),
@@ -172,12 +197,15 @@ impl VeilFs {
     }
 
     /// LINK.
-    pub(crate) fn do_link(&self, ino: u64, newparent: u64, newname: &[u8]) -> io::Result<(Arc<Node>, Stat)> {
+    pub(crate) fn do_link(&self, ino: u64, newparent: u64, newname: &[u8], c: Caller) -> io::Result<(Arc<Node>, Stat)> {
         let node = self.nodes.get(ino)?;
         if node.kind == EntryKind::Dir {
             return Err(errno(libc::EPERM));
         }
-        self.make_entry(newparent, newname, |dir, key| {
+        if let Some(who) = self.who(c) {
+            crate::perm::check_link_source(&who, &self.perm_stat(&node)?, self.protected_hardlinks)?;
+        }
+        self.make_entry(newparent, newname, c, |dir, key| {
             let src = node.link()?;
             let from = &src.parent.dir()?.cd;
             let on_disk =

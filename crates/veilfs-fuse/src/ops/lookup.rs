@@ -69,10 +69,11 @@ impl VeilFs {
         })
     }
 
-    /// LOOKUP.
-    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8]) -> io::Result<(Arc<Node>, Stat)> {
+    /// LOOKUP (by `c`, who needs search permission on the parent).
+    pub(crate) fn do_lookup(&self, parent: u64, name: &[u8], c: Caller) -> io::Result<(Arc<Node>, Stat)> {
         let parent = self.nodes.get(parent)?;
         let dir = parent.dir()?;
+        self.may(c, &parent, crate::perm::EXEC)?;
         let (key, found) = self.find(dir, name)?;
         let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
         let st = match Self::stat_entry(dir, &on_disk) {

@@ -27,6 +27,7 @@ mod attrs;
 mod data;
 mod entries;
 mod lookup;
+mod perms;
 mod readdir;
 mod rename;
 mod xattrs;
@@ -49,6 +50,9 @@ pub struct FsOptions {
     /// Reads never change access times (`noatime`); otherwise they do as with Linux's
     /// `relatime` (see `ops/atime.rs`).
     pub noatime: bool,
+    /// The daemon checks permissions itself (`perm.rs`): set by [`mount`](crate::mount)
+    /// for a mount without `--allow-other`, which has no `default_permissions`.
+    pub check_permissions: bool,
 }
 
 /// What a SETATTR asks to change (`None`: leave as is).
@@ -156,6 +160,8 @@ pub struct VeilFs {
     pub(crate) opts: FsOptions,
     pub(crate) writeback: bool,
     pub(crate) euid: u32,
+    /// `fs.protected_hardlinks` at mount time (`perm::check_link_source`).
+    pub(crate) protected_hardlinks: bool,
     pub(crate) activity: Arc<Activity>,
     /// Tells the kernel of changes it cannot see in replies; set once the session is
     /// mounted (empty when the operations are driven without a kernel).
@@ -214,6 +220,7 @@ impl VeilFs {
             handles: Handles::default(),
             writeback: false,
             euid,
+            protected_hardlinks: crate::perm::hardlinks_protected(),
             opts,
             activity,
             notifier: Arc::default(),

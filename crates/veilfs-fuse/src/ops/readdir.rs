@@ -4,10 +4,11 @@ use super::*;
 use veilfs_core::sys::Stat;
 
 impl VeilFs {
-    /// OPENDIR.
-    pub(crate) fn do_opendir(&self, ino: u64) -> io::Result<u64> {
+    /// OPENDIR (by `c`, who needs read permission).
+    pub(crate) fn do_opendir(&self, ino: u64, c: Caller) -> io::Result<u64> {
         let node = self.nodes.get(ino)?;
         node.dir()?;
+        self.may(c, &node, crate::perm::READ)?;
         Ok(self.handles.add_dir(node))
     }
 

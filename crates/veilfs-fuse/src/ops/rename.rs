@@ -2,10 +2,11 @@
 //! `rename_at`/`exchange_at`, this file keeps the index and node table current.
 
 use super::*;
+use crate::perm::{self, Who};
 use veilfs_core::sys::Stat;
 
 impl VeilFs {
-    /// RENAME (flags: RENAME_NOREPLACE, RENAME_EXCHANGE).
+    /// RENAME (flags: RENAME_NOREPLACE, RENAME_EXCHANGE) by `c`: see [`check_rename`](Self::check_rename).
     pub(crate) fn do_rename(
         &self,
         parent: u64,
@@ -13,6 +14,7 @@ impl VeilFs {
         newparent: u64,
         newname: &[u8],
         flags: u32,
+        c: Caller,
     ) -> io::Result<()> {
         self.check_writable()?;
         if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
@@ -20,6 +22,7 @@ impl VeilFs {
         }
         let (from, to) = (self.nodes.get(parent)?, self.nodes.get(newparent)?);
         let (fd_, td) = (from.dir()?, to.dir()?);
+        let (fcheck, tcheck) = (self.may(c, &from, perm::EXEC)?, self.may(c, &to, perm::EXEC)?);
         // Lock both directories, in node-id order so two renames cannot deadlock.
         let (_g1, _g2) = if from.id == to.id {
             (fd_.ops.lock(), None)
@@ -43,6 +46,10 @@ impl VeilFs {
             }
             None => None,
         };
+        if let (Some(f), Some(t)) = (&fcheck, &tcheck) {
+            let moved = from.id != to.id;
+            Self::check_rename(f, t, &sst, dst.as_ref().map(|d| &d.1), moved, flags & libc::RENAME_EXCHANGE != 0)?;
+        }
         if flags & libc::RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(errno(libc::EEXIST));
         }
@@ -112,6 +119,34 @@ impl VeilFs {
         }
         self.relink(sst.st_ino, from.id, &s_on, &to, &new_on);
         Ok(())
+    }
+
+    /// Linux's rename checks (`may_delete`, `may_create`, `vfs_rename`), given both parents'
+    /// checked attributes (`from`, `to`: search permission passed), the source's and the
+    /// target's: write on both parents, the sticky-bit rule for both entries, and write on a
+    /// directory that changes parent (its `..` changes), as on the target in an exchange.
+    fn check_rename(
+        (who, from): &(Who, Stat),
+        (_, to): &(Who, Stat),
+        src: &Stat,
+        dst: Option<&Stat>,
+        moved: bool,
+        exchange: bool,
+    ) -> io::Result<()> {
+        perm::check(who, from, perm::WRITE)?;
+        perm::check_sticky(who, from, src)?;
+        perm::check(who, to, perm::WRITE)?;
+        if let Some(d) = dst {
+            perm::check_sticky(who, to, d)?;
+        }
+        let is_dir = |st: &Stat| st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if moved && is_dir(src) {
+            perm::check(who, src, perm::WRITE)?;
+        }
+        match dst {
+            Some(d) if moved && exchange && is_dir(d) => perm::check(who, d, perm::WRITE),
+            _ => Ok(()),
+        }
     }
 
     pub(super) fn relink(&self, backing_ino: u64, from: u64, old: &str, to: &Arc<Node>, new: &str) {

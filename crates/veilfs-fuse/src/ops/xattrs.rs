@@ -34,17 +34,27 @@ impl VeilFs {
         f(sys::XattrTarget::Handle(handle.as_fd()))
     }
 
-    /// GETXATTR: the plaintext value.
-    pub(crate) fn do_getxattr(&self, ino: u64, name: &[u8]) -> io::Result<Vec<u8>> {
+    /// The xattr rules of `perm::check_xattr` for `c` on `node` (a mount that makes them).
+    fn may_xattr(&self, node: &Arc<Node>, name: &[u8], write: bool, c: Caller) -> io::Result<()> {
+        match self.who(c) {
+            Some(who) => crate::perm::check_xattr(&who, &self.perm_stat(node)?, name, write),
+            None => Ok(()),
+        }
+    }
+
+    /// GETXATTR: the plaintext value (read permission).
+    pub(crate) fn do_getxattr(&self, ino: u64, name: &[u8], c: Caller) -> io::Result<Vec<u8>> {
         let node = self.nodes.get(ino)?;
+        self.may_xattr(&node, name, false, c)?;
         let what = || self.cipher_path(&node);
         self.with_xattr(&node, None, |t| self.xattr.get(t, &node.identity, name).map_err(|e| xerr(e, what)))
     }
 
-    /// SETXATTR.
+    /// SETXATTR (write permission).
     pub(crate) fn do_setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32, c: Caller) -> io::Result<()> {
         self.check_writable()?;
         let node = self.nodes.get(ino)?;
+        self.may_xattr(&node, name, true, c)?;
         let what = || self.cipher_path(&node);
         self.with_xattr(&node, Some(c), |t| {
             self.xattr.set(t, &node.identity, name, value, flags).map_err(|e| xerr(e, what))
@@ -66,10 +76,11 @@ impl VeilFs {
         Ok(out)
     }
 
-    /// REMOVEXATTR.
+    /// REMOVEXATTR (write permission).
     pub(crate) fn do_removexattr(&self, ino: u64, name: &[u8], c: Caller) -> io::Result<()> {
         self.check_writable()?;
         let node = self.nodes.get(ino)?;
+        self.may_xattr(&node, name, true, c)?;
         let what = || self.cipher_path(&node);
         self.with_xattr(&node, Some(c), |t| self.xattr.remove(t, &node.identity, name).map_err(|e| xerr(e, what)))
     }
