@@ -442,6 +442,16 @@ pub fn try_flock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
+/// `flock(fd, LOCK_SH | LOCK_NB)`: `Ok(true)` when taken, `Ok(false)` when another open file
+/// description holds an exclusive lock.
+pub fn try_flock_shared(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// This machine's host name (the `nodename` of `uname`, which is what `gethostname` reads),
 /// lossy UTF-8.
 pub fn host_name() -> String {

@@ -5,12 +5,12 @@ use super::*;
 
 impl VeilFs {
     /// The content layer over `fd`, the backing file `on_disk` in `dir` whose entry promises
-    /// `identity`. Used by every path that opens a file's content, so they all read the header
-    /// the same way and agree on when SPARSE is written.
+    /// `identity` (of node `ino`). Used by every path that opens a file's content, so they all
+    /// read the header the same way and agree on when SPARSE is written.
     pub(super) fn content(
         &self,
         fd: OwnedFd,
-        identity: Identity,
+        (ino, identity): (u64, Identity),
         dir: &DirState,
         on_disk: &str,
     ) -> io::Result<CryptFile> {
@@ -24,8 +24,11 @@ impl VeilFs {
         // A file a crash left UNSETTLED is settled as soon as it opens (docs/FORMAT.md §5.8);
         // without a writable backing file it is read by the crash rules instead.
         if !self.opts.shared_storage && !self.opts.read_only {
-            if let Err(e) = crypt.recover_tail() {
-                tracing::warn!("{e}");
+            match crypt.recover_tail() {
+                // The size the kernel had from the entry may have been cut by the crash rules.
+                Ok(Some(_)) => self.invalidate_attr(ino),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{e}"),
             }
         }
         Ok(crypt)
@@ -50,7 +53,9 @@ impl VeilFs {
                     open(flags).or_else(|e| match &e {
                         veilfs_core::Error::Io { source, .. } if source.raw_os_error() == Some(libc::EACCES) => {
                             match sys::open_path_at(dir.cd.fd(), l.on_disk.as_bytes()) {
-                                Ok((h, _)) => sys::with_owner_rwx(h.as_fd(), || open(flags)),
+                                // The grant moves the change time, which the kernel must hear of.
+                                Ok((h, _)) => sys::with_owner_rwx(h.as_fd(), || open(flags))
+                                    .inspect(|_| self.invalidate_attr(node.id)),
                                 Err(_) => Err(e),
                             }
                         }
@@ -76,7 +81,7 @@ impl VeilFs {
                         continue;
                     }
                 };
-                let crypt = self.content(fd, node.identity, dir, &l.on_disk)?;
+                let crypt = self.content(fd, (node.id, node.identity), dir, &l.on_disk)?;
                 let size = crypt.plain_size().map_err(cerr)?;
                 return Ok((crypt, size));
             }
@@ -85,15 +90,26 @@ impl VeilFs {
     }
 
     /// Drops one user of the inode's open file; the last one settles it (declares the holes
-    /// that writes left) before it is closed.
+    /// that writes left) before it is closed. Settling writes the header, which moves the
+    /// backing times after the kernel last heard of them: it is told.
     pub(crate) fn release_file(&self, node: &Node) {
         if let Some(f) = &node.file {
-            f.release(|c| {
-                if let Err(e) = c.settle() {
-                    tracing::error!("{e}");
-                }
+            f.release(|c| match c.settle() {
+                Ok(true) => self.invalidate_attr(node.id),
+                Ok(false) => {}
+                Err(e) => tracing::error!("{e}"),
             });
         }
+    }
+
+    /// FSYNC: flushes the file (settling its header, which the kernel is told of as at
+    /// [`release_file`](Self::release_file)).
+    pub(crate) fn do_fsync(&self, fh: u64, datasync: bool) -> io::Result<()> {
+        let h = self.handles.file(fh)?;
+        if h.crypt.sync(datasync).map_err(cerr)? {
+            self.invalidate_attr(h.node.id);
+        }
+        Ok(())
     }
 
     /// At unmount: declares the holes of files still open. Their RELEASE may never come (the
@@ -205,7 +221,7 @@ impl VeilFs {
         self.atime_recheck(&h.node);
         let keep = self.setid_kept(&h.crypt)?;
         let r = self.write_locked(&h.crypt, f, off, end, data);
-        self.restore_setid(&h.crypt, keep);
+        self.restore_setid(h.node.id, &h.crypt, keep);
         r
     }
 
@@ -250,7 +266,7 @@ impl VeilFs {
         let cur = self.current_size(f, crypt)?;
         let keep = self.setid_kept(crypt)?;
         let r = crypt.truncate(size, cur).map_err(cerr);
-        self.restore_setid(crypt, keep);
+        self.restore_setid(node.id, crypt, keep);
         r?;
         f.set_size(size);
         self.atime_recheck(node);
@@ -277,7 +293,7 @@ impl VeilFs {
                 true => h.crypt.truncate(end, cur).map_err(cerr).map(|()| f.set_size(end)),
                 false => Ok(()),
             });
-        self.restore_setid(&h.crypt, keep);
+        self.restore_setid(h.node.id, &h.crypt, keep);
         r?;
         self.atime_recheck(&h.node);
         if self.drop_setid(&h.node, &h.crypt, caller, false)? {
@@ -344,8 +360,9 @@ impl VeilFs {
 
     /// Puts back the set-id bits [`setid_kept`](Self::setid_kept) saw, if the backing
     /// filesystem cleared them (best effort: a failure leaves the file as Linux would for an
-    /// unprivileged writer, and is logged).
-    fn restore_setid(&self, crypt: &CryptFile, keep: Option<u32>) {
+    /// unprivileged writer, and is logged). The kernel of node `ino` is told: the change time
+    /// moved.
+    fn restore_setid(&self, ino: u64, crypt: &CryptFile, keep: Option<u32>) {
         let Some(mode) = keep else { return };
         let fd = crypt.backing().as_fd();
         match sys::fstat(fd) {
@@ -354,6 +371,7 @@ impl VeilFs {
                 if let Err(e) = sys::fchmod(fd, mode) {
                     tracing::warn!("set-id bits of backing inode {} not restored: {e}", st.st_ino);
                 }
+                self.invalidate_attr(ino);
             }
             _ => {}
         }

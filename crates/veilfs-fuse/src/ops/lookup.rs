@@ -78,7 +78,20 @@ impl VeilFs {
             Err(e) => return Err(e),
         };
         let node = self.node_at(&parent, &key.d, &on_disk, &st)?;
+        let st = self.after_owner_grant(&parent, dir, &on_disk, st);
         Ok((node, st))
+    }
+
+    /// A daemon that is not root opens a directory whose mode denies its owner with the
+    /// owner's rights granted for a moment (`veilfs_core::sys::with_owner_rwx`), which moves
+    /// the change times of that directory and of `parent`: the entry's `st` is taken again and
+    /// the kernel drops the parent's attributes.
+    pub(super) fn after_owner_grant(&self, parent: &Node, dir: &DirState, on_disk: &str, st: Stat) -> Stat {
+        if self.euid == 0 || st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_mode & 0o700 == 0o700 {
+            return st;
+        }
+        self.invalidate_attr(parent.id);
+        sys::fstatat(dir.cd.fd(), on_disk.as_bytes()).unwrap_or(st)
     }
 
     /// The backing `stat` of `node` (through an open handle's fd when given).

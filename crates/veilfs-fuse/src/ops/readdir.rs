@@ -63,7 +63,7 @@ impl VeilFs {
     /// the entry's binding (which READDIRPLUS does as well).
     pub(crate) fn entry_ino(&self, parent: &Node, e: &SnapEntry) -> io::Result<u64> {
         let dir = parent.dir()?;
-        let st = Self::stat_entry(dir, &e.on_disk)?;
+        let st = self.stat_entry(parent, dir, &e.on_disk)?;
         let (_, identity) = self.identity(dir, &e.d, &e.on_disk, &st)?;
         Ok(self.nodes.id_for(st.st_ino, identity))
     }
@@ -71,16 +71,19 @@ impl VeilFs {
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
     pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, Stat)> {
         let dir = parent.dir()?;
-        let st = Self::stat_entry(dir, &e.on_disk)?;
-        Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
+        let st = self.stat_entry(parent, dir, &e.on_disk)?;
+        let node = self.node_at(parent, &e.d, &e.on_disk, &st)?;
+        Ok((node, self.after_owner_grant(parent, dir, &e.on_disk, st)))
     }
 
     /// The backing stat of entry `on_disk` of `dir`. A directory that its owner may read but
     /// not search (mode 0600) still lists on Linux; the entry's stat then needs the owner's
-    /// search right for a moment (`with_owner_rwx`, for a daemon that is not root).
-    fn stat_entry(dir: &DirState, on_disk: &str) -> io::Result<sys::Stat> {
+    /// search right for a moment (`with_owner_rwx`, for a daemon that is not root), which
+    /// moves the change time of `parent` (whose state is `dir`): the kernel is told.
+    fn stat_entry(&self, parent: &Node, dir: &DirState, on_disk: &str) -> io::Result<sys::Stat> {
         sys::fstatat(dir.cd.fd(), on_disk.as_bytes()).or_else(|e| match e.raw_os_error() {
-            Some(libc::EACCES) => sys::with_owner_rwx(dir.cd.fd(), || sys::fstatat(dir.cd.fd(), on_disk.as_bytes())),
+            Some(libc::EACCES) => sys::with_owner_rwx(dir.cd.fd(), || sys::fstatat(dir.cd.fd(), on_disk.as_bytes()))
+                .inspect(|_| self.invalidate_attr(parent.id)),
             _ => Err(e),
         })
     }
