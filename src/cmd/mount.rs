@@ -42,9 +42,12 @@ come before --exclude patterns.\n\n\
 A mount locks its vault (the file veilfs.lock in CIPHERDIR, removed at unmount): a second mount and \
 the commands that write it (import, passwd, fsck --repair) are refused with exit code 9, naming the process that \
 holds it; reading commands (cat, ls, export, info, fsck) work. The lock of a daemon that died is taken over with a \
-warning; that of another machine (CIPHERDIR synced from there) only with --break-lock. Use --shared-storage when \
-several writers share CIPHERDIR (mounts on several machines, or a mount and offline imports): such a mount takes \
-no lock and caches nothing (slower, but never stale); every mount of the vault should then use it.")]
+warning; that of another machine (CIPHERDIR synced from there) only with --break-lock. Being the only writer, \
+a locked mount lets the kernel cache names and attributes for an hour (--attr-timeout) and tells it of every \
+change it makes itself. Use --shared-storage when several writers share CIPHERDIR (mounts on several machines, \
+or a mount and offline imports): such a mount takes no vault lock and caches nothing (slower, but never stale); \
+every mount of the vault must then use it: a mount that caches is refused (exit code 9) while a shared-storage \
+mount is live, and a shared-storage mount while a mount that caches is.")]
 pub struct Args {
     /// The vault.
     pub cipherdir: PathBuf,
@@ -68,8 +71,9 @@ pub struct Args {
     pub idle: Option<Duration>,
     /// Several writers at once: CIPHERDIR may change underneath (another mount, an offline
     /// `veilfs import`, a sync tool). Takes no vault lock and caches nothing (slower, never
-    /// stale). Without it a mount locks the vault: a second mount and the commands that
-    /// write (import, passwd, fsck --repair) are refused while it is mounted.
+    /// stale); refused while a mount without it is live. Without it a mount locks the vault:
+    /// a second mount and the commands that write (import, passwd, fsck --repair) are
+    /// refused while it is mounted.
     #[arg(long)]
     pub shared_storage: bool,
     #[command(flatten)]
