@@ -616,7 +616,7 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
 
 #[test]
 fn mount_errors_are_clear_and_mount_nothing() {
-    let Some(m) = Mounted::new("64m", &[]) else { return };
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
     let other = m.tmpfs.path.join("mnt2");
     fs::create_dir(&other).unwrap();
     let wrong = m.tmpfs.path.join("wrong");
@@ -627,19 +627,19 @@ fn mount_errors_are_clear_and_mount_nothing() {
         &["mount", m.cipher.to_str().unwrap(), other.to_str().unwrap(), "--passfile", wrong.to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(9), "{}", text(&o));
-    // ...and with --shared-storage (no lock) a wrong password is exit 3.
-    let o = run(
-        &BIN,
-        &[
-            "mount",
-            m.cipher.to_str().unwrap(),
-            other.to_str().unwrap(),
-            "--passfile",
-            wrong.to_str().unwrap(),
-            "--shared-storage",
-        ],
-    );
+    // ...and so is a --shared-storage mount beside one that caches (issue 15)...
+    let cipher = m.cipher.clone();
+    let shared = |pass: &Path| {
+        let (c, o, p) = (cipher.to_str().unwrap(), other.to_str().unwrap(), pass.to_str().unwrap());
+        run(&BIN, &["mount", c, o, "--passfile", p, "--shared-storage"])
+    };
+    let o = shared(&wrong);
+    assert_eq!(o.status.code(), Some(9), "{}", text(&o));
+    // ...while a wrong password for a vault nobody holds is exit 3.
+    m.umount();
+    let o = shared(&wrong);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    m.mount();
     let o = run(
         &BIN,
         &[
