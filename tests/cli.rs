@@ -1114,6 +1114,51 @@ fn shared_storage_mounts_take_no_lock_and_see_an_import() {
     assert_eq!(code(&common::run(BIN, &["umount", second.to_str().unwrap()])), 0);
 }
 
+/// `veilfs mount CIPHERDIR at EXTRA…` of `m`'s vault (a mount of another kind than `m`'s).
+fn mount_at(m: &common::Mounted, at: &std::path::Path, extra: &[&str]) -> Output {
+    std::fs::create_dir_all(at).unwrap();
+    with_pass(m, &[&["mount", m.cipher.to_str().unwrap(), at.to_str().unwrap()], extra].concat())
+}
+
+/// Issue 15: a mount that caches (for an hour) and a `--shared-storage` mount never run on one
+/// vault at once: each is refused with exit code 9 while the other kind is live, naming it;
+/// shared-storage mounts coexist and see each other's changes at once.
+#[test]
+fn caching_and_shared_storage_mounts_refuse_each_other() {
+    let Some(mut m) = common::Mounted::new("64m", &[]) else { return };
+    let pid = common::daemon_pid(&m.mnt).expect("the daemon's pid");
+    let (a, b) = (m.tmpfs.path.join("shared-a"), m.tmpfs.path.join("shared-b"));
+    let _guards = (common::UnmountOnDrop(a.clone()), common::UnmountOnDrop(b.clone()));
+    let o = mount_at(&m, &a, &["--shared-storage"]);
+    assert_eq!(code(&o), 9, "a shared-storage mount beside a caching one: {}", err(&o));
+    assert!(err(&o).contains(&format!("is mounted by pid {pid} on host ")), "{}", err(&o));
+    assert!(err(&o).contains("a mount that caches"), "{}", err(&o));
+    m.umount();
+    for at in [&a, &b] {
+        let o = mount_at(&m, at, &["--shared-storage"]);
+        assert_eq!(code(&o), 0, "{}", err(&o));
+    }
+    std::fs::write(a.join("from-a"), "written in a").unwrap();
+    assert_eq!(std::fs::read_to_string(b.join("from-a")).unwrap(), "written in a");
+    let o = mount_at(&m, &m.mnt, &[]);
+    assert_eq!(code(&o), 9, "a caching mount beside shared-storage ones: {}", err(&o));
+    let e = err(&o);
+    assert!(e.contains("is mounted with --shared-storage") && e.contains(a.to_str().unwrap()), "{e}");
+    assert!(e.contains(b.to_str().unwrap()), "names every mount of this machine: {e}");
+    assert!(!m.cipher.join("veilfs.lock").exists(), "the refused mount leaves no lock file");
+    // Offline writers still work beside shared-storage mounts.
+    let src = m.tmpfs.path.join("imported");
+    std::fs::write(&src, "from import").unwrap();
+    let o = with_pass(&m, &["import", src.to_str().unwrap(), m.cipher.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(std::fs::read_to_string(b.join("imported")).unwrap(), "from import");
+    for at in [&a, &b] {
+        assert_eq!(code(&common::run(BIN, &["umount", at.to_str().unwrap()])), 0);
+    }
+    m.mount();
+    assert_eq!(std::fs::read_to_string(m.m("from-a")).unwrap(), "written in a");
+}
+
 /// A lock file of another machine (CIPHERDIR synced from there) is refused naming that host
 /// and the way out; `--break-lock` takes it over, and the lock file goes afterwards.
 #[test]

@@ -616,7 +616,7 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
 
 #[test]
 fn mount_errors_are_clear_and_mount_nothing() {
-    let Some(m) = Mounted::new("64m", &[]) else { return };
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
     let other = m.tmpfs.path.join("mnt2");
     fs::create_dir(&other).unwrap();
     let wrong = m.tmpfs.path.join("wrong");
@@ -627,19 +627,19 @@ fn mount_errors_are_clear_and_mount_nothing() {
         &["mount", m.cipher.to_str().unwrap(), other.to_str().unwrap(), "--passfile", wrong.to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(9), "{}", text(&o));
-    // ...and with --shared-storage (no lock) a wrong password is exit 3.
-    let o = run(
-        &BIN,
-        &[
-            "mount",
-            m.cipher.to_str().unwrap(),
-            other.to_str().unwrap(),
-            "--passfile",
-            wrong.to_str().unwrap(),
-            "--shared-storage",
-        ],
-    );
+    // ...and so is a --shared-storage mount beside one that caches (issue 15)...
+    let cipher = m.cipher.clone();
+    let shared = |pass: &Path| {
+        let (c, o, p) = (cipher.to_str().unwrap(), other.to_str().unwrap(), pass.to_str().unwrap());
+        run(&BIN, &["mount", c, o, "--passfile", p, "--shared-storage"])
+    };
+    let o = shared(&wrong);
+    assert_eq!(o.status.code(), Some(9), "{}", text(&o));
+    // ...while a wrong password for a vault nobody holds is exit 3.
+    m.umount();
+    let o = shared(&wrong);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    m.mount();
     let o = run(
         &BIN,
         &[
@@ -940,4 +940,147 @@ fn directories_denying_their_owner_and_setgid_mmap_writes_behave_as_on_tmpfs_acr
     for r in [&m.plain, &m.mnt] {
         sh(&format!("chmod -R u+rwx {}", r.display()));
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 15: a mount that holds the vault lock lets the kernel cache names and attributes
+// for an hour; every change must still be seen at once (crates/veilfs-fuse/src/lib.rs,
+// "Caching"). Each check reads through `stat` in another process, after that process has
+// seen the old state (so the kernel cached it).
+// ---------------------------------------------------------------------------------------
+
+/// `stat -c FMT path` in another process: what any program would see now (or the error).
+fn stat_fmt(fmt: &str, p: &Path) -> String {
+    let o = run("stat", &["-c", fmt, p.to_str().unwrap()]);
+    if o.status.success() {
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    } else {
+        "missing".to_string()
+    }
+}
+
+/// The backing file of the only regular file of the vault's top directory that is not
+/// the vault's own (config, lock).
+fn only_backing_file(m: &Mounted) -> std::path::PathBuf {
+    let files: Vec<_> = fs::read_dir(&m.cipher)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().unwrap().is_file() && !e.file_name().to_string_lossy().starts_with("veilfs."))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.into_iter().next().unwrap()
+}
+
+/// The kernel really caches on a mount that holds the lock (a change made to the backing
+/// store behind the mount's back stays unseen: so the checks below are not vacuous), and
+/// every change made through the mount is seen at once by another process: mode, owner,
+/// times, size and modification time after a write and a truncation, a rename over a name,
+/// a new link's count, an unlink, an xattr's change time, and the access time a read moves.
+/// These reach the kernel in replies or by its own bookkeeping (no invalidation of ours).
+#[test]
+fn a_caching_mount_caches_and_every_change_through_it_is_seen_at_once() {
+    let Some(m) = Mounted::new("64m", &[]) else { return };
+    let f = m.m("f");
+    fs::write(&f, b"0123456789").unwrap();
+    let all = "%a %u %g %s %Y %h";
+    let before = stat_fmt(all, &f);
+    // Behind the mount's back: the cached mode stays (an hour).
+    let backing = only_backing_file(&m);
+    fs::set_permissions(&backing, fs::Permissions::from_mode(0o604)).unwrap();
+    assert_eq!(stat_fmt(all, &f), before, "the kernel caches attributes");
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(stat_fmt("%a", &f), "640", "chmod");
+    if is_root() {
+        std::os::unix::fs::chown(&f, Some(1234), Some(5678)).unwrap();
+        assert_eq!(stat_fmt("%u %g", &f), "1234 5678", "chown");
+    }
+    let old = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    File::options().write(true).open(&f).unwrap().set_times(fs::FileTimes::new().set_modified(old)).unwrap();
+    assert_eq!(stat_fmt("%Y", &f), "1000000000", "utimens");
+    OpenOptions::new().append(true).open(&f).unwrap().write_all(b"abcde").unwrap();
+    let (size, mtime) = stat_fmt("%s %Y", &f).split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).unwrap();
+    assert_eq!(size, "15", "size after a write");
+    assert_ne!(mtime, "1000000000", "mtime after a write");
+    File::options().write(true).open(&f).unwrap().set_len(3).unwrap();
+    assert_eq!(stat_fmt("%s", &f), "3", "ftruncate");
+    fs::write(m.m("g"), b"gg").unwrap();
+    assert_eq!(stat_fmt("%s", &m.m("g")), "2");
+    fs::rename(m.m("g"), &f).unwrap();
+    assert_eq!((stat_fmt("%s", &f), stat_fmt("%s", &m.m("g"))), ("2".into(), "missing".into()), "rename over");
+    assert_eq!(stat_fmt("%h", &f), "1");
+    fs::hard_link(&f, m.m("h")).unwrap();
+    assert_eq!((stat_fmt("%h", &f), stat_fmt("%h", &m.m("h"))), ("2".into(), "2".into()), "link count");
+    fs::remove_file(m.m("h")).unwrap();
+    assert_eq!((stat_fmt("%h", &f), stat_fmt("%h", &m.m("h"))), ("1".into(), "missing".into()), "unlink");
+    let ctime = stat_fmt("%.9Z", &f);
+    std::thread::sleep(Duration::from_millis(20));
+    xattr_set(&f, "user.cached", b"v").unwrap();
+    assert_ne!(stat_fmt("%.9Z", &f), ctime, "change time after setxattr");
+    // Only `user.` attributes are stored: `ls -l` learns that from one answer per device
+    // instead of asking for every file (two round trips each).
+    for name in ["security.selinux", "system.posix_acl_access"] {
+        assert_eq!(xattr_get(&f, name).map_err(|e| e.raw_os_error()), Err(Some(libc::EOPNOTSUPP)), "{name}");
+    }
+    // relatime: an access time older than the modification time moves at the next read.
+    let (a, t) = (std::time::UNIX_EPOCH + Duration::from_secs(1000), std::time::UNIX_EPOCH + Duration::from_secs(2000));
+    File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_accessed(a).set_modified(t))
+        .unwrap();
+    assert_eq!(stat_fmt("%X", &f), "1000");
+    assert_eq!(run("cat", &[f.to_str().unwrap()]).stdout, b"gg");
+    let atime: i64 = stat_fmt("%X", &f).parse().unwrap();
+    assert!(atime > 2000, "access time after a read: {atime}");
+    fs::remove_file(&f).unwrap();
+    assert_eq!(stat_fmt("%a", &f), "missing", "unlink of the last name");
+    // A name looked up while missing is cached as missing: creating it must still show it.
+    fs::write(&f, b"back").unwrap();
+    assert_eq!(stat_fmt("%s", &f), "4", "a name created after a negative lookup");
+}
+
+/// The changes the daemon makes on its own reach the kernel by invalidation: the set-id bits
+/// a user's write clears (without `invalidate_attr` in `do_write` the cached 4777 stayed),
+/// and, on a mount without the writeback cache (where the kernel takes the times the daemon
+/// gives), the modification time that settling the file's header at its last close moves
+/// (without the one in `release_file`, the time of the write stayed).
+#[test]
+fn changes_the_daemon_makes_itself_are_seen_at_once_on_a_caching_mount() {
+    if !root_only("a write by another user (setpriv) in a mount shared through --allow-other") {
+        return;
+    }
+    let Some(m) = Mounted::new("64m", &["--allow-other"]) else { return };
+    fs::set_permissions(&m.tmpfs.path, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    let f = m.m("suid");
+    fs::write(&f, b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o4777)).unwrap();
+    assert_eq!(stat_fmt("%a", &f), "4777");
+    let user = TestUser::new("vfc");
+    let o = user.sh(10, &format!("echo more >> {}", f.display()));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(stat_fmt("%a", &f), "777", "set-user-id cleared by the user's write");
+    drop(m);
+
+    let Some(m) = Mounted::new("64m", &["--no-writeback"]) else { return };
+    let f = m.m("tail");
+    fs::write(&f, b"first").unwrap();
+    let old = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    File::options().write(true).open(&f).unwrap().set_times(fs::FileTimes::new().set_modified(old)).unwrap();
+    let backing = only_backing_file(&m);
+    let mut w = OpenOptions::new().append(true).open(&f).unwrap();
+    w.write_all(b" and more").unwrap();
+    // The kernel caches the time of the write; the header is settled after the close.
+    let written = stat_fmt("%.9Y", &f);
+    assert_ne!(written, "1000000000.000000000");
+    drop(w);
+    let backing_mtime = || stat_fmt("%.9Y", &backing);
+    let t = Instant::now();
+    while backing_mtime() == written {
+        assert!(t.elapsed() < Duration::from_secs(5), "the header was never settled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stat_fmt("%.9Y", &f), backing_mtime(), "the time settling moved");
 }

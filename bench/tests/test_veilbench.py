@@ -185,5 +185,41 @@ class TargetsTest(unittest.TestCase):
             self.assertIn("Targets met: 3 of 5.", out.getvalue())
 
 
+class WarmGroupTest(unittest.TestCase):
+    """The warm group times the second walk: every timed command ran untimed
+    just before, caches are never dropped, and each metric is recorded."""
+
+    def test_second_walks_timed_without_dropping_caches(self):
+        from types import SimpleNamespace
+        from veilbench import workloads
+
+        top = Path("/m/linux")
+        data = SimpleNamespace(
+            tree=lambda: SimpleNamespace(top="linux", tarball=Path("/s/linux.tar")),
+            rsync_destination=lambda: Path("/s/rsync-dest"),
+            build_project=lambda: SimpleNamespace(tarball=Path("/s/p.tar"), members=["p"],
+                                                  command=["make", "-C", "p"]),
+            git_repo=lambda: Path("/s/tree.git"))
+        ctx = workloads.Context(mount=SimpleNamespace(path=Path("/m")), data=data,
+                                sizes=workloads.Sizes.quick(), quick=True, timeout=10)
+        log = []
+        ctx.settle = lambda: self.fail("the warm group drops no caches")
+        ctx.timed = lambda cmd, **kw: log.append(("timed", cmd)) or 1.5
+        saved = workloads.run
+        workloads.run = lambda cmd, **kw: log.append(("run", cmd))
+        try:
+            workloads.run_warm(ctx)
+        finally:
+            workloads.run = saved
+        group = workloads.GROUPS_BY_NAME["warm"]
+        self.assertEqual(sorted(ctx.values), sorted(m.name for m in group.metrics))
+        self.assertTrue(all(not m.higher_is_better and m.unit == "s" for m in group.metrics))
+        for i, (kind, cmd) in enumerate(log):
+            if kind == "timed":
+                self.assertEqual(log[i - 1], ("run", cmd), f"{cmd} ran once before it was timed")
+        self.assertIn(("timed", ["find", str(top), "-newer", "/m/warm-ref"]), log)
+        self.assertTrue(any(k == "run" and "clone" in c for k, c in log), "the checkout is cloned untimed")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -227,6 +227,28 @@ class Datasets:
             self._rsync_dest = dest
         return self._rsync_dest
 
+    def git_repo(self) -> Path:
+        """A bare git repository whose one commit is the whole tree (the
+        kernel tree: 38k files), made once per run on the source tmpfs, for
+        ``git status`` in a checkout of it.  Files are added with ``-f``: the
+        Debian kernel tree's top ``.gitignore`` ignores everything at its top
+        level (``/*``, for Debian's packaging repository)."""
+        bare = self.source_dir / "tree.git"
+        if not bare.exists():
+            work = self.source_dir / "git-work"
+            if work.exists():
+                shutil.rmtree(work)   # a failed attempt of an earlier group
+            work.mkdir()
+            run(["tar", "xf", str(self.tree().tarball), "-C", str(work)], timeout=1200)
+            git = ["git", "-c", "safe.directory=*", "-c", "user.name=veilbench",
+                   "-c", "user.email=veilbench@localhost", "-C", str(work)]
+            run([*git, "init", "-q"], timeout=60)
+            run([*git, "add", "-A", "-f"], timeout=1200)
+            run([*git, "commit", "-q", "-m", "tree"], timeout=1200)
+            run(["git", "clone", "-q", "--bare", str(work), str(bare)], timeout=1200)
+            shutil.rmtree(work)
+        return bare
+
     # ------------------------------------------------------------ files
     def random_file(self, name: str, size: int) -> Path:
         path = self.source_dir / name

@@ -42,9 +42,12 @@ come before --exclude patterns.\n\n\
 A mount locks its vault (the file veilfs.lock in CIPHERDIR, removed at unmount): a second mount and \
 the commands that write it (import, passwd, fsck --repair) are refused with exit code 9, naming the process that \
 holds it; reading commands (cat, ls, export, info, fsck) work. The lock of a daemon that died is taken over with a \
-warning; that of another machine (CIPHERDIR synced from there) only with --break-lock. Use --shared-storage when \
-several writers share CIPHERDIR (mounts on several machines, or a mount and offline imports): such a mount takes \
-no lock and caches nothing (slower, but never stale); every mount of the vault should then use it.")]
+warning; that of another machine (CIPHERDIR synced from there) only with --break-lock. Being the only writer, \
+a locked mount lets the kernel cache names and attributes for an hour (--attr-timeout) and tells it of every \
+change it makes itself. Use --shared-storage when several writers share CIPHERDIR (mounts on several machines, \
+or a mount and offline imports): such a mount takes no vault lock and caches nothing (slower, but never stale); \
+every mount of the vault must then use it: a mount that caches is refused (exit code 9) while a shared-storage \
+mount is live, and a shared-storage mount while a mount that caches is.")]
 pub struct Args {
     /// The vault.
     pub cipherdir: PathBuf,
@@ -68,15 +71,19 @@ pub struct Args {
     pub idle: Option<Duration>,
     /// Several writers at once: CIPHERDIR may change underneath (another mount, an offline
     /// `veilfs import`, a sync tool). Takes no vault lock and caches nothing (slower, never
-    /// stale). Without it a mount locks the vault: a second mount and the commands that
-    /// write (import, passwd, fsck --repair) are refused while it is mounted.
+    /// stale); refused while a mount without it is live. Without it a mount locks the vault:
+    /// a second mount and the commands that write (import, passwd, fsck --repair) are
+    /// refused while it is mounted.
     #[arg(long)]
     pub shared_storage: bool,
     #[command(flatten)]
     pub lock: super::LockArgs,
-    /// Seconds the kernel may cache attributes and names.
-    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
-    pub attr_timeout: f64,
+    /// Seconds the kernel may cache attributes and names (also "no such file" answers).
+    /// Default: an hour on a mount that holds the vault lock, which tells the kernel itself
+    /// of every change it makes; 1 s on a reverse view (its PLAINDIR changes under it); none
+    /// with --shared-storage (this option is then ignored).
+    #[arg(long, value_name = "SECS")]
+    pub attr_timeout: Option<f64>,
     /// Worker threads serving requests (default: one per CPU, at least 2). More threads
     /// than CPUs only contend for the kernel's FUSE queue: on 2 CPUs, 4 threads read a
     /// stream ~20 % slower than 2.
@@ -272,7 +279,7 @@ pub fn run(mut a: Args) -> Result<i32> {
     }
     let mut lock = take_lock(&a, &cipherdir)?;
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
-    if lock.as_ref().is_some_and(|l| l.took_over()) && !a.read_only {
+    if lock.took_over() && !a.read_only {
         // The last writer crashed: settle the files it left mid-write before serving
         // (docs/FORMAT.md §5.8), so the kernel never caches a size the crash rules shorten,
         // and finish its interrupted exchanges (§10).
@@ -288,7 +295,7 @@ pub fn run(mut a: Args) -> Result<i32> {
         }
     }
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    if let Some(l) = &mut lock {
+    if let MountLock::Vault(l) = &mut lock {
         // The daemon holds the OS lock now (the open file came along): it names itself.
         l.now_held_by_this_process()?;
     }
@@ -306,26 +313,55 @@ fn run_reverse(a: &Args, plaindir: &Path, mountpoint: &Path) -> Result<i32> {
     rv.set_excludes(excludes);
     let rv = Arc::new(rv);
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    serve(a, plaindir, mountpoint, ready, None, |cfg, activity| {
+    serve(a, plaindir, mountpoint, ready, MountLock::None, |cfg, activity| {
         veilfs_fuse::mount_reverse(rv, mountpoint, cfg, activity)
     })?;
     Ok(crate::exit::OK)
 }
 
-/// The vault lock for this mount; none for `--shared-storage`, which only warns when a
-/// mount that caches holds the vault.
-fn take_lock(a: &Args, cipherdir: &Path) -> Result<Option<veilfs_core::VaultLock>> {
-    if !a.shared_storage {
-        return a.lock.take(cipherdir, "mount").map(Some);
+/// What a mount holds of its vault's locks (see `veilfs_core::lock`), released when it ends.
+enum MountLock {
+    /// A mount that caches: the vault lock, which also keeps shared-storage mounts out.
+    Vault(veilfs_core::VaultLock),
+    /// A `--shared-storage` mount: keeps mounts that cache out.
+    Shared { _held: veilfs_core::lock::SharedLock },
+    /// A reverse view, which writes nothing into its PLAINDIR.
+    None,
+}
+
+impl MountLock {
+    /// Whether the vault lock was taken over from a writer that crashed.
+    fn took_over(&self) -> bool {
+        matches!(self, MountLock::Vault(l) if l.took_over())
     }
-    if let Some(h) = veilfs_core::lock::holder(cipherdir) {
-        tracing::warn!(
-            "{} is {}, without --shared-storage: that holder may not see this mount's changes",
-            cipherdir.display(),
-            h.describe()
+}
+
+/// The locks of this mount. A mount that caches takes the vault lock and keeps
+/// `--shared-storage` mounts out; a shared-storage mount keeps mounts that cache out (the
+/// kernel caches for an hour on a locked mount: another writer's changes would go unseen).
+/// A holder of this machine whose mount is gone from the mount table is unmounting: it is
+/// waited for a moment.
+fn take_lock(a: &Args, cipherdir: &Path) -> Result<MountLock> {
+    let here = || match crate::mountinfo::find_veilfs_source(cipherdir) {
+        Ok(m) => m.into_iter().collect::<Vec<_>>(),
+        Err(many) => many,
+    };
+    if a.shared_storage {
+        veilfs_core::VaultConfig::load(cipherdir)?;
+        let ending = |h: &veilfs_core::lock::Holder| h.command == "mount" && h.is_this_host() && here().is_empty();
+        return Ok(MountLock::Shared { _held: veilfs_core::lock::SharedLock::acquire(cipherdir, &ending)? });
+    }
+    let lock = a.lock.take(cipherdir, "mount")?;
+    if let Err(e) = lock.exclude_shared_mounts(&|| here().is_empty()) {
+        let at: Vec<String> = here().iter().map(|m| m.mount_point.display().to_string()).collect();
+        if at.is_empty() {
+            return Err(e.into());
+        }
+        return Err(
+            Exit::new(crate::exit::IN_USE, anyhow::anyhow!("{e} (on this machine at {})", at.join(", "))).into()
         );
     }
-    Ok(None)
+    Ok(MountLock::Vault(lock))
 }
 
 /// Forks. The parent waits for the child's report and exits; the child gets the pipe's
@@ -361,7 +397,7 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     cipherdir: &Path,
     mountpoint: &Path,
     ready: Option<OwnedFd>,
-    lock: Option<veilfs_core::VaultLock>,
+    lock: MountLock,
     mount: impl FnOnce(&veilfs_fuse::MountConfig, Arc<veilfs_fuse::Activity>) -> std::io::Result<fuser::Session<FS>>,
 ) -> Result<()> {
     let report = |ready: &Option<OwnedFd>, msg: &str| {
@@ -384,7 +420,7 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     // SIGINT/SIGTERM/SIGHUP wait, in this and every later thread, for the signal thread.
     let signals = process::block_signals(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP])?;
     let activity = Arc::new(veilfs_fuse::Activity::default());
-    let ttl = Duration::from_secs_f64(if a.shared_storage { 0.0 } else { a.attr_timeout.max(0.0) });
+    let ttl = cache_time(a);
     let cfg = veilfs_fuse::MountConfig {
         fs: veilfs_fuse::FsOptions {
             read_only: a.read_only || a.reverse,
@@ -445,6 +481,32 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// How long the kernel caches names and attributes on a mount that holds the vault lock.
+///
+/// Such a mount is CIPHERDIR's only writer (`veilfs_core::lock`), and every change it makes
+/// reaches the kernel: in the reply of the request that made it, by the kernel's own
+/// bookkeeping (unlink, rename, xattr, read atime), or by an invalidation the daemon sends
+/// (`veilfs_fuse::VeilFs::invalidate_attr`). So nothing would go stale with no limit at all;
+/// an hour bounds the damage of a change that some day escapes all three, and is long beyond
+/// any tree walk (a warm `git status`, `make` or `rsync` then asks the daemon nothing but
+/// OPENDIR). The kernel still drops cached entries under memory pressure.
+const CACHING_TTL: Duration = Duration::from_secs(3600);
+
+/// The cache time of a reverse view: its PLAINDIR may change under it at any time, which the
+/// view only learns of when asked.
+const REVERSE_TTL: Duration = Duration::from_secs(1);
+
+/// The mount's cache time: `--attr-timeout` when given, else as the mount kind wants; none
+/// for `--shared-storage` (other writers change CIPHERDIR).
+fn cache_time(a: &Args) -> Duration {
+    match a.attr_timeout {
+        _ if a.shared_storage => Duration::ZERO,
+        Some(secs) => Duration::from_secs_f64(secs.max(0.0)),
+        None if a.reverse => REVERSE_TTL,
+        None => CACHING_TTL,
+    }
 }
 
 /// The mount's source as fuser passes it on. A user's mount goes through fusermount3, which

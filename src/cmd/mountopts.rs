@@ -113,8 +113,9 @@ pub fn apply(a: &mut Args, sloppy: bool) -> Result<()> {
                 let v = need(value)?;
                 a.attr_timeout = v
                     .parse::<f64>()
+                    .map(Some)
                     .ok()
-                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .filter(|s| s.is_some_and(|s| s.is_finite() && s >= 0.0))
                     .ok_or_else(|| usage(format!("-o attr_timeout={v}: not a number of seconds")))?;
             }
             "threads" => a.threads = parse_threads(&need(value)?).map_err(|e| usage(format!("-o threads: {e}")))?,
@@ -171,7 +172,7 @@ mod tests {
         assert_eq!(a.unlock.password.passfile, Some(PathBuf::from("/p")));
         assert!(a.allow_other && a.read_only);
         assert_eq!(a.idle, Some(std::time::Duration::from_secs(1800)));
-        assert_eq!((a.threads, a.attr_timeout, a.fsname.as_deref()), (3, 0.5, Some("v")));
+        assert_eq!((a.threads, a.attr_timeout, a.fsname.as_deref()), (3, Some(0.5), Some("v")));
         assert!(!a.noatime);
         assert!(parse(&["-o", "noatime"]).unwrap().noatime);
         assert!(!parse(&["-o", "relatime,atime"]).unwrap().noatime);

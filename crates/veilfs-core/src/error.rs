@@ -69,7 +69,7 @@ pub enum Error {
     BadName(String),
 
     /// The vault is in use by another writer: it holds the vault lock ([`crate::lock`]).
-    #[error("{}", locked_message(cipherdir, holder, *breakable))]
+    #[error("{}", locked_message(cipherdir, holder, *breakable, *shared))]
     Locked {
         /// The vault.
         cipherdir: PathBuf,
@@ -78,13 +78,25 @@ pub enum Error {
         /// The holder is another machine and its lock is not held here: it may be a copy
         /// (CIPHERDIR synced from there) or a leftover, which `--break-lock` takes over.
         breakable: bool,
+        /// Asked for by a `--shared-storage` mount (refused by a mount that caches).
+        shared: bool,
     },
 }
 
 /// The message of [`Error::Locked`]: who holds the vault, and what to do.
-fn locked_message(cipherdir: &std::path::Path, holder: &crate::lock::Holder, breakable: bool) -> String {
+fn locked_message(cipherdir: &std::path::Path, holder: &crate::lock::Holder, breakable: bool, shared: bool) -> String {
     let what = format!("{} is {}", cipherdir.display(), holder.describe());
-    if breakable {
+    if holder.command == crate::lock::SHARED_MOUNTS {
+        format!(
+            "{what}; a mount that caches needs the vault to itself: unmount those first, or mount with \
+             --shared-storage too (veilfs mount --help)"
+        )
+    } else if shared && holder.command == "mount" {
+        format!(
+            "{what}, a mount that caches, which would not see a --shared-storage mount's changes; unmount it \
+             first, then mount every writer with --shared-storage (veilfs mount --help)"
+        )
+    } else if breakable {
         format!(
             "{what}, another machine; if nothing there uses this vault any more (CIPHERDIR was copied or synced \
              from there, or that machine crashed), take the lock over with --break-lock, or delete {}",

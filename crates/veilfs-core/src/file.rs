@@ -296,30 +296,32 @@ impl CryptFile {
     /// Settles the header: writes SPARSE if holes made by earlier writes are still unfilled
     /// (see [`set_defer_sparse`](Self::set_defer_sparse)), or clears a provisional SPARSE whose
     /// holes were all filled, and clears UNSETTLED. Run on the last close and by
-    /// [`sync`](Self::sync).
-    pub fn settle(&self) -> Result<()> {
+    /// [`sync`](Self::sync). Returns whether it wrote the header (which moves the backing
+    /// file's modification and change times: a mount tells the kernel).
+    pub fn settle(&self) -> Result<bool> {
         let flagged = self.unsettled.load(Ordering::Acquire) || self.provisional_sparse.load(Ordering::Acquire);
         if !self.has_pending.load(Ordering::Acquire) && !flagged {
-            return Ok(());
+            return Ok(false);
         }
         self.keeping_setid(|| self.settle_now())
     }
 
-    fn settle_now(&self) -> Result<()> {
+    fn settle_now(&self) -> Result<bool> {
         let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let state = self.header_state();
         let present = state == HDR_PLAIN || state == HDR_SPARSE;
         let provisional = self.provisional_sparse.load(Ordering::Acquire);
         let sparse = (state == HDR_SPARSE && !(provisional && p.is_empty())) || (!provisional && !p.is_empty());
-        if present && (self.unsettled.load(Ordering::Acquire) || sparse != (state == HDR_SPARSE)) {
+        let write = present && (self.unsettled.load(Ordering::Acquire) || sparse != (state == HDR_SPARSE));
+        if write {
             crash::point!("file.settle_sparse");
             self.write_header(sparse, false)?;
         }
         self.provisional_sparse.store(false, Ordering::Release);
         p.clear();
         self.has_pending.store(false, Ordering::Release);
-        Ok(())
+        Ok(write)
     }
 
     fn deferring(&self) -> bool {
@@ -985,16 +987,15 @@ impl CryptFile {
     ///
     /// Holes are declared before the flush. UNSETTLED is cleared after it: the flush makes
     /// a complete tail durable first, so a crash after a sync never needs the crash rules for
-    /// what it flushed (the cleared header reaches the disk with the next flush).
-    pub fn sync(&self, data_only: bool) -> Result<()> {
-        if !self.unsettled_ok() {
-            self.settle()?;
-        }
+    /// what it flushed (the cleared header reaches the disk with the next flush). Returns
+    /// whether the header was written (see [`settle`](Self::settle)).
+    pub fn sync(&self, data_only: bool) -> Result<bool> {
+        let before = !self.unsettled_ok() && self.settle()?;
         let r = if data_only { sys::fdatasync(self.fd()) } else { sys::fsync(self.fd()) };
         r.ctx(|| format!("syncing {}", self.what))?;
         let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         self.durable.fetch_max(self.ctx.layout.plain_size_lenient(len), Ordering::AcqRel);
-        self.settle()
+        Ok(self.settle()? || before)
     }
 
     /// Reserves backing space for plaintext bytes `off..off + len` of a file of `size` bytes

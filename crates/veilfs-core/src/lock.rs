@@ -1,11 +1,13 @@
-//! The vault lock: one writer at a time, unless the user asks otherwise (issue 12).
+//! The vault lock: one writer at a time, unless the user asks otherwise (issue 12), and a
+//! mount that caches never beside a `--shared-storage` one (issue 15).
 //!
-//! Why: a mount keeps each directory's entries in memory (and the kernel caches names and
-//! pages), so a file that `veilfs import` writes into a mounted vault never appears in the
-//! mount, and two writers can undo each other's renames. So a mount, and every offline
-//! command that writes the vault (`import`, `passwd`, `fsck --repair`), first takes the lock;
-//! the others (`cat`, `ls`, `export`, `info`, `fsck`) only read and take none. A mount with
-//! `--shared-storage` takes none either: it caches nothing and expects other writers.
+//! Why: a mount keeps each directory's entries in memory, and the kernel caches names,
+//! attributes and pages — for an hour on a mount that holds this lock (`veilfs mount` says
+//! why), trusting that nothing but the mount changes CIPHERDIR. So a file that `veilfs
+//! import` writes into a mounted vault would never appear in the mount, and two writers could
+//! undo each other's renames. So a mount, and every offline command that writes the vault
+//! (`import`, `passwd`, `fsck --repair`), first takes the lock; the others (`cat`, `ls`,
+//! `export`, `info`, `fsck`) only read and take none.
 //!
 //! The lock is the file `veilfs.lock` in CIPHERDIR (a reserved name, F§2 and F§6.5) holding
 //! who took it (`key=value` lines: `pid`, `host`, `since` in Unix seconds, `command`), plus
@@ -16,6 +18,18 @@
 //! another host cannot be checked from here (CIPHERDIR may be a synced copy whose lock file
 //! came along, or a network filesystem whose OS locks are not shared): it is refused, naming
 //! the host, and `break_lock` takes it over. The holder removes the file when done.
+//!
+//! Mounts with `--shared-storage` cache nothing and expect other writers: they do not take
+//! the lock file, so several of them and offline writers may work on one vault. They must
+//! never meet a mount that caches, which would not see their changes. So there is a second
+//! OS lock, on the CIPHERDIR directory itself: a mount that caches holds it exclusively
+//! ([`VaultLock::exclude_shared_mounts`], taken after the lock file), a shared-storage mount
+//! shared ([`SharedLock`]). Each kind is refused while the other is live (exit code 9); a
+//! shared-storage mount names the caching mount from the lock file, a caching mount can only
+//! say that shared-storage mounts hold the vault (they write no file: several at once would
+//! overwrite each other's name). Offline writers take only the lock file, so they still work
+//! beside shared-storage mounts. Like the lock file's, this OS lock dies with its holder; on
+//! a filesystem without `flock` it is skipped (debug log), and the rule rests on the user.
 
 use crate::error::{Error, IoContext, Result};
 use crate::names::LOCK_NAME;
@@ -28,6 +42,10 @@ use std::time::{Duration, Instant};
 /// How long a new lock waits for a holder that is going away (a mount whose unmount has
 /// begun: `fusermount3 -u` returns before the daemon has let go of the lock).
 const ENDING_GRACE: Duration = Duration::from_secs(5);
+
+/// The [`Holder::command`] that stands for `--shared-storage` mounts, which keep a mount that
+/// caches out (see [`SharedLock`]) without naming themselves.
+pub const SHARED_MOUNTS: &str = "mount --shared-storage";
 
 /// Who holds (or held) a vault lock, as its lock file says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +64,11 @@ impl Holder {
     fn me(command: &str) -> Holder {
         let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Holder { pid: std::process::id(), host: sys::host_name(), since, command: command.to_string() }
+    }
+
+    /// The holder that stands for live `--shared-storage` mounts (no pid: there may be many).
+    pub fn shared_mounts() -> Holder {
+        Holder { pid: 0, host: sys::host_name(), since: 0, command: SHARED_MOUNTS.to_string() }
     }
 
     /// The lock file's contents.
@@ -85,7 +108,9 @@ impl Holder {
     /// import` (pid 12) on host h since …".
     pub fn describe(&self) -> String {
         let since = utc_text(self.since);
-        if self.command == "mount" {
+        if self.command == SHARED_MOUNTS {
+            "mounted with --shared-storage (by this machine or another sharing CIPHERDIR)".to_string()
+        } else if self.command == "mount" {
             format!("mounted by pid {} on host {} since {since}", self.pid, self.host)
         } else {
             format!("in use by `veilfs {}` (pid {}) on host {} since {since}", self.command, self.pid, self.host)
@@ -166,12 +191,7 @@ impl VaultLock {
             let previous = read_holder(&fd);
             let live = match os_lock {
                 Ok(taken) => !taken,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)
-                    ) =>
-                {
+                Err(e) if no_os_locks(&e) => {
                     tracing::debug!("{}: no OS locks here ({e}); the pid decides", path.display());
                     previous.as_ref().is_some_and(|h| h.is_this_host() && h.pid != me.pid && sys::process_exists(h.pid))
                 }
@@ -187,12 +207,22 @@ impl VaultLock {
                     std::thread::sleep(Duration::from_millis(50));
                     continue;
                 }
-                return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, breakable: false });
+                return Err(Error::Locked {
+                    cipherdir: cipherdir.to_path_buf(),
+                    holder,
+                    breakable: false,
+                    shared: false,
+                });
             }
             let previous_existed = previous.is_some();
             if let Some(h) = previous {
                 if !h.is_this_host() && !break_lock {
-                    return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder: h, breakable: true });
+                    return Err(Error::Locked {
+                        cipherdir: cipherdir.to_path_buf(),
+                        holder: h,
+                        breakable: true,
+                        shared: false,
+                    });
                 }
                 tracing::warn!(
                     "{}: taking over the lock of {} (pid {} on host {} since {}): {}",
@@ -228,7 +258,7 @@ impl VaultLock {
         if let Ok(fd) = sys::openat(dir.as_fd(), LOCK_NAME.as_bytes(), flags, 0) {
             if let (Ok(false), Some(holder)) = (sys::try_flock_exclusive(fd.as_fd()), read_holder(&fd)) {
                 let cipherdir = path.parent().unwrap_or(Path::new("")).to_path_buf();
-                return Err(Error::Locked { cipherdir, holder, breakable: false });
+                return Err(Error::Locked { cipherdir, holder, breakable: false, shared: false });
             }
         }
         if e.raw_os_error() == Some(libc::EROFS) {
@@ -266,6 +296,83 @@ impl VaultLock {
 
     /// Releases the lock now (what dropping it does).
     pub fn release(self) {}
+
+    /// For a mount that caches: also keeps `--shared-storage` mounts out, with an exclusive
+    /// OS lock on CIPHERDIR held as long as this lock. While one is live this is an
+    /// [`Error::Locked`] naming them, unless `ending()` says they are all going away (a
+    /// mount whose unmount has begun), which is waited for, up to 5 s.
+    pub fn exclude_shared_mounts(&self, ending: &dyn Fn() -> bool) -> Result<()> {
+        let Some((dir, _)) = &self.held else { return Ok(()) };
+        let cipherdir = || self.path.parent().unwrap_or(Path::new("")).to_path_buf();
+        let deadline = Instant::now() + ENDING_GRACE;
+        loop {
+            match sys::try_flock_exclusive(dir.as_fd()) {
+                Ok(true) => return Ok(()),
+                Ok(false) if ending() && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Ok(false) => {
+                    let holder = Holder::shared_mounts();
+                    return Err(Error::Locked { cipherdir: cipherdir(), holder, breakable: false, shared: false });
+                }
+                Err(e) if no_os_locks(&e) => {
+                    tracing::debug!("{}: no OS locks on the directory ({e})", cipherdir().display());
+                    return Ok(());
+                }
+                Err(e) => return Err(Error::io(format!("locking {}", cipherdir().display()), e)),
+            }
+        }
+    }
+}
+
+/// A `--shared-storage` mount's hold on its vault: a shared OS lock on CIPHERDIR, which keeps
+/// a mount that caches out and is refused while one is live (see the module docs). Takes no
+/// lock file: other shared-storage mounts and offline writers are welcome. Released on drop.
+#[derive(Debug)]
+pub struct SharedLock {
+    _dir: Option<OwnedFd>,
+}
+
+impl SharedLock {
+    /// Takes the shared lock of the vault in `cipherdir`. While a mount that caches holds the
+    /// vault this is an [`Error::Locked`] naming it, unless `ending(holder)` says it is going
+    /// away, which is waited for, up to 5 s.
+    pub fn acquire(cipherdir: &Path, ending: &dyn Fn(&Holder) -> bool) -> Result<Self> {
+        let dir = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
+        let deadline = Instant::now() + ENDING_GRACE;
+        loop {
+            match sys::try_flock_shared(dir.as_fd()) {
+                Ok(true) => return Ok(SharedLock { _dir: Some(dir) }),
+                Ok(false) => {
+                    // The caching mount wrote its name before it locked the directory.
+                    let holder = holder(cipherdir).unwrap_or_else(|| Holder {
+                        pid: 0,
+                        host: sys::host_name(),
+                        since: 0,
+                        command: "mount".into(),
+                    });
+                    if ending(&holder) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    return Err(Error::Locked {
+                        cipherdir: cipherdir.to_path_buf(),
+                        holder,
+                        breakable: false,
+                        shared: true,
+                    });
+                }
+                Err(e) if no_os_locks(&e) => {
+                    tracing::debug!("{}: no OS locks on the directory ({e})", cipherdir.display());
+                    return Ok(SharedLock { _dir: None });
+                }
+                Err(e) => return Err(Error::io(format!("locking {}", cipherdir.display()), e)),
+            }
+        }
+    }
+}
+
+/// Whether a `flock` error means the filesystem has no OS locks.
+fn no_os_locks(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL))
 }
 
 impl Drop for VaultLock {
@@ -355,6 +462,25 @@ mod tests {
         let lock = VaultLock::acquire(t.path(), "import", true, &never).unwrap();
         assert!(std::fs::read_to_string(&file).unwrap().contains(&format!("host={}", sys::host_name())));
         drop(lock);
+    }
+
+    #[test]
+    fn caching_and_shared_storage_mounts_exclude_each_other() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (SharedLock::acquire(t.path(), &never).unwrap(), SharedLock::acquire(t.path(), &never).unwrap());
+        // Offline writers work beside shared-storage mounts; a mount that caches does not.
+        let lock = VaultLock::acquire(t.path(), "mount", false, &never).unwrap();
+        let e = lock.exclude_shared_mounts(&|| false).unwrap_err();
+        assert!(matches!(&e, Error::Locked { holder, .. } if holder.command == SHARED_MOUNTS), "{e}");
+        assert!(e.to_string().contains("mounted with --shared-storage"), "{e}");
+        drop((a, b, lock));
+        let lock = VaultLock::acquire(t.path(), "mount", false, &never).unwrap();
+        lock.exclude_shared_mounts(&|| false).unwrap();
+        let e = SharedLock::acquire(t.path(), &never).unwrap_err();
+        assert!(matches!(&e, Error::Locked { shared: true, .. }), "{e}");
+        assert!(e.to_string().contains(&format!("mounted by pid {} on host", std::process::id())), "{e}");
+        drop(lock);
+        SharedLock::acquire(t.path(), &never).unwrap();
     }
 
     #[test]

@@ -304,8 +304,7 @@ impl Filesystem for VeilFs {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         self.touch();
-        let r = self.handles.file(fh.0).and_then(|h| h.crypt.sync(datasync).map_err(crate::ops::cerr));
-        empty(reply, r);
+        empty(reply, self.do_fsync(fh.0, datasync));
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

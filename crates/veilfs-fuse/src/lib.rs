@@ -24,6 +24,30 @@
 //! I/O on the backing store happens under 1, 4 and 5, never under 3's write lock except the
 //! directory listing that (re)builds an index.
 //!
+//! # Caching
+//!
+//! A mount that holds the vault lock is CIPHERDIR's only writer, so the kernel may cache
+//! names, attributes and "no such name" answers for long (`FsOptions::ttl`, an hour by
+//! default) and keep pages and directory listings across opens. Every change must then reach
+//! the kernel, in one of three ways:
+//!
+//! - the reply of the request that made it carries the new attributes (CREATE, MKNOD, MKDIR,
+//!   SYMLINK, LINK with the new link count, SETATTR: chmod, chown, utimens, truncate);
+//! - the kernel updates or drops what it caches itself after the request: UNLINK, RMDIR and
+//!   RENAME (entries, the parents' times, the link count of what was unlinked or replaced),
+//!   WRITE and FALLOCATE (size and times), SETXATTR and REMOVEXATTR (change time), READ
+//!   (access time: the kernel drops it after every READ, so a `relatime` update is seen);
+//! - what the daemon changes on its own, the kernel is told with `VeilFs::invalidate_attr`:
+//!   set-id bits cleared after a write, truncation or allocation by a user without
+//!   `CAP_FSETID` (`ops/data.rs`); a file found UNSETTLED and settled at open (its size); the
+//!   header written when a file is settled at its last close or at FSYNC (its times); and,
+//!   for a daemon that is not root, the change times moved by granting the owner's rights
+//!   for a moment (`sys::with_owner_rwx`: at open, in READDIR, when a directory denying its
+//!   owner is opened) or by putting back set-id bits the backing store cleared.
+//!
+//! Names never change behind the kernel's back on such a mount (the crash sweep runs before
+//! it is mounted), so no entry is invalidated. With `--shared-storage` nothing is cached.
+//!
 //! # Modules
 //!
 //! `ops` holds what each request does, one file per op family (`ops/lookup.rs`,

@@ -124,6 +124,16 @@ pub fn fs_uid() -> u32 {
 /// The lock of [`with_owner_rwx`].
 static GRANT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// How many grants [`with_owner_rwx`] has made in this process (see [`grants`]).
+static GRANTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The number of grants made so far: a caller that reads it before and after a step knows
+/// whether the step (or another thread meanwhile) moved some object's change time with a
+/// grant, and can tell whoever caches that time (a FUSE mount tells the kernel).
+pub fn grants() -> u64 {
+    GRANTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 thread_local! {
     /// Whether this thread holds `GRANT` (grants nest: a directory and its parent).
     static GRANTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -167,7 +177,10 @@ fn grant(fd: BorrowedFd<'_>) -> Option<(u32, u32, u64)> {
         return None;
     }
     match super::chmod_fd(fd, mode | need) {
-        Ok(()) => Some((mode, mode | need, st.st_ino)),
+        Ok(()) => {
+            GRANTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some((mode, mode | need, st.st_ino))
+        }
         Err(e) => {
             tracing::debug!("backing inode {}: owner access not granted: {e}", st.st_ino);
             None

@@ -33,7 +33,8 @@ pub mod term;
 pub mod xattr;
 
 pub use creds::{
-    act_as, creds_of, fs_uid, groups_of, in_dir_as_owner, is_eacces, privileged, with_owner_rwx, ActingGuard, ProcCreds,
+    act_as, creds_of, fs_uid, grants, groups_of, in_dir_as_owner, is_eacces, privileged, with_owner_rwx, ActingGuard,
+    ProcCreds,
 };
 pub use rustix::fs::StatVfs;
 pub use xattr::{
@@ -438,6 +439,16 @@ pub fn fchmod(fd: BorrowedFd<'_>, mode: libc::mode_t) -> io::Result<()> {
 /// description holds it.
 pub fn try_flock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `flock(fd, LOCK_SH | LOCK_NB)`: `Ok(true)` when taken, `Ok(false)` when another open file
+/// description holds an exclusive lock.
+pub fn try_flock_shared(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockShared) {
         Ok(()) => Ok(true),
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
         Err(e) => Err(e.into()),

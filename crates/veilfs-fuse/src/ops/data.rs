@@ -5,12 +5,12 @@ use super::*;
 
 impl VeilFs {
     /// The content layer over `fd`, the backing file `on_disk` in `dir` whose entry promises
-    /// `identity`. Used by every path that opens a file's content, so they all read the header
-    /// the same way and agree on when SPARSE is written.
+    /// `identity` (of node `ino`). Used by every path that opens a file's content, so they all
+    /// read the header the same way and agree on when SPARSE is written.
     pub(super) fn content(
         &self,
         fd: OwnedFd,
-        identity: Identity,
+        (ino, identity): (u64, Identity),
         dir: &DirState,
         on_disk: &str,
     ) -> io::Result<CryptFile> {
@@ -24,8 +24,11 @@ impl VeilFs {
         // A file a crash left UNSETTLED is settled as soon as it opens (docs/FORMAT.md §5.8);
         // without a writable backing file it is read by the crash rules instead.
         if !self.opts.shared_storage && !self.opts.read_only {
-            if let Err(e) = crypt.recover_tail() {
-                tracing::warn!("{e}");
+            match crypt.recover_tail() {
+                // The size the kernel had from the entry may have been cut by the crash rules.
+                Ok(Some(_)) => self.invalidate_attr(ino),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{e}"),
             }
         }
         Ok(crypt)
@@ -43,7 +46,12 @@ impl VeilFs {
                 // The file is opened once for every handle, for reading and writing (writes
                 // read too: partial blocks); a mode that denies the owner is the engine's to
                 // get past (see `Vault::open_content`).
-                let rw = |flags| Vault::open_content(&dir.cd, &l.on_disk, flags, node.backing_ino);
+                // A grant moves change times the kernel may hold for long: it is told.
+                let rw = |flags| {
+                    self.telling_grants(&[node.id, l.parent.id], || {
+                        Vault::open_content(&dir.cd, &l.on_disk, flags, node.backing_ino)
+                    })
+                };
                 let fd = match rw(if self.opts.read_only { libc::O_RDONLY } else { libc::O_RDWR }) {
                     Ok(fd) => fd,
                     Err(veilfs_core::Error::Io { source, .. })
@@ -63,7 +71,7 @@ impl VeilFs {
                         continue;
                     }
                 };
-                let crypt = self.content(fd, node.identity, dir, &l.on_disk)?;
+                let crypt = self.content(fd, (node.id, node.identity), dir, &l.on_disk)?;
                 let size = crypt.plain_size().map_err(cerr)?;
                 return Ok((crypt, size));
             }
@@ -72,15 +80,26 @@ impl VeilFs {
     }
 
     /// Drops one user of the inode's open file; the last one settles it (declares the holes
-    /// that writes left) before it is closed.
+    /// that writes left) before it is closed. Settling writes the header, which moves the
+    /// backing times after the kernel last heard of them: it is told.
     pub(crate) fn release_file(&self, node: &Node) {
         if let Some(f) = &node.file {
-            f.release(|c| {
-                if let Err(e) = c.settle() {
-                    tracing::error!("{e}");
-                }
+            f.release(|c| match c.settle() {
+                Ok(true) => self.invalidate_attr(node.id),
+                Ok(false) => {}
+                Err(e) => tracing::error!("{e}"),
             });
         }
+    }
+
+    /// FSYNC: flushes the file (settling its header, which the kernel is told of as at
+    /// [`release_file`](Self::release_file)).
+    pub(crate) fn do_fsync(&self, fh: u64, datasync: bool) -> io::Result<()> {
+        let h = self.handles.file(fh)?;
+        if h.crypt.sync(datasync).map_err(cerr)? {
+            self.invalidate_attr(h.node.id);
+        }
+        Ok(())
     }
 
     /// At unmount: declares the holes of files still open. Their RELEASE may never come (the

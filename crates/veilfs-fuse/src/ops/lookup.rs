@@ -46,6 +46,29 @@ impl VeilFs {
         Vault::stat_entry(&dir.cd, on_disk.as_bytes()).map_err(cerr)
     }
 
+    /// [`stat_entry`](Self::stat_entry) of an entry of `parent` (whose state is `dir`), for
+    /// an answer the kernel caches: the owner's grant that the engine may need moves the change
+    /// time of `parent`, which the kernel is then told.
+    pub(super) fn stat_entry_of(&self, parent: &Node, dir: &DirState, on_disk: &str) -> io::Result<Stat> {
+        self.telling_grants(&[parent.id], || Self::stat_entry(dir, on_disk))
+    }
+
+    /// Runs `f`, an engine step that may grant the owner's rights for a moment (a daemon that
+    /// is not root, see `veilfs_core::sys::with_owner_rwx`), and if a grant was made meanwhile
+    /// tells the kernel that the attributes of `inos` changed (their change time moved; a
+    /// locked mount lets the kernel keep attributes for long).
+    pub(super) fn telling_grants<T>(&self, inos: &[u64], f: impl FnOnce() -> T) -> T {
+        if self.euid == 0 {
+            return f();
+        }
+        let before = sys::grants();
+        let r = f();
+        if sys::grants() != before {
+            inos.iter().for_each(|&ino| self.invalidate_attr(ino));
+        }
+        r
+    }
+
     /// The identity `on_disk` (in `dir`, with `D` = `d`, backing type from `st`) promises.
     pub(super) fn identity(
         &self,
@@ -76,7 +99,7 @@ impl VeilFs {
         self.may(c, &parent, crate::perm::EXEC)?;
         let (key, found) = self.find(dir, name)?;
         let on_disk = found.ok_or_else(|| errno(libc::ENOENT))?;
-        let st = match Self::stat_entry(dir, &on_disk) {
+        let st = match self.stat_entry_of(&parent, dir, &on_disk) {
             Ok(st) => st,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // Changed behind our back (shared storage): forget the stale index.
@@ -86,7 +109,20 @@ impl VeilFs {
             Err(e) => return Err(e),
         };
         let node = self.node_at(&parent, &key.d, &on_disk, &st)?;
+        let st = self.after_owner_grant(&parent, dir, &on_disk, st);
         Ok((node, st))
+    }
+
+    /// A daemon that is not root opens a directory whose mode denies its owner with the
+    /// owner's rights granted for a moment (`veilfs_core::sys::with_owner_rwx`), which moves
+    /// the change times of that directory and of `parent`: the entry's `st` is taken again and
+    /// the kernel drops the parent's attributes.
+    pub(super) fn after_owner_grant(&self, parent: &Node, dir: &DirState, on_disk: &str, st: Stat) -> Stat {
+        if self.euid == 0 || st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_mode & 0o700 == 0o700 {
+            return st;
+        }
+        self.invalidate_attr(parent.id);
+        sys::fstatat(dir.cd.fd(), on_disk.as_bytes()).unwrap_or(st)
     }
 
     /// The backing `stat` of `node` (through an open handle's fd when given).

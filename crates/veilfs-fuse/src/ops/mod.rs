@@ -255,9 +255,16 @@ impl VeilFs {
         }
     }
 
-    /// Has the kernel drop the attributes it caches for node `ino` (a mode cleared by a
-    /// request whose reply carries none). Not while unmounting or for a node it forgot
-    /// (ENOENT): then there is nothing cached.
+    /// Has the kernel drop the attributes it caches for node `ino`: for a change the daemon
+    /// makes on its own, which no reply carries (see "Caching" in the crate docs). Not while
+    /// unmounting or for a node it forgot (ENOENT): then there is nothing cached.
+    ///
+    /// Sent at once, from the request that made the change, so the change is visible when
+    /// that request's reply arrives. This cannot deadlock: for an offset < 0 the kernel's
+    /// `fuse_reverse_inval_inode` takes only the connection's `killsb` (shared) and the
+    /// inode's attribute spinlock, never the inode or page locks a request in flight holds
+    /// (an entry invalidation, `inval_entry`, would take the parent directory's lock and must
+    /// never be sent from a request on it; none is needed so far).
     pub(crate) fn invalidate_attr(&self, ino: u64) {
         if let Some(n) = self.notifier.get() {
             if let Err(e) = n.inval_inode(fuser::INodeNo(ino), -1, 0) {

@@ -64,7 +64,7 @@ impl VeilFs {
     /// the entry's binding (which READDIRPLUS does as well).
     pub(crate) fn entry_ino(&self, parent: &Node, e: &SnapEntry) -> io::Result<u64> {
         let dir = parent.dir()?;
-        let st = Self::stat_entry(dir, &e.on_disk)?;
+        let st = self.stat_entry_of(parent, dir, &e.on_disk)?;
         let (_, identity) = self.identity(dir, &e.d, &e.on_disk, &st)?;
         Ok(self.nodes.id_for(st.st_ino, identity))
     }
@@ -72,7 +72,8 @@ impl VeilFs {
     /// One READDIRPLUS entry: its node (one lookup counted) and backing stat.
     pub(crate) fn plus_entry(&self, parent: &Arc<Node>, e: &SnapEntry) -> io::Result<(Arc<Node>, Stat)> {
         let dir = parent.dir()?;
-        let st = Self::stat_entry(dir, &e.on_disk)?;
-        Ok((self.node_at(parent, &e.d, &e.on_disk, &st)?, st))
+        let st = self.stat_entry_of(parent, dir, &e.on_disk)?;
+        let node = self.node_at(parent, &e.d, &e.on_disk, &st)?;
+        Ok((node, self.after_owner_grant(parent, dir, &e.on_disk, st)))
     }
 }
