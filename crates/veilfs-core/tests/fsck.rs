@@ -250,7 +250,7 @@ fn extra_and_wrong_iv_names_are_reported_and_repaired() {
         n
     };
     assert_eq!(names(&d1), [v.iv_copy().name(&d1.iv)]);
-    assert_eq!(names(&d3), [at.clone()]);
+    assert_eq!(names(&d3), [at.as_str()]);
     assert!(std::fs::symlink_metadata(d3.path.join(&at)).unwrap().is_file());
     assert_eq!(read_file(&v, &d3, "z").unwrap(), b"z");
 }

@@ -54,7 +54,7 @@ fn a_new_vault_keeps_each_iv_in_an_empty_0400_file_named_after_it() {
     assert!(v.config().has_feature(veilfs_core::config::FEATURE_IV_IN_NAME));
     for dir in [&root, &d] {
         let name = format!("{DIRIV_NAME_PREFIX}{}", veilfs_core::names::b64_encode(&dir.iv));
-        assert_eq!(iv_names(dir), [name.clone()]);
+        assert_eq!(iv_names(dir), [name.as_str()]);
         let m = std::fs::symlink_metadata(dir.path.join(&name)).unwrap();
         assert!(m.is_file() && m.len() == 0 && m.blocks() == 0, "{m:?}");
         assert_eq!(m.permissions().mode() & 0o7777, 0o400);
