@@ -178,7 +178,14 @@ fn planted_vault() -> Option<Planted> {
     let side = find(&|_, n| n.starts_with("veilfs.N."));
     let content = find(&|md, n| md.is_file() && !n.starts_with("veilfs.") && md.len() == 36 + 4 + 28);
     let link = fs::read_dir(&m.cipher).unwrap().flatten().find(|e| e.file_type().unwrap().is_symlink()).unwrap().path();
-    Some(Planted { diriv: dir.join("veilfs.diriv"), side, content, link, m })
+    // The directory's IV copy: the name `veilfs.diriv.<b64(iv)>` of a new vault (F§7.1).
+    let diriv = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("veilfs.diriv"))
+        .expect("IV copy")
+        .path();
+    Some(Planted { diriv, side, content, link, m })
 }
 
 fn plant(at: &Path, what: Plant, victim: &Path) {

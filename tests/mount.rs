@@ -581,23 +581,7 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
     fs::write(&victim[0], c).unwrap();
     // Foreground mount so the log line can be read.
     let log = m.tmpfs.path.join("log");
-    let child = std::process::Command::new(&BIN)
-        .args([
-            "mount",
-            m.cipher.to_str().unwrap(),
-            m.mnt.to_str().unwrap(),
-            "--passfile",
-            m.passfile.to_str().unwrap(),
-            "-f",
-        ])
-        .stderr(File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !sh(&format!("grep -q ' {} ' /proc/mounts", m.mnt.display())).status.success() {
-        assert!(t.elapsed() < Duration::from_secs(10), "mount did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let child = foreground_mount(&m, &log);
     let results: Vec<_> = ["victim", "other"].iter().map(|n| fs::read(m.m(n)).map_err(|e| e.raw_os_error())).collect();
     assert_eq!(
         results.iter().filter(|r| *r == &Err(Some(libc::EIO))).count(),
@@ -612,6 +596,101 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
     let name = victim[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(log.contains("integrity error") && log.contains(&name), "log must name the ciphertext file: {log}");
     assert!(!log.contains("victim"), "no plaintext names in the log at default verbosity: {log}");
+}
+
+/// Mounts `m`'s vault in the foreground with its log going to `log`; returns once mounted.
+fn foreground_mount(m: &Mounted, log: &Path) -> std::process::Child {
+    let child = std::process::Command::new(&BIN)
+        .args([
+            "mount",
+            m.cipher.to_str().unwrap(),
+            m.mnt.to_str().unwrap(),
+            "--passfile",
+            m.passfile.to_str().unwrap(),
+            "-f",
+        ])
+        .stderr(File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !sh(&format!("grep -q ' {} ' /proc/mounts", m.mnt.display())).status.success() {
+        assert!(t.elapsed() < Duration::from_secs(10), "mount did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+#[test]
+fn iv_name_copied_from_another_directory_gives_eio_and_one_log_line() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    fs::create_dir(m.m("d1")).unwrap();
+    fs::create_dir(m.m("d2")).unwrap();
+    fs::write(m.m("d2/y"), b"y").unwrap();
+    m.umount();
+    // The backing d2 is the directory with a file in it; its IV name is replaced by d1's.
+    let dirs = iv_copies(&m.cipher);
+    let (d1, d2): (Vec<_>, Vec<_>) =
+        dirs.iter().filter(|(d, _)| *d != m.cipher).partition(|(d, _)| fs::read_dir(d).unwrap().count() == 1);
+    let ((_, c1), (d2, c2)) = (&d1[0], &d2[0]);
+    fs::remove_file(d2.join(&c2[0].0)).unwrap();
+    fs::write(d2.join(&c1[0].0), b"").unwrap();
+    let log = m.tmpfs.path.join("log");
+    let child = foreground_mount(&m, &log);
+    assert_eq!(errno_of(fs::read(m.m("d2/y"))), format!("errno {}", libc::EIO));
+    assert_eq!(fs::read_dir(m.m("d1")).unwrap().count(), 0, "d1 itself is fine");
+    let _ = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
+    assert!(child.wait_with_output().unwrap().status.success());
+    let log = fs::read_to_string(&log).unwrap();
+    let copied = d2.join(&c1[0].0).display().to_string();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("integrity error")).collect();
+    assert!(lines.len() == 1 && lines[0].contains(&copied), "one line naming {copied}: {log}");
+}
+
+/// mkdir, rename (into another directory, over an empty one) and rmdir of directories through
+/// a mount, across a remount: every backing directory keeps exactly one IV copy of the
+/// vault's form (docs/FORMAT.md §7.1).
+fn directory_ops_keep_one_iv_copy_each(iv_in_name: bool) {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    if !iv_in_name {
+        m.umount();
+        without_iv_in_name(&m.cipher, &m.passfile);
+        m.mount();
+    }
+    fs::create_dir_all(m.m("a/b/c")).unwrap();
+    fs::write(m.m("a/b/c/f"), b"deep").unwrap();
+    fs::create_dir(m.m("e")).unwrap();
+    fs::rename(m.m("a/b"), m.m("b2")).unwrap();
+    assert_eq!(errno_of(fs::remove_dir(m.m("b2"))), format!("errno {}", libc::ENOTEMPTY));
+    fs::rename(m.m("b2"), m.m("e")).unwrap();
+    fs::remove_dir(m.m("a")).unwrap();
+    fs::create_dir(m.m("a")).unwrap();
+    m.remount();
+    assert_eq!(fs::read(m.m("e/c/f")).unwrap(), b"deep");
+    let mut top: Vec<String> =
+        fs::read_dir(&m.mnt).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    top.sort();
+    assert_eq!(top, ["a", "e"]);
+    fs::remove_file(m.m("e/c/f")).unwrap();
+    fs::remove_dir(m.m("e/c")).unwrap();
+    m.umount();
+    let dirs = iv_copies(&m.cipher);
+    assert_eq!(dirs.len(), 3, "the top, a and e: {dirs:?}");
+    for (d, copies) in dirs {
+        match iv_in_name {
+            true => assert!(copies.len() == 1 && copies[0].0.starts_with("veilfs.diriv.") && copies[0].1 == 0),
+            false => assert_eq!(copies, [("veilfs.diriv".to_string(), 16)], "{}", d.display()),
+        }
+    }
+}
+
+#[test]
+fn directories_made_renamed_and_removed_through_a_mount_keep_one_iv_name_each() {
+    directory_ops_keep_one_iv_copy_each(true);
+}
+
+#[test]
+fn directories_of_a_vault_without_iv_in_name_keep_their_iv_file_through_a_mount() {
+    directory_ops_keep_one_iv_copy_each(false);
 }
 
 #[test]

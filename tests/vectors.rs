@@ -34,9 +34,9 @@ const MASTER: [u8; 32] = [
     0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10,
 ];
 
-/// Computes every deterministic vector from fixed inputs; the two config vectors (made with
+/// Computes every deterministic vector from fixed inputs; the config vectors (made with
 /// random salts) are passed in.
-fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
+fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name: Value) -> Value {
     let mk = MasterKey::from_bytes(MASTER);
     let k = mk.subkeys();
     let file_id = arr::<16>("a0a1a2a3a4a5a6a7a8a9aaabacadaeaf");
@@ -106,6 +106,9 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
     });
     let overflow = overflow_vectors(&k);
     let unsettled = unsettled_vectors(&k, file_id);
+    // Feature `iv-in-name` (docs/FORMAT.md §7.1): the IV names of the two directory IVs above.
+    let iv_in_name: Vec<Value> =
+        [iv, root_iv].iter().map(|iv| json!({"dir_iv": hex(iv), "name": veilfs_core::names::diriv_name(iv)})).collect();
     let rk_bytes = arr::<32>("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     let rk_display = RecoveryKey::from_bytes(rk_bytes).display();
     json!({
@@ -122,9 +125,11 @@ fn compute(config_vector: Value, config_special_kinds: Value) -> Value {
         "recovery_key": {"bytes": hex(&rk_bytes), "display": rk_display},
         "config": config_vector,
         "config_special_kinds": config_special_kinds,
+        "config_iv_in_name": config_iv_in_name,
         "deterministic": deterministic,
         "overflow": overflow,
         "unsettled": unsettled,
+        "iv_in_name": iv_in_name,
     })
 }
 
@@ -253,14 +258,18 @@ fn format_v1_known_answers() {
         // which must keep opening.
         let old: Value = std::fs::read_to_string(path()).map_or(Value::Null, |t| serde_json::from_str(&t).unwrap());
         let keep = |key: &str| if old[key].is_null() { config_vector() } else { old[key].clone() };
-        let v = compute(keep("config"), keep("config_special_kinds"));
+        let v = compute(keep("config"), keep("config_special_kinds"), keep("config_iv_in_name"));
         std::fs::create_dir_all(path().parent().unwrap()).unwrap();
         std::fs::write(path(), serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
         return;
     }
     let committed: Value =
         serde_json::from_str(&std::fs::read_to_string(path()).expect("tests/vectors/v1.json")).unwrap();
-    let fresh = compute(committed["config"].clone(), committed["config_special_kinds"].clone());
+    let fresh = compute(
+        committed["config"].clone(),
+        committed["config_special_kinds"].clone(),
+        committed["config_iv_in_name"].clone(),
+    );
     for key in [
         "master_key",
         "subkeys",
@@ -272,6 +281,7 @@ fn format_v1_known_answers() {
         "deterministic",
         "overflow",
         "unsettled",
+        "iv_in_name",
     ] {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }
@@ -290,13 +300,18 @@ fn format_v1_known_answers() {
         assert_eq!(hex(&body), c["plaintext"].as_str().unwrap());
     }
     // The committed configs unlock to their master keys and authenticate: one made before the
-    // feature `special-kinds` (it keeps opening, binding special files the old way) and one
-    // with it.
-    for (key, specials) in [("config", SpecialBinding::Shared), ("config_special_kinds", SpecialBinding::ByType)] {
+    // feature `special-kinds` (it keeps opening, binding special files the old way), one with
+    // it, and one with `iv-in-name` too.
+    for (key, specials) in [
+        ("config", SpecialBinding::Shared),
+        ("config_special_kinds", SpecialBinding::ByType),
+        ("config_iv_in_name", SpecialBinding::ByType),
+    ] {
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join("veilfs.conf"), committed[key]["file"].as_str().unwrap()).unwrap();
         let cfg = VaultConfig::load(t.path()).unwrap();
         assert_eq!(cfg.special_binding(), specials, "{key}");
+        assert_eq!(cfg.has_feature(veilfs_core::config::FEATURE_IV_IN_NAME), key == "config_iv_in_name", "{key}");
         let pw = Secret::Password(SecretString::from(committed[key]["password"].as_str().unwrap().to_string()));
         let mk = cfg.unlock(&pw, None, &t.path().join("veilfs.conf")).unwrap();
         assert_eq!(hex(mk.expose_secret()), committed[key]["master_key"].as_str().unwrap(), "{key}");
@@ -385,5 +400,59 @@ fn reference_reader_reads_special_files_of_vaults_with_and_without_special_kinds
             src.to_str().unwrap(),
         ]);
         assert!(out.contains(" 0 failed") && out.contains("compared 4 vault entries"), "{specials:?}: {out}");
+    }
+}
+
+/// The reference reader decrypts the directories of a vault with the feature `iv-in-name`
+/// (each IV copy the empty file named after the IV) and of one from before it (the 16-byte
+/// `veilfs.diriv`), and its tamper self-test detects an IV copy moved between directories
+/// in both. python3 with `cryptography` is required under CI=true.
+#[test]
+fn reference_reader_reads_directories_of_vaults_with_and_without_iv_in_name() {
+    use std::process::Command;
+    use veilfs_core::diriv::IvCopy;
+    let py = Command::new("python3").args(["-c", "import cryptography"]).output();
+    if !py.is_ok_and(|o| o.status.success()) {
+        let msg = "the reference reader needs python3 with cryptography (pip install cryptography)";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
+        eprintln!("SKIPPED: {msg}");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_veilfs");
+    let run = |args: &[&str]| {
+        let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{args:?}: {text}");
+        text
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (src, pf) = (t.path().join("src"), t.path().join("pass"));
+    std::fs::create_dir_all(src.join("a/b")).unwrap();
+    std::fs::create_dir(src.join("c")).unwrap();
+    std::fs::write(src.join("a/b/file"), vec![7u8; 10_000]).unwrap();
+    std::fs::write(src.join("c/other"), b"other").unwrap();
+    std::fs::write(&pf, "pw\n").unwrap();
+    let reader = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/reference_reader.py");
+    for iv_in_name in [true, false] {
+        let v = t.path().join(if iv_in_name { "new" } else { "old" });
+        let (v_s, pf_s) = (v.to_str().unwrap(), pf.to_str().unwrap());
+        run(&[bin, "init", v_s, "--passfile", pf_s, "--kdf-memory", "8", "--kdf-iterations", "1", "--no-recovery-key"]);
+        if !iv_in_name {
+            let secret = Secret::Password(SecretString::from("pw".to_string()));
+            let mut vault = veilfs_core::Vault::open(&v, &secret, None).unwrap();
+            let mut cfg = vault.config().clone();
+            cfg.features.retain(|f| f != veilfs_core::config::FEATURE_IV_IN_NAME);
+            vault.save_config(cfg).unwrap();
+            let root = vault.root_dir().unwrap();
+            IvCopy::Name.remove(root.fd(), &root.iv).unwrap();
+            IvCopy::File.write(root.fd(), &root.iv).unwrap();
+        }
+        run(&[bin, "import", &format!("{}/.", src.display()), v_s, "--passfile", pf_s]);
+        let r = reader.to_str().unwrap();
+        let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
+        assert!(out.contains(" 0 failed") && out.contains("compared 5 vault entries"), "{iv_in_name}: {out}");
+        let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--tamper-selftest"]);
+        let line = out.lines().find(|l| l.contains("veilfs.diriv copied")).unwrap_or_default();
+        assert!(out.contains(" 0 failed") && line.starts_with("tamper detected"), "{iv_in_name}: {out}");
     }
 }

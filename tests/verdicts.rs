@@ -163,9 +163,17 @@ fn cases() -> Vec<Case> {
             mount: Mount::Fails(libc::EIO),
             cat: 6,
             tamper: |o| {
-                let iv = o.d2.join("veilfs.diriv");
-                fs::remove_file(&iv).unwrap();
-                fs::copy(o.d1.join("veilfs.diriv"), &iv).unwrap();
+                // The IV name (F§7.1) of d1 in place of d2's own.
+                let iv_of = |d: &Path| {
+                    fs::read_dir(d)
+                        .unwrap()
+                        .flatten()
+                        .find(|e| e.file_name().to_string_lossy().starts_with("veilfs.diriv"))
+                        .unwrap()
+                };
+                fs::remove_file(iv_of(&o.d2).path()).unwrap();
+                let from = iv_of(&o.d1);
+                fs::copy(from.path(), o.d2.join(from.file_name())).unwrap();
             },
         },
         Case {

@@ -12,7 +12,7 @@ use veilfs_core::fsck::{Checker, ProblemKind, Report};
 #[command(after_help = "Checks the config, every directory IV, entry name and binding, long-name side file, \
 symlink, extended attribute and content block. Without --repair nothing is written and no lock is taken, so it \
 can run while the vault is mounted. --repair fixes what a crash leaves behind (temporary names, duplicate entries \
-for one name, orphaned long-name side files, a missing veilfs.diriv, the partial copy of an interrupted import) and \
+for one name, orphaned long-name side files, a missing directory IV copy, the partial copy of an interrupted import) and \
 moves damaged or stray objects into /lost+found in the vault, where whatever still authenticates can be read \
 again; it deletes no file data. A damaged file whose header still authenticates (a write or truncate a crash cut \
 short) is salvaged: a copy of every block that authenticates takes its name, unreadable blocks inside become zeros \

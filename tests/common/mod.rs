@@ -767,3 +767,39 @@ pub fn xattr_remove(p: &Path, name: &str) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Turns the unmounted vault in `cipher` (fresh from `init`) into one made before the feature
+/// `iv-in-name` (docs/FORMAT.md §7.1): its config without the feature, its top directory's
+/// IV in the 16-byte file `veilfs.diriv` instead of the empty file named after it.
+pub fn without_iv_in_name(cipher: &Path, passfile: &Path) {
+    use veilfs_core::diriv::IvCopy;
+    let pw = std::fs::read_to_string(passfile).unwrap();
+    let secret = veilfs_core::Secret::Password(secrecy::SecretString::from(pw.trim_end().to_string()));
+    let mut v = veilfs_core::Vault::open(cipher, &secret, None).unwrap();
+    let mut cfg = v.config().clone();
+    cfg.features.retain(|f| f != veilfs_core::config::FEATURE_IV_IN_NAME);
+    v.save_config(cfg).unwrap();
+    let root = v.root_dir().unwrap();
+    IvCopy::Name.remove(root.fd(), &root.iv).unwrap();
+    IvCopy::File.write(root.fd(), &root.iv).unwrap();
+}
+
+/// Every backing directory under `cipher` with the names (and sizes) of its directory IV
+/// copies (`veilfs.diriv` or `veilfs.diriv.*`).
+pub fn iv_copies(cipher: &Path) -> Vec<(PathBuf, Vec<(String, u64)>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![cipher.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let mut copies = Vec::new();
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let (name, md) = (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap());
+            if md.is_dir() {
+                todo.push(e.path());
+            } else if name.starts_with("veilfs.diriv") {
+                copies.push((name, md.len()));
+            }
+        }
+        out.push((d, copies));
+    }
+    out
+}

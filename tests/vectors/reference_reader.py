@@ -386,6 +386,11 @@ def entry_names(d: bytes, s: bytes) -> tuple[str, str | None, str | None]:
     return f"veilfs.L.{h}.{b64(s)}", f"veilfs.N.{h}", k
 
 
+def diriv_name(iv: bytes) -> bytes:
+    """§7.1 with the feature "iv-in-name": the empty file that carries a directory's IV."""
+    return b"veilfs.diriv." + b64(iv).encode()
+
+
 def classify(raw: bytes):
     """§6.5: ('internal',) | ('foreign',) | ('short', K, s) | ('long', h, s)."""
     try:
@@ -415,7 +420,8 @@ KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism
               "hkdf-sha256": ["algorithm", "salt"]}
 FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
 OVERFLOW = "overflow"
-OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS}
+IV_IN_NAME = "iv-in-name"
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS, IV_IN_NAME}
 
 
 def canonical_json(obj) -> bytes:
@@ -670,6 +676,7 @@ class Vault:
         self.special_kinds = SPECIAL_KINDS in cfg["features"]
         self.overflow = OVERFLOW in cfg["features"]
         self.unsettled_tails = UNSETTLED_TAILS in cfg["features"]
+        self.iv_in_name = IV_IN_NAME in cfg["features"]
         self.errors: list[tuple[bytes, str]] = []
 
     @classmethod
@@ -686,7 +693,17 @@ class Vault:
         self.errors.append((path, msg))
 
     def check_diriv(self, cdir: bytes, iv: bytes):
-        """§7.1: the copy must equal the authoritative IV, or be missing/empty."""
+        """§7.1: the copy must equal the authoritative IV, or be missing (the old form: or empty)."""
+        if self.iv_in_name:
+            try:
+                st = os.lstat(os.path.join(cdir, diriv_name(iv)))
+            except FileNotFoundError:
+                if any(n.startswith(b"veilfs.diriv.") for n in os.listdir(cdir)):
+                    raise IntegrityError("an IV name other than the one the directory's entry promises") from None
+                return
+            if not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+                raise IntegrityError("the IV name is not an empty regular file")
+            return
         p = os.path.join(cdir, b"veilfs.diriv")
         try:
             with open(p, "rb") as f:
@@ -965,15 +982,20 @@ def run_vectors(path: str, t: Tally):
         t.check(False, "overflow: the first part alone must not open")
     except IntegrityError:
         t.check(True, "")
+    # §7.1: feature "iv-in-name".
+    for n in v["iv_in_name"]:
+        t.check(diriv_name(hx(n["dir_iv"])).decode() == n["name"], f"iv-in-name: name of {n['dir_iv']}")
+        t.check(unb64(n["name"][len("veilfs.diriv."):]) == hx(n["dir_iv"]), "iv-in-name: the name decodes to the IV")
     rk = v["recovery_key"]
     t.check(recovery_display(hx(rk["bytes"])) == rk["display"], "recovery key display")
     t.check(recovery_parse(rk["display"]) == hx(rk["bytes"]), "recovery key parse")
     t.check(recovery_parse(rk["display"].lower().replace("-", " ").replace("0", "o")) == hx(rk["bytes"]),
             "recovery key parse (lowercase, spaces, O for 0)")
-    for key, sk in [("config", False), ("config_special_kinds", True)]:
+    for key, sk in [("config", False), ("config_special_kinds", True), ("config_iv_in_name", True)]:
         conf = v[key]
         cfg = parse_config(conf["file"].encode())
         t.check((SPECIAL_KINDS in cfg["features"]) == sk, f"{key}: feature {SPECIAL_KINDS}")
+        t.check((IV_IN_NAME in cfg["features"]) == (key == "config_iv_in_name"), f"{key}: feature {IV_IN_NAME}")
         mk, slot = unlock(cfg, conf["password"].encode(), "password")
         t.check(mk.hex() == conf["master_key"], f"{key} unlock: master key")
         t.check(config_mac(cfg, mk) == cfg["mac"], f"{key} MAC")
@@ -1183,10 +1205,15 @@ def tamper_selftest(vault_dir: str, secret_kind: str, secret: bytes, t: Tally):
         os.rename(a, os.path.join(sub, os.path.basename(a)))
 
     def copy_diriv(dst):
-        # Copy the IV file of one directory into another (gocryptfs audit 2.3 scenario).
+        # Copy the IV copy of one directory into another (gocryptfs audit 2.3 scenario): the
+        # file veilfs.diriv, or with "iv-in-name" the empty file named after the IV.
         d1, d2 = rel_c(dst, dirs[0]), rel_c(dst, dirs[1])
-        os.unlink(os.path.join(d2, b"veilfs.diriv"))
-        shutil.copyfile(os.path.join(d1, b"veilfs.diriv"), os.path.join(d2, b"veilfs.diriv"))
+        for n in os.listdir(d2):
+            if n.startswith(b"veilfs.diriv"):
+                os.unlink(os.path.join(d2, n))
+        for n in os.listdir(d1):
+            if n.startswith(b"veilfs.diriv"):
+                shutil.copyfile(os.path.join(d1, n), os.path.join(d2, n))
 
     def swap_symlinks(dst):
         a, b = rel_c(dst, syms[0]), rel_c(dst, syms[1])

@@ -44,9 +44,14 @@ pub const FEATURE_OVERFLOW: &str = "overflow";
 /// Every new forward vault names it; a reader without it refuses the vault, and a vault
 /// without it never carries the flag.
 pub const FEATURE_UNSETTLED_TAILS: &str = "unsettled-tails";
+/// A directory's IV copy is the name of an empty file, `veilfs.diriv.<base64url(iv)>`, not
+/// the 16-byte file `veilfs.diriv` (docs/FORMAT.md §7.1): it takes no data block (a quarter
+/// of veilfs's disk overhead on a source tree was those blocks) and checking it is one
+/// `fstatat`. Every new forward vault names it; vaults made before it keep the file.
+pub const FEATURE_IV_IN_NAME: &str = "iv-in-name";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
 pub const OPTIONAL_FEATURES: &[&str] =
-    &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS];
+    &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS, FEATURE_IV_IN_NAME];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
 /// this feature requires and which needs it (docs/FORMAT.md §17). Readers need nothing else.
@@ -160,8 +165,8 @@ impl VaultConfig {
             creator: format!("veilfs {}", env!("CARGO_PKG_VERSION")),
             cipher,
             block_size,
-            // Deterministic (reverse) vaults keep the shared special-file kind and the inline
-            // limits for now: their identities are derived, and their view has no overflow
+            // Deterministic (reverse) vaults keep the shared special-file kind, the inline
+            // limits and the IV file for now: their identities are derived, and their view has no overflow
             // pieces (docs/FORMAT.md §17).
             features: FEATURES_V1
                 .iter()
@@ -169,7 +174,7 @@ impl VaultConfig {
                 .chain(if cipher == ContentCipher::Aes256GcmSiv {
                     vec![FEATURE_DETERMINISTIC]
                 } else {
-                    vec![FEATURE_SPECIAL_KINDS, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS]
+                    vec![FEATURE_SPECIAL_KINDS, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS, FEATURE_IV_IN_NAME]
                 })
                 .map(String::from)
                 .collect(),

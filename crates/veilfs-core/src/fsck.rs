@@ -4,7 +4,7 @@
 //!
 //! A check never writes. A repair fixes crash leftovers — temporary names, duplicate entries
 //! for one name, orphaned long-name and symlink-target side files and xattr continuations, a
-//! missing `veilfs.diriv` — and moves every
+//! missing directory IV copy — rewrites a wrong IV copy, and moves every
 //! damaged or stray object into a `lost+found` directory at the top of the vault, bound there
 //! under a new name with the identity it carries (a file's header ID, a directory's IV, a
 //! symlink's ID), so whatever still authenticates can be read again. It deletes no user data:
@@ -13,6 +13,7 @@
 //! the config's own temporary copy and the partial copies an interrupted import left.
 
 use crate::content::header::{FileHeader, HEADER_LEN};
+use crate::diriv::IvCopy;
 use crate::error::{Error, IoContext, Result};
 use crate::names::{
     b64_decode, EntryKind, Identity, ParsedEntry, CONFIG_NAME, DIRIV_NAME, LONG_NAME_FILE_PREFIX, RESERVED_PREFIX,
@@ -49,8 +50,8 @@ pub enum ProblemKind {
     OrphanSideFile,
     /// An xattr value's continuation that no value uses (an interrupted setxattr).
     OrphanXattrPiece,
-    /// A directory without its `veilfs.diriv` (a crash right after mkdir); restorable from
-    /// the directory's authenticated entry.
+    /// A directory without its IV copy (a crash right after mkdir); restorable from the
+    /// directory's authenticated entry.
     MissingDirIv,
     /// A file whose header carries UNSETTLED: a writer died while changing its tail; it reads
     /// by the crash rules of docs/FORMAT.md §5.8 ("recovered crash state"). `--repair`
@@ -180,31 +181,7 @@ impl<'a> Checker<'a> {
     fn check_dir(&mut self, dir: CipherDir, plain: PathBuf) {
         self.report.dirs += 1;
         self.in_lost_found = plain.starts_with(std::ffi::OsStr::from_bytes(LOST_FOUND));
-        // The directory's IV file: missing is a crash leftover, anything else wrong is damage.
-        match self.vault.verify_diriv(&dir) {
-            Ok(true) => {}
-            Ok(false) => {
-                let i = self.problem(
-                    ProblemKind::MissingDirIv,
-                    dir.path.join(DIRIV_NAME),
-                    Some(&plain),
-                    "is missing".into(),
-                );
-                if self.repair {
-                    let r = self.vault.restore_diriv(&dir).map(|()| "restored from the directory's entry".into());
-                    self.repaired(i, r);
-                }
-            }
-            Err(e) => {
-                let i = self.problem(ProblemKind::Damaged, dir.path.join(DIRIV_NAME), Some(&plain), e.to_string());
-                // Entries of a directory whose IV file is wrong are still named under the IV
-                // the parent's entry promises: rewriting the file restores them.
-                if self.repair && !plain.as_os_str().is_empty() {
-                    let r = self.vault.rewrite_diriv(&dir).map(|()| "rewritten from the directory's entry".into());
-                    self.repaired(i, r);
-                }
-            }
-        }
+        let iv_ok = self.check_iv_copy(&dir, &plain);
         let raw = match sys::read_dir_fd(dir.fd()) {
             Ok(r) => r,
             Err(e) => {
@@ -217,9 +194,19 @@ impl<'a> Checker<'a> {
         let mut side_files: Vec<String> = Vec::new();
         let mut target_files: Vec<String> = Vec::new();
         let mut strays: Vec<(String, ProblemKind, String)> = Vec::new();
+        let copy = self.vault.iv_copy();
+        let copy_name = copy.name(&dir.iv);
         for r in raw {
             let name = String::from_utf8_lossy(&r.name).into_owned();
-            if r.name == b"." || r.name == b".." || r.name == DIRIV_NAME.as_bytes() {
+            if r.name == b"." || r.name == b".." || r.name == copy_name.as_bytes() {
+                continue;
+            }
+            if copy == IvCopy::Name && r.name.starts_with(DIRIV_NAME.as_bytes()) {
+                // Another IV name, or the old form's file: part of the IV problem reported
+                // above when the right name is missing, else one of its own.
+                if iv_ok {
+                    self.extra_iv_copy(&dir, &name, &plain);
+                }
                 continue;
             }
             if top && (r.name == CONFIG_NAME.as_bytes() || is_lock_file(&name)) {
@@ -348,6 +335,59 @@ impl<'a> Checker<'a> {
         for e in keep {
             let p = plain.join(std::ffi::OsStr::from_bytes(&e.name));
             self.check_entry(&dir, e, p);
+        }
+    }
+
+    /// Checks `dir`'s IV copy: missing is a crash leftover (restored), anything else wrong is
+    /// damage (rewritten from the entry, below the top). False when it was reported wrong.
+    fn check_iv_copy(&mut self, dir: &CipherDir, plain: &Path) -> bool {
+        let at = dir.path.join(self.vault.iv_copy().name(&dir.iv));
+        match self.vault.verify_diriv(dir) {
+            Ok(true) => true,
+            Ok(false) => {
+                let i = self.problem(ProblemKind::MissingDirIv, at, Some(plain), "is missing".into());
+                if self.repair {
+                    let r = self.vault.restore_diriv(dir).map(|()| "restored from the directory's entry".into());
+                    self.repaired(i, r);
+                }
+                true
+            }
+            Err(e) => {
+                let path = match &e {
+                    Error::Auth { what, .. } => PathBuf::from(what),
+                    _ => at,
+                };
+                let detail = match &e {
+                    Error::Auth { detail, .. } => detail.clone(),
+                    e => e.to_string(),
+                };
+                let i = self.problem(ProblemKind::Damaged, path, Some(plain), detail);
+                // Entries of a directory whose IV copy is wrong are still named under the IV
+                // the parent's entry promises: rewriting the copy restores them.
+                if self.repair && !plain.as_os_str().is_empty() {
+                    let r = self.vault.rewrite_diriv(dir).map(|()| "rewritten from the directory's entry".into());
+                    self.repaired(i, r);
+                }
+                false
+            }
+        }
+    }
+
+    /// A second IV name in `dir` (`iv-in-name`) beside the right one, or the old form's file:
+    /// copied in from elsewhere. `--repair` removes an empty or IV-sized regular file (it holds
+    /// no data) and moves anything else to lost+found.
+    fn extra_iv_copy(&mut self, dir: &CipherDir, name: &str, plain: &Path) {
+        let i = self.problem(
+            ProblemKind::Damaged,
+            dir.path.join(name),
+            Some(plain),
+            "is an IV copy that is not this directory's (copied from another directory?)".into(),
+        );
+        let Ok(st) = sys::fstatat(dir.fd(), name.as_bytes()) else { return };
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size <= 16 {
+            self.remove_leftover(i, dir, name, "removed (it held no data)");
+        } else {
+            self.move_to_lost_found(i, dir, name, &st);
         }
     }
 
@@ -571,7 +611,7 @@ impl<'a> Checker<'a> {
 }
 
 /// The identity an object (backing `st`) carries in itself: a file's header ID, a directory's
-/// IV file, a symlink's ID, a device's number (`special-kinds`). `None` when it carries none
+/// IV copy, a symlink's ID, a device's number (`special-kinds`). `None` when it carries none
 /// that can be read.
 fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &Stat) -> Option<Identity> {
     let kind = EntryKind::from_mode(st.st_mode);
@@ -584,7 +624,7 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &Stat) ->
         }
         EntryKind::Dir => {
             let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ok()?;
-            sys::read_meta_at(sub.as_fd(), DIRIV_NAME.as_bytes(), 16).ok()?.try_into().ok()
+            carried_iv(vault, &sub)
         }
         EntryKind::Symlink => {
             let stored = sys::readlinkat(dir.fd(), on_disk.as_bytes()).ok()?;
@@ -595,6 +635,22 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &Stat) ->
             Some(vault.names().new_identity(kind, st.st_rdev))
         }
     }
+}
+
+/// The IV a directory's copy carries. Of several IV names (one copied in), the one under
+/// which a child's name decrypts; one alone is taken as it is (an empty directory has no
+/// child to try).
+fn carried_iv(vault: &Vault, sub: &std::os::fd::OwnedFd) -> Option<Identity> {
+    let ivs = vault.iv_copy().carried(sub.as_fd());
+    if ivs.len() <= 1 {
+        return ivs.first().copied();
+    }
+    let raw = sys::read_dir_fd(sub.as_fd()).ok()?;
+    let d = raw.iter().find_map(|r| match ParsedEntry::parse(&r.name) {
+        ParsedEntry::Short { key, .. } => b64_decode(key),
+        _ => None,
+    })?;
+    ivs.into_iter().find(|iv| vault.names().decrypt_name(iv, &d).is_ok())
 }
 
 /// The vault lock (issue 12), if present: not part of the tree.

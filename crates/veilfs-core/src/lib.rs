@@ -9,6 +9,7 @@
 
 pub mod content;
 pub mod crash;
+pub mod diriv;
 pub mod error;
 pub mod keys;
 pub mod names;

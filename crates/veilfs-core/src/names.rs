@@ -38,8 +38,11 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use std::sync::{Mutex, PoisonError};
 
-/// The per-directory IV file present in every directory of a vault.
+/// The per-directory IV file of a vault without the feature `iv-in-name`: 16 raw bytes.
 pub const DIRIV_NAME: &str = "veilfs.diriv";
+/// With the feature `iv-in-name`, a directory's IV copy is the empty file
+/// `veilfs.diriv.<base64url(iv)>` ([`diriv_name`]): it takes no data block (docs/FORMAT.md §7.1).
+pub const DIRIV_NAME_PREFIX: &str = "veilfs.diriv.";
 /// The vault config, in the top directory.
 pub const CONFIG_NAME: &str = "veilfs.conf";
 /// Names starting with this prefix belong to the vault itself (never user entries).
@@ -291,6 +294,24 @@ pub const LOCK_NAME: &str = "veilfs.lock";
 /// Prefix of an exchange's intent record (F§10): `veilfs.xchg.<r>` next to the object it
 /// moved aside as `veilfs.tmp.<r>`, read by the crash sweep to finish the exchange.
 pub const XCHG_PREFIX: &str = "veilfs.xchg.";
+
+/// The name that carries `iv` in a vault with `iv-in-name`: `veilfs.diriv.<base64url(iv)>`.
+pub fn diriv_name(iv: &DirIv) -> String {
+    let mut out = String::with_capacity(DIRIV_NAME_PREFIX.len() + 22);
+    out.push_str(DIRIV_NAME_PREFIX);
+    B64.encode_string(iv, &mut out);
+    out
+}
+
+/// The IV a name `veilfs.diriv.<base64url(iv)>` carries: `None` for any other name, and for
+/// one whose suffix is not the one canonical spelling of 16 bytes.
+pub fn parse_diriv_name(name: &[u8]) -> Option<DirIv> {
+    let rest = name.strip_prefix(DIRIV_NAME_PREFIX.as_bytes())?;
+    if rest.len() != 22 || !is_b64(rest) {
+        return None;
+    }
+    B64.decode(rest).ok()?.try_into().ok()
+}
 
 /// A fresh temporary name (`veilfs.tmp.` and 96 random bits).
 pub fn temp_name() -> String {

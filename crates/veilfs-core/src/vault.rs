@@ -13,11 +13,12 @@
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
 use crate::crash;
+use crate::diriv::IvCopy;
 use crate::error::{Error, IoContext, Result};
 use crate::file::{ContentCtx, CryptFile};
 use crate::kdf::Argon2Params;
 use crate::keys::{MasterKey, SubKeys};
-use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry, DIRIV_LEN, DIRIV_NAME};
+use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry};
 use crate::recovery::RecoveryKey;
 use crate::sys::Stat;
 use crate::sys::{self, MetaError};
@@ -125,6 +126,7 @@ pub struct Vault {
     ctx: ContentCtx,
     names: Arc<NameCipher>,
     master: MasterKey,
+    iv_copy: IvCopy,
 }
 
 impl std::fmt::Debug for Vault {
@@ -163,8 +165,8 @@ impl Vault {
         }
         cfg.seal(&master);
         let dirfd = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
-        sys::write_new_file(dirfd.as_fd(), DIRIV_NAME.as_bytes(), &root_iv, 0o400)
-            .ctx(|| format!("writing {}/{DIRIV_NAME}", cipherdir.display()))?;
+        let iv_copy = IvCopy::of(&cfg);
+        iv_copy.write(dirfd.as_fd(), &root_iv).ctx(|| cipherdir.join(iv_copy.name(&root_iv)).display().to_string())?;
         sys::fsync(dirfd.as_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
         cfg.save(cipherdir)?;
         Ok((Vault::from_parts(cipherdir, cfg, master), rk))
@@ -193,7 +195,8 @@ impl Vault {
         let names = Arc::new(NameCipher::new(&keys, config.special_binding()));
         let ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys))
             .with_unsettled_tails(config.has_feature(crate::config::FEATURE_UNSETTLED_TAILS));
-        Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master }
+        let iv_copy = IvCopy::of(&config);
+        Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master, iv_copy }
     }
 
     /// The ciphertext directory.
@@ -221,6 +224,11 @@ impl Vault {
         &self.names
     }
 
+    /// How this vault keeps each directory's IV copy (feature `iv-in-name` or not).
+    pub fn iv_copy(&self) -> IvCopy {
+        self.iv_copy
+    }
+
     /// Replaces the config (after a slot change) and writes it.
     pub fn save_config(&mut self, mut cfg: VaultConfig) -> Result<()> {
         cfg.seal(&self.master);
@@ -229,14 +237,14 @@ impl Vault {
         Ok(())
     }
 
-    /// Opens the top directory and checks its `veilfs.diriv` against the config.
+    /// Opens the top directory and checks its IV copy against the config.
     pub fn root(&self) -> Result<CipherDir> {
         let dir = self.root_dir()?;
         self.check_diriv(&dir)?;
         Ok(dir)
     }
 
-    /// Opens the top directory without checking (or restoring) its IV file (fsck checks it
+    /// Opens the top directory without checking (or restoring) its IV copy (fsck checks it
     /// itself and must not write).
     pub fn root_dir(&self) -> Result<CipherDir> {
         let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
@@ -244,8 +252,8 @@ impl Vault {
         Ok(CipherDir { fd, iv, path: self.root_path.clone() })
     }
 
-    /// Checks that `dir`'s `veilfs.diriv` holds the IV its entry promises; a missing or empty
-    /// one (a crash right after `mkdir`) is restored from the authenticated entry.
+    /// Checks that `dir`'s IV copy (F§7.1) names the IV its entry promises; a missing one (a
+    /// crash right after `mkdir`) is restored from the authenticated entry.
     pub fn check_diriv(&self, dir: &CipherDir) -> Result<()> {
         if self.verify_diriv(dir)? {
             Ok(())
@@ -253,55 +261,36 @@ impl Vault {
             self.restore_diriv(dir).or_else(|e| {
                 // The IV itself comes from the authenticated entry, so a vault on read-only
                 // storage still opens when the copy cannot be written.
-                tracing::warn!("could not restore {}/{DIRIV_NAME}: {e}", dir.path.display());
+                tracing::warn!("could not restore the IV copy of {}: {e}", dir.path.display());
                 Ok(())
             })
         }
     }
 
-    /// Whether `dir`'s `veilfs.diriv` holds the IV its entry promises (`Ok(false)`: missing or
-    /// empty). A copied IV file, one of the wrong length and anything but a regular file there
-    /// (a planted FIFO, device or symlink) is an integrity error. Never writes.
+    /// Whether `dir`'s IV copy names the IV its entry promises (`Ok(false)`: missing, or an
+    /// empty `veilfs.diriv`). A copy of another directory's IV, a damaged one and anything but
+    /// a regular file there (a planted FIFO, directory or symlink) is an integrity error
+    /// naming it. Never writes.
     pub fn verify_diriv(&self, dir: &CipherDir) -> Result<bool> {
-        let what = || format!("{}/{DIRIV_NAME}", dir.path.display());
-        match sys::read_meta_at(dir.fd(), DIRIV_NAME.as_bytes(), DIRIV_LEN) {
-            Ok(b) if b.as_slice() == dir.iv => Ok(true),
-            Ok(b) if b.is_empty() => Ok(false),
-            Ok(b) if b.len() != DIRIV_LEN => Err(Error::auth(what(), format!("is {} bytes long, not 16", b.len()))),
-            Ok(_) => Err(Error::auth(
-                what(),
-                "does not match the IV its directory entry promises (copied from another directory?)",
-            )),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(MetaError::Io(e)) => Err(Error::io(format!("reading {}", what()), e)),
-            Err(e) => Err(Error::auth(what(), e.to_string())),
-        }
+        self.iv_copy.verify(dir.fd(), &dir.iv, &dir.path)
     }
 
-    /// Writes `dir`'s missing `veilfs.diriv` from the IV its authenticated entry promises.
+    /// Writes `dir`'s missing IV copy from the IV its authenticated entry promises.
     pub fn restore_diriv(&self, dir: &CipherDir) -> Result<()> {
-        tracing::warn!("{}/{DIRIV_NAME} is missing; restoring it from the directory's entry", dir.path.display());
-        let _ = sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false);
-        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400)
-            .ctx(|| format!("writing {}/{DIRIV_NAME}", dir.path.display()))
+        let name = self.iv_copy.name(&dir.iv);
+        tracing::warn!("{} is missing; restoring it from the directory's entry", dir.child_path(&name));
+        if self.iv_copy == IvCopy::File {
+            // An empty one (a crash between creating and writing it).
+            let _ = sys::unlinkat(dir.fd(), name.as_bytes(), false);
+        }
+        self.iv_copy.write(dir.fd(), &dir.iv).ctx(|| format!("writing {}", dir.child_path(&name)))
     }
 
-    /// Replaces a damaged `veilfs.diriv` of `dir` (of a subdirectory: the top one's IV is in
-    /// the config) with the IV its authenticated entry promises; a directory planted there is
-    /// moved aside under a temporary name, never deleted.
+    /// Replaces a damaged or copied IV copy of `dir` (of a subdirectory: the top one's IV is
+    /// in the config) with the IV its authenticated entry promises; a directory planted there
+    /// is moved aside under a temporary name, never deleted.
     pub fn rewrite_diriv(&self, dir: &CipherDir) -> Result<()> {
-        let what = || format!("{}/{DIRIV_NAME}", dir.path.display());
-        if let Ok(st) = sys::fstatat(dir.fd(), DIRIV_NAME.as_bytes()) {
-            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                let tmp =
-                    format!("{}{}", crate::fsck::TEMP_PREFIX, crate::names::b64_encode(&crate::random::bytes::<12>()));
-                sys::renameat2(dir.fd(), DIRIV_NAME.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE)
-                    .ctx(what)?;
-            } else {
-                sys::unlinkat(dir.fd(), DIRIV_NAME.as_bytes(), false).ctx(what)?;
-            }
-        }
-        sys::write_new_file(dir.fd(), DIRIV_NAME.as_bytes(), &dir.iv, 0o400).ctx(what)
+        self.iv_copy.rewrite(dir.fd(), &dir.iv, &dir.path)
     }
 
     /// The vault's `lost+found` directory (made on first use).
@@ -373,7 +362,7 @@ impl Vault {
     }
 
     /// Opens the subdirectory `on_disk` of `parent` whose entry promises IV `iv`, checking its
-    /// IV file (see [`check_diriv`](Self::check_diriv)).
+    /// IV copy (see [`check_diriv`](Self::check_diriv)).
     pub fn open_subdir(&self, parent: &CipherDir, on_disk: &str, iv: DirIv) -> Result<CipherDir> {
         owner_access(parent, on_disk, || {
             let fd = sys::open_dir_at(parent.fd(), on_disk.as_bytes()).ctx(|| parent.child_path(on_disk))?;
@@ -639,7 +628,7 @@ impl Vault {
     }
 
     /// Removes the on-disk entry `on_disk` of `dir`. A directory must hold nothing but its IV
-    /// file; it is moved aside before its IV file goes, so a crash never leaves a live
+    /// file; it is moved aside before its IV copy goes, so a crash never leaves a live
     /// directory without one. A symlink's target side file goes after it, once no other
     /// symlink of `dir` uses it. Does not touch long-name side files.
     pub fn remove_entry(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
@@ -662,13 +651,13 @@ impl Vault {
     /// [`remove_entry`](Self::remove_entry) of a directory.
     fn remove_dir_entry(&self, dir: &CipherDir, on_disk: &str, identity: &Identity) -> Result<()> {
         let what = || dir.child_path(on_disk);
-        let sub = Self::empty_dir(dir, on_disk)?;
+        let sub = self.empty_dir(dir, on_disk, identity)?;
         let tmp = crate::names::temp_name();
         sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
         crash::point!("vault.remove_temp");
-        // The IV file goes with the daemon's own rights: the caller's right to remove the
+        // The IV copy goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
-        if let Err(e) = sys::privileged(|| sys::unlinkat(sub.as_fd(), DIRIV_NAME.as_bytes(), false)) {
+        if let Err(e) = sys::privileged(|| self.iv_copy.remove(sub.as_fd(), identity)) {
             // A directory whose mode denies its owner write access (see `owner_access`).
             if e.raw_os_error() == Some(libc::EACCES) {
                 let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
@@ -677,7 +666,7 @@ impl Vault {
         }
         if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
             // Something appeared inside meanwhile: put it back as it was.
-            let _ = sys::privileged(|| sys::write_new_file(sub.as_fd(), DIRIV_NAME.as_bytes(), identity, 0o400));
+            let _ = sys::privileged(|| self.iv_copy.write(sub.as_fd(), identity));
             let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
             return Err(Error::io(what(), e));
         }
@@ -805,13 +794,14 @@ impl Vault {
         self.names.name_key(&dir.iv, name)
     }
 
-    /// Opens the directory `on_disk` of `dir` and checks it holds nothing but its IV file
-    /// (ENOTEMPTY otherwise): before it is removed or replaced.
-    pub fn empty_dir(dir: &CipherDir, on_disk: &str) -> Result<OwnedFd> {
+    /// Opens the directory `on_disk` of `dir`, whose entry promises IV `iv`, and checks it
+    /// holds nothing but its IV copy (ENOTEMPTY otherwise): before it is removed or replaced.
+    pub fn empty_dir(&self, dir: &CipherDir, on_disk: &str, iv: &DirIv) -> Result<OwnedFd> {
         let what = || dir.child_path(on_disk);
         let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
         let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
-        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != DIRIV_NAME.as_bytes()) {
+        let copy = self.iv_copy.name(iv);
+        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != copy.as_bytes()) {
             return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
         }
         Ok(sub)
@@ -861,8 +851,8 @@ impl Vault {
             .map_err(|e| relabel(e, &dir.child_path(on_disk)))
     }
 
-    /// Creates directory `name` with its IV file, atomically: it appears under its final
-    /// name only once its `veilfs.diriv` exists.
+    /// Creates directory `name` with its IV copy, atomically: it appears under its final
+    /// name only once its IV copy exists.
     pub fn mkdir(&self, dir: &CipherDir, name: &[u8], mode: u32) -> Result<(Entry, CipherDir)> {
         let key = self.absent_key(dir, name)?;
         let (on_disk, sub) = self.mkdir_at(dir, &key, mode)?;
@@ -877,21 +867,21 @@ impl Vault {
     }
 
     /// Creates a directory under `key` in `dir` (the caller knows the name is free), made
-    /// under a temporary name and renamed into place once its IV file is written.
+    /// under a temporary name and renamed into place once its IV copy is written.
     pub fn mkdir_at(&self, dir: &CipherDir, key: &NameKey, mode: u32) -> Result<(String, CipherDir)> {
         let iv: DirIv = crate::random::bytes();
         let on_disk = self.entry_name_for(dir, key, EntryKind::Dir, &iv)?;
         let tmp = crate::names::temp_name();
-        // Made with its final mode when that lets its owner write the IV file into it (the
+        // Made with its final mode when that lets its owner write the IV copy into it (the
         // usual case; a set-group-id parent's group and bit are inherited as usual); else
-        // made private and given its mode through its own fd once the IV file is in.
+        // made private and given its mode through its own fd once the IV copy is in.
         let mode = mode & 0o7777;
         let direct = mode & 0o700 == 0o700;
         sys::mkdirat(dir.fd(), tmp.as_bytes(), if direct { mode } else { 0o700 }).ctx(|| dir.child_path(&tmp))?;
         crash::point!("vault.mkdir_temp");
         let result = (|| {
             let fd = sys::open_dir_at(dir.fd(), tmp.as_bytes()).ctx(|| dir.child_path(&tmp))?;
-            sys::write_new_file(fd.as_fd(), DIRIV_NAME.as_bytes(), &iv, 0o400).ctx(|| dir.child_path(&tmp))?;
+            self.iv_copy.write(fd.as_fd(), &iv).ctx(|| dir.child_path(&tmp))?;
             crash::point!("vault.mkdir_diriv");
             if !direct {
                 sys::chmod_fd(fd.as_fd(), mode).ctx(|| dir.child_path(&tmp))?;
@@ -906,7 +896,7 @@ impl Vault {
                 Ok((on_disk, CipherDir { fd, iv, path }))
             }
             Err(e) => {
-                let _ = sys::unlinkat(dir.fd(), format!("{tmp}/{DIRIV_NAME}").as_bytes(), false);
+                let _ = sys::unlinkat(dir.fd(), format!("{tmp}/{}", self.iv_copy.name(&iv)).as_bytes(), false);
                 let _ = sys::unlinkat(dir.fd(), tmp.as_bytes(), true);
                 Err(e)
             }
@@ -935,7 +925,7 @@ impl Vault {
         Ok((on_disk, id))
     }
 
-    /// Removes `entry` (a directory must be empty but for its IV file).
+    /// Removes `entry` (a directory must be empty but for its IV copy).
     pub fn remove(&self, dir: &CipherDir, entry: &Entry) -> Result<()> {
         self.remove_entry(dir, &entry.on_disk, entry.kind, &entry.identity)?;
         self.drop_side_file(dir, &entry.key);
@@ -983,7 +973,7 @@ impl Vault {
             match (entry.kind == EntryKind::Dir, r.kind == EntryKind::Dir) {
                 (false, true) => return errno(libc::EISDIR),
                 (true, false) => return errno(libc::ENOTDIR),
-                (true, true) => drop(owner_access(to, &r.on_disk, || Self::empty_dir(to, &r.on_disk))?),
+                (true, true) => drop(owner_access(to, &r.on_disk, || self.empty_dir(to, &r.on_disk, &r.identity))?),
                 (false, false) => {}
             }
         }

@@ -78,3 +78,31 @@ pub fn xattr_tempdir() -> tempfile::TempDir {
 pub fn vault_without_overflow(dir: &Path) -> Vault {
     vault_without(dir, veilfs_core::config::FEATURE_OVERFLOW)
 }
+
+/// A new vault (`iv_in_name`) or one made before the feature `iv-in-name`, whose directories
+/// keep their IV in the 16-byte file `veilfs.diriv` (docs/FORMAT.md §7.1).
+pub fn vault_of_iv_form(dir: &Path, iv_in_name: bool) -> Vault {
+    if iv_in_name {
+        new_vault(dir)
+    } else {
+        // Made with the feature, its top directory has an IV name: give it the file instead.
+        let v = vault_without(dir, veilfs_core::config::FEATURE_IV_IN_NAME);
+        let root = v.root_dir().unwrap();
+        veilfs_core::diriv::IvCopy::Name.remove(root.fd(), &root.iv).unwrap();
+        veilfs_core::diriv::IvCopy::File.write(root.fd(), &root.iv).unwrap();
+        v
+    }
+}
+
+/// An attacker's copy of `from`'s directory IV copy into `to`, replacing `to`'s own (in the
+/// vault's form: the file's bytes, or the empty file named after the IV).
+pub fn copy_iv_copy(v: &Vault, from: &CipherDir, to: &CipherDir) {
+    let c = v.iv_copy();
+    c.remove(to.fd(), &to.iv).unwrap();
+    c.write(to.fd(), &from.iv).unwrap();
+}
+
+/// The backing path of `dir`'s IV copy.
+pub fn iv_copy_path(v: &Vault, dir: &CipherDir) -> PathBuf {
+    dir.path.join(v.iv_copy().name(&dir.iv))
+}

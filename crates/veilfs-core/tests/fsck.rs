@@ -59,8 +59,17 @@ fn a_clean_vault_checks_clean_and_every_object_is_counted() {
 
 #[test]
 fn every_crash_leftover_is_found_without_writing_and_repaired() {
+    crash_leftovers(true);
+}
+
+#[test]
+fn every_crash_leftover_is_found_and_repaired_in_a_vault_without_iv_in_name() {
+    crash_leftovers(false);
+}
+
+fn crash_leftovers(iv_in_name: bool) {
     let t = tempfile::tempdir().unwrap();
-    let v = new_vault(t.path());
+    let v = vault_of_iv_form(t.path(), iv_in_name);
     let root = v.root().unwrap();
     let a = write_file(&v, &root, "a", b"old a");
     let b = write_file(&v, &root, "b", b"new a");
@@ -69,18 +78,18 @@ fn every_crash_leftover_is_found_without_writing_and_repaired() {
     let (_, b_as_a) = v.rebind(&root, b"a", &b).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
     sys::renameat2(root.fd(), b.on_disk.as_bytes(), root.fd(), b_as_a.as_bytes(), libc::RENAME_NOREPLACE).unwrap();
-    // An interrupted mkdir: a directory under a temporary name with its IV file.
+    // An interrupted mkdir: a directory under a temporary name with its IV copy.
     sys::mkdirat(root.fd(), b"veilfs.tmp.AAAAAAAAAAAAAAAA", 0o700).unwrap();
     let tmp = sys::open_dir_at(root.fd(), b"veilfs.tmp.AAAAAAAAAAAAAAAA").unwrap();
-    sys::write_new_file(tmp.as_fd(), DIRIV_NAME.as_bytes(), &[7; 16], 0o400).unwrap();
+    v.iv_copy().write(tmp.as_fd(), &[7; 16]).unwrap();
     // A long name whose entry is gone but whose side file stayed (a crash inside unlink).
     let long = "x".repeat(200);
     let l = write_file(&v, &root, &long, b"long");
     sys::unlinkat(root.fd(), l.on_disk.as_bytes(), false).unwrap();
-    // A directory whose IV file is missing (a crash right after mkdir, old format writers).
+    // A directory whose IV copy is missing (a crash right after mkdir, old format writers).
     let (_, d) = v.mkdir(&root, b"d", 0o755).unwrap();
     write_file(&v, &d, "inside", b"inside");
-    sys::unlinkat(d.fd(), DIRIV_NAME.as_bytes(), false).unwrap();
+    v.iv_copy().remove(d.fd(), &d.iv).unwrap();
 
     let before = snapshot(t.path());
     let r = check(&v, false);
@@ -125,8 +134,17 @@ fn every_crash_leftover_is_found_without_writing_and_repaired() {
 
 #[test]
 fn damage_is_found_and_moved_to_lost_found_keeping_what_authenticates() {
+    damage(true);
+}
+
+#[test]
+fn damage_is_found_and_moved_to_lost_found_in_a_vault_without_iv_in_name() {
+    damage(false);
+}
+
+fn damage(iv_in_name: bool) {
     let t = tempfile::tempdir().unwrap();
-    let v = new_vault(t.path());
+    let v = vault_of_iv_form(t.path(), iv_in_name);
     let root = v.root().unwrap();
     write_file(&v, &root, "good", &data(9000, 1));
     write_file(&v, &root, "bad", &data(9000, 2));
@@ -139,10 +157,7 @@ fn damage_is_found_and_moved_to_lost_found_keeping_what_authenticates() {
     let mut c = std::fs::read(&bad).unwrap();
     c[100] ^= 1;
     std::fs::write(&bad, c).unwrap();
-    let iv1 = std::fs::read(d1.path.join(DIRIV_NAME)).unwrap();
-    let d2iv = d2.path.join(DIRIV_NAME);
-    std::fs::remove_file(&d2iv).unwrap();
-    std::fs::write(&d2iv, iv1).unwrap();
+    copy_iv_copy(&v, &d1, &d2);
     let good = cipher_path(&v, &root, "good");
     std::fs::copy(&good, root.path.join("conflict copy of good")).unwrap();
 
@@ -158,7 +173,7 @@ fn damage_is_found_and_moved_to_lost_found_keeping_what_authenticates() {
     assert!(again.is_clean(), "{:#?}", again.problems);
     assert_eq!(again.problems.len(), 1);
     assert_eq!(again.problems[0].repaired.as_deref(), Some("kept in /lost+found"));
-    // d2's IV file was rewritten from its entry: y reads again. The conflict copy is
+    // d2's IV copy was rewritten from its entry: y reads again. The conflict copy is
     // readable in lost+found (bound to its header's ID); the damaged file is kept there.
     let root = v.root().unwrap();
     let d2 = v.open_dir(&root, &v.lookup(&root, b"d2").unwrap().unwrap()).unwrap();
@@ -169,4 +184,73 @@ fn damage_is_found_and_moved_to_lost_found_keeping_what_authenticates() {
         entries.iter().map(|e| read_file(&v, &lf, &String::from_utf8_lossy(&e.name)).is_ok()).collect();
     assert_eq!(readable.len(), 2);
     assert_eq!(readable.iter().filter(|r| **r).count(), 1, "the conflict copy reads, the damaged file does not");
+}
+
+/// A sync tool renamed a backing directory on a conflict (its entry name no longer parses):
+/// `--repair` moves it to lost+found bound to the IV its copy carries, so its subtree reads.
+/// With `iv-in-name` an IV name copied in beside the right one does not mislead it.
+fn renamed_directory_keeps_its_subtree(iv_in_name: bool) {
+    let t = tempfile::tempdir().unwrap();
+    let v = vault_of_iv_form(t.path(), iv_in_name);
+    let root = v.root().unwrap();
+    let (e, d) = v.mkdir(&root, b"d", 0o755).unwrap();
+    write_file(&v, &d, "inside", b"kept");
+    let (_, other) = v.mkdir(&root, b"other", 0o755).unwrap();
+    if iv_in_name {
+        v.iv_copy().write(d.fd(), &other.iv).unwrap();
+    }
+    std::fs::rename(root.path.join(&e.on_disk), root.path.join("d.sync-conflict-20260101")).unwrap();
+    let r = check(&v, true);
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let lf = v.lost_found().unwrap();
+    let (entries, bad) = v.list(&lf).unwrap();
+    assert!(bad.is_empty() && entries.len() == 1, "{bad:?}");
+    let moved = v.open_dir(&lf, &entries[0]).unwrap();
+    assert_eq!(read_file(&v, &moved, "inside").unwrap(), b"kept");
+}
+
+#[test]
+fn directory_renamed_by_a_sync_tool_keeps_its_subtree_in_lost_found() {
+    renamed_directory_keeps_its_subtree(true);
+    renamed_directory_keeps_its_subtree(false);
+}
+
+#[test]
+fn extra_and_wrong_iv_names_are_reported_and_repaired() {
+    let t = tempfile::tempdir().unwrap();
+    let v = new_vault(t.path());
+    let root = v.root().unwrap();
+    let (_, d1) = v.mkdir(&root, b"d1", 0o755).unwrap();
+    let (_, d2) = v.mkdir(&root, b"d2", 0o755).unwrap();
+    let (_, d3) = v.mkdir(&root, b"d3", 0o755).unwrap();
+    write_file(&v, &d3, "z", b"z");
+    // d1: a copy of d2's IV name beside its own, and an old-form IV file (both extra).
+    v.iv_copy().write(d1.fd(), &d2.iv).unwrap();
+    sys::write_new_file(d1.fd(), DIRIV_NAME.as_bytes(), &d2.iv, 0o400).unwrap();
+    // d3: its IV name replaced by a FIFO.
+    let at = v.iv_copy().name(&d3.iv);
+    sys::unlinkat(d3.fd(), at.as_bytes(), false).unwrap();
+    sys::mknodat(d3.fd(), at.as_bytes(), libc::S_IFIFO | 0o600, 0).unwrap();
+
+    let before = snapshot(t.path());
+    let r = check(&v, false);
+    assert_eq!(snapshot(t.path()), before, "a check without --repair wrote something");
+    assert_eq!(kinds(&r), [ProblemKind::Damaged; 3], "{:#?}", r.problems);
+    for p in [d1.path.join(v.iv_copy().name(&d2.iv)), d1.path.join(DIRIV_NAME), d3.path.join(&at)] {
+        assert!(r.problems.iter().any(|x| x.cipher_path == p), "{} reported: {:#?}", p.display(), r.problems);
+    }
+    let r = check(&v, true);
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let again = check(&v, false);
+    assert!(again.problems.is_empty(), "{:#?}", again.problems);
+    let names = |d: &veilfs_core::CipherDir| {
+        let mut n: Vec<String> =
+            std::fs::read_dir(&d.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        n.retain(|n| n.starts_with(DIRIV_NAME));
+        n
+    };
+    assert_eq!(names(&d1), [v.iv_copy().name(&d1.iv)]);
+    assert_eq!(names(&d3), [at.as_str()]);
+    assert!(std::fs::symlink_metadata(d3.path.join(&at)).unwrap().is_file());
+    assert_eq!(read_file(&v, &d3, "z").unwrap(), b"z");
 }

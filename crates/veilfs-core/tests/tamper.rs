@@ -139,18 +139,21 @@ fn entry_moved_to_another_directory_is_detected() {
 #[test]
 fn entry_moved_with_its_directory_iv_is_detected() {
     // The attacker moves an entry to another directory *and* copies the source directory's
-    // IV file there, so the name decrypts: the target directory's own binding catches it.
-    let (_t, v) = setup();
-    let root = v.root().unwrap();
-    let (_a, da) = v.mkdir(&root, b"a", 0o755).unwrap();
-    let (_b, db) = v.mkdir(&root, b"b", 0o755).unwrap();
-    write_file(&v, &da, "x", b"from a");
-    let iv_a = std::fs::read(da.path.join("veilfs.diriv")).unwrap();
-    let pb_iv = db.path.join("veilfs.diriv");
-    std::fs::remove_file(&pb_iv).unwrap();
-    std::fs::write(&pb_iv, iv_a).unwrap();
-    let e = v.lookup(&root, b"b").unwrap().unwrap();
-    assert_auth(v.open_dir(&root, &e), "copied from another directory");
+    // IV copy there (the IV name, or the old 16-byte file), so the name would decrypt: the
+    // target directory's own binding catches it, naming the copied IV.
+    for iv_in_name in [true, false] {
+        let t = tempfile::tempdir().unwrap();
+        let v = vault_of_iv_form(t.path(), iv_in_name);
+        let root = v.root().unwrap();
+        let (_a, da) = v.mkdir(&root, b"a", 0o755).unwrap();
+        let (_b, db) = v.mkdir(&root, b"b", 0o755).unwrap();
+        write_file(&v, &da, "x", b"from a");
+        copy_iv_copy(&v, &da, &db);
+        let e = v.lookup(&root, b"b").unwrap().unwrap();
+        let copied = iv_copy_path(&v, &da).file_name().unwrap().to_str().unwrap().to_string();
+        assert_auth(v.open_dir(&root, &e), "copied from another directory");
+        assert_auth(v.open_dir(&root, &e), &format!("{}/{copied}", db.path.display()));
+    }
 }
 
 #[test]

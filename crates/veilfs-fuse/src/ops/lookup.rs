@@ -85,8 +85,9 @@ impl VeilFs {
         let dir = parent.dir()?;
         let (kind, identity) = self.identity(dir, d, on_disk, st)?;
         self.nodes.lookup(parent, on_disk, st, kind, identity, || {
-            // Every directory this mount uses was checked here first: its `veilfs.diriv` is
-            // the IV its entry promises (not one copied from another directory, not a FIFO).
+            // Every directory this mount uses was checked here first: its IV copy names
+            // the IV its entry promises (not one copied from another directory, not a FIFO;
+            // with `iv-in-name` one fstatat, F§7.1).
             let cd = self.vault.open_subdir(&dir.cd, on_disk, identity).map_err(cerr)?;
             Ok(Some(DirState::new(cd, self.opts.shared_storage)))
         })
