@@ -434,6 +434,38 @@ fn perm_run(dir: &Path, prefix: &[&str]) -> Vec<String> {
     String::from_utf8(o.stdout).unwrap().lines().map(str::to_string).collect()
 }
 
+/// Without `default_permissions` the kernel does not check search permission on names it
+/// has cached, and a locked mount lets it cache them for an hour: after a `chmod` (or
+/// `chown`) that takes search permission away from a directory, names under it that were
+/// looked up before must be refused as on tmpfs, not reachable until the cache expires.
+/// The runner's capabilities are dropped as root (`setpriv`), so its owner class counts.
+#[test]
+fn search_permission_taken_away_refuses_names_the_kernel_had_cached_as_tmpfs_does() {
+    let Some(m) = Mounted::new("64m", &[]) else { return };
+    let prefix: &[&str] =
+        if is_root() { &["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"] } else { &[] };
+    let run = |base: &Path| {
+        let d = base.join("searchless");
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("f"), b"x").unwrap();
+        fs::write(d.join("sub/g"), b"y").unwrap();
+        // Looked up (and cached), then search taken away, then looked up again: the
+        // invalidation is sent right after the chmod's reply, so give it a moment.
+        let script = "stat -c %s searchless/f searchless/sub/g >/dev/null && chmod 0600 searchless && sleep 0.3; \
+                      for p in searchless/f searchless/sub/g; do \
+                      stat -c %s $p >/dev/null 2>&1 && echo \"$p ok\" || echo \"$p refused\"; done; \
+                      chmod 0700 searchless";
+        let mut cmd: Vec<&str> = prefix.to_vec();
+        cmd.extend(["sh", "-c", script]);
+        let o = std::process::Command::new(cmd[0]).args(&cmd[1..]).current_dir(base).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let want = run(&m.plain);
+    assert_eq!(want, "searchless/f refused\nsearchless/sub/g refused\n", "tmpfs");
+    assert_eq!(run(&m.mnt), want, "the mount answers from names cached before the chmod");
+}
+
 /// A mount that is not `--allow-other` has no `default_permissions`: the daemon checks
 /// permissions itself (crates/veilfs-fuse/src/perm.rs). Every mode 0000–0777 on files and
 /// directories, sticky directories and set-id modes, each owned by the runner, by another

@@ -31,7 +31,14 @@ impl VeilFs {
         // when opened; an open file keeps working once its names are gone). Anything else
         // through a verified handle on the object its name holds now, acting as the caller.
         if let Some(d) = &node.dir {
-            return self.set_on_fd(&node, d.cd.fd(), a);
+            let before = self.opts.check_permissions.then(|| sys::fstat(d.cd.fd())).transpose()?;
+            let attr = self.set_on_fd(&node, d.cd.fd(), a)?;
+            if let Some(old) = before {
+                if search_may_be_lost(&old, a) {
+                    self.expire_children(&node, d);
+                }
+            }
+            return Ok(attr);
         }
         let open = self.handles.file_opt(fh).map(|h| h.crypt.clone()).or_else(|| self.open_crypt(&node));
         if let Some(c) = open {
@@ -89,6 +96,41 @@ impl VeilFs {
         let st = self.perm_stat(node)?;
         let mode = crate::perm::check_setattr(&who, &st, &change)?;
         Ok(SetAttr { mode, ..a.clone() })
+    }
+
+    /// After a change of `dir`'s mode or owner that may take search permission away from
+    /// someone, on a mount whose daemon checks permissions (no `default_permissions`): the
+    /// kernel does not check search permission on the names it caches then, and a locked
+    /// mount lets it cache them for long, so the names of `dir`'s entries are dropped from
+    /// its cache; the next path walk through `dir` asks the daemon, which checks. Sent from
+    /// another thread: the kernel takes `dir`'s lock for it, which this SETATTR holds.
+    fn expire_children(&self, node: &Node, dir: &DirState) {
+        let Some(n) = self.notifier.get().cloned() else { return };
+        let names: Vec<Vec<u8>> = match dir.index(false) {
+            Ok(idx) => idx.as_ref().map_or_else(Vec::new, |idx| {
+                idx.values()
+                    .filter_map(|e| match e.plain.get() {
+                        Some(p) => p.as_ref().map(|p| p.name.clone()),
+                        None => {
+                            let d = self.decode_d(dir, &e.on_disk).ok()?;
+                            self.names.decrypt_name(&dir.cd.iv, &d).ok()
+                        }
+                    })
+                    .collect()
+            }),
+            Err(e) => {
+                tracing::warn!("{}: cached names not dropped after a permission change: {e}", dir.cd.path.display());
+                return;
+            }
+        };
+        let parent = fuser::INodeNo(node.id);
+        std::thread::spawn(move || {
+            for name in names {
+                if let Err(e) = n.inval_entry(parent, std::os::unix::ffi::OsStrExt::from_bytes(&name)) {
+                    tracing::debug!("node {}: entry invalidation: {e}", parent.0);
+                }
+            }
+        });
     }
 
     /// truncate(2) by name: the file opened as the caller (whose write access the kernel
@@ -159,4 +201,11 @@ impl VeilFs {
         (s.f_blocks, s.f_bfree, s.f_bavail) = (plain(s.f_blocks), plain(s.f_bfree), plain(s.f_bavail));
         Ok(s)
     }
+}
+
+/// Whether changing a directory of stat `old` as `a` asks may take search permission away
+/// from someone: an execute bit removed, or a new owner or group.
+fn search_may_be_lost(old: &Stat, a: &SetAttr) -> bool {
+    let lost_x = a.mode.is_some_and(|m| old.st_mode & 0o111 & !m != 0);
+    lost_x || a.uid.is_some_and(|u| u != old.st_uid) || a.gid.is_some_and(|g| g != old.st_gid)
 }
