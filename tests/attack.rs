@@ -277,29 +277,44 @@ fn fifos_links_and_directories_planted_in_the_ciphertext_are_integrity_errors_ne
     assert_eq!(fs::read(&victim).unwrap(), b"root", "the root file outside the vault is untouched");
 }
 
+/// A device node swapped behind a live mount (here /dev/null for the first disk) is never
+/// the new device: a mount that asks the daemon again (`--attr-timeout 1`) gets an integrity
+/// error; a locked mount, whose kernel keeps verified attributes for an hour, keeps showing
+/// the node it verified until then (and the error after).
 #[test]
 fn device_node_replaced_under_a_live_mount_is_an_integrity_error_not_a_new_device() {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let Some(m) = Mounted::new("64m", &[]) else { return };
-    let null = m.m("null");
-    assert!(run("mknod", &[null.to_str().unwrap(), "c", "1", "3"]).status.success());
-    // An O_PATH handle: its stat asks the mount (GETATTR) about the node it knows, without a
-    // new LOOKUP of the name.
-    let handle = std::os::unix::fs::OpenOptionsExt::custom_flags(fs::OpenOptions::new().read(true), libc::O_PATH)
-        .open(&null)
-        .unwrap();
-    let st = handle.metadata().unwrap();
-    assert!(st.file_type().is_char_device() && st.rdev() == libc::makedev(1, 3), "{st:?}");
-    // Behind the mount (which knows the node now), /dev/null becomes the first disk.
-    let backing =
-        fs::read_dir(&m.cipher).unwrap().flatten().find(|e| e.file_type().unwrap().is_char_device()).unwrap().path();
-    fs::remove_file(&backing).unwrap();
-    assert!(run("mknod", &[backing.to_str().unwrap(), "c", "8", "0"]).status.success());
-    std::thread::sleep(Duration::from_millis(1500)); // past the kernel's attribute cache
-    let got = handle.metadata().map(|st| st.rdev());
-    assert_eq!(got.map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "stat of the replaced node");
-    let err = fs::symlink_metadata(&null).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EIO), "lookup of the replaced node");
+    for args in [&["--attr-timeout", "1"][..], &[]] {
+        let Some(m) = Mounted::new("64m", args) else { return };
+        let null = m.m("null");
+        assert!(run("mknod", &[null.to_str().unwrap(), "c", "1", "3"]).status.success());
+        // An O_PATH handle: its stat asks the mount (GETATTR) about the node it knows, without a
+        // new LOOKUP of the name.
+        let handle = std::os::unix::fs::OpenOptionsExt::custom_flags(fs::OpenOptions::new().read(true), libc::O_PATH)
+            .open(&null)
+            .unwrap();
+        let st = handle.metadata().unwrap();
+        assert!(st.file_type().is_char_device() && st.rdev() == libc::makedev(1, 3), "{st:?}");
+        // Behind the mount (which knows the node now), /dev/null becomes the first disk.
+        let backing = fs::read_dir(&m.cipher)
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_type().unwrap().is_char_device())
+            .unwrap()
+            .path();
+        fs::remove_file(&backing).unwrap();
+        assert!(run("mknod", &[backing.to_str().unwrap(), "c", "8", "0"]).status.success());
+        std::thread::sleep(Duration::from_millis(1500)); // past a 1 s attribute cache
+        let got = handle.metadata().map(|st| st.rdev()).map_err(|e| e.raw_os_error());
+        let by_name = fs::symlink_metadata(&null).map(|st| st.rdev()).map_err(|e| e.raw_os_error());
+        if args.is_empty() {
+            assert_eq!(got, Ok(libc::makedev(1, 3)), "stat of the node, cached");
+            assert_eq!(by_name, Ok(libc::makedev(1, 3)), "lookup of the node, cached");
+        } else {
+            assert_eq!(got, Err(Some(libc::EIO)), "stat of the replaced node");
+            assert_eq!(by_name, Err(Some(libc::EIO)), "lookup of the replaced node");
+        }
+    }
 }
 
 #[test]
