@@ -96,6 +96,7 @@ fn operate(point: &str, mnt: &Path) {
         "file.header_alone" => write_at("h", 100_000, &added()[..5_000], true),
         "file.reseal_alone" | "file.settle_sparse" => write_at("old", 200_000, &added()[..5_000], false),
         "file.torn_write" | "file.after_write" | "file.tail_stashed" => write_at("old", 20_000, &added(), false),
+        "file.inner_stashed" | "file.torn_inner" => write_at("old", 2_000, &added()[..10_000], false),
         "file.shrink_resealed" => fs::OpenOptions::new().write(true).open(p("old")).and_then(|f| f.set_len(10_001)),
         "vault.create" => fs::File::create(p("c1")).map(drop),
         "vault.side_file" => fs::File::create(p(&LONG.replace('l', "n"))).map(drop),
@@ -173,6 +174,25 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
             let mut new = old();
             new.extend_from_slice(&added());
             old_new_or_prefix(&read(&p("old"))?, &old(), &new)
+        }
+        "file.inner_stashed" | "file.torn_inner" => {
+            // An overwrite inside the file, not fsynced: each block old or new, as on a
+            // kernel filesystem (a torn block reads as its earlier content, FORMAT.md §5.9).
+            let mut new = old();
+            new[2_000..12_000].copy_from_slice(&added()[..10_000]);
+            let got = read(&p("old"))?;
+            if got == old() {
+                return Ok("old");
+            }
+            if got == new {
+                return Ok("new");
+            }
+            let each = got.len() == new.len()
+                && got.chunks(4096).enumerate().all(|(i, b)| {
+                    let r = i * 4096..i * 4096 + b.len();
+                    b == &old()[r.clone()] || b == &new[r]
+                });
+            each.then_some("old/new by block").ok_or_else(|| "a block is neither old nor new".into())
         }
         "file.shrink_resealed" => {
             let got = read(&p("old"))?;
@@ -398,7 +418,7 @@ fn crash_at_every_point_loses_nothing_fsynced_and_fsck_repairs_the_rest() {
     let mut broken = Vec::new();
     let mut n = 0;
     for point in veilfs_core::crash::POINTS {
-        let action = if *point == "file.torn_write" { "return" } else { "panic" };
+        let action = if point.starts_with("file.torn_") { "return" } else { "panic" };
         let Some(r) = crash_case(point, action) else { return };
         n += 1;
         println!(

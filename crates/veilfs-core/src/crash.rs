@@ -16,6 +16,8 @@ pub const POINTS: &[&str] = &[
     "file.header_alone",
     "file.tail_stashed",
     "file.reseal_alone",
+    "file.inner_stashed",
+    "file.torn_inner",
     "file.torn_write",
     "file.after_write",
     "file.shrink_resealed",

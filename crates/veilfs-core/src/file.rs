@@ -14,11 +14,13 @@ use crate::crash;
 use crate::error::{Error, IoContext, Result};
 use crate::keys::SubKeys;
 use crate::setid::SetIdKeeper;
+use crate::stash::{self, StashDir};
 use crate::sys;
+use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// What every file of a vault shares: cipher, geometry and keys.
 #[derive(Clone, Debug)]
@@ -31,18 +33,28 @@ pub struct ContentCtx {
     pub keys: Arc<SubKeys>,
     /// Feature `"unsettled-tails"`: headers may carry UNSETTLED (docs/FORMAT.md §5.8).
     pub unsettled_tails: bool,
+    /// Where inner-block stashes go (docs/FORMAT.md §5.9): the vault's top directory, in a
+    /// vault with `"unsettled-tails"`.
+    pub stashes: Option<Arc<StashDir>>,
 }
 
 impl ContentCtx {
     /// A context for `cipher` with `block_size`-byte blocks (without `"unsettled-tails"`).
     pub fn new(cipher: ContentCipher, block_size: u32, keys: Arc<SubKeys>) -> Self {
         let layout = Layout::new(block_size.into(), cipher.overhead() as u64);
-        ContentCtx { cipher, layout, keys, unsettled_tails: false }
+        ContentCtx { cipher, layout, keys, unsettled_tails: false, stashes: None }
     }
 
     /// The same context with feature `"unsettled-tails"` on or off.
     pub fn with_unsettled_tails(mut self, on: bool) -> Self {
         self.unsettled_tails = on;
+        self
+    }
+
+    /// The same context keeping inner-block stashes in `root` (docs/FORMAT.md §5.9; only
+    /// with `"unsettled-tails"`).
+    pub fn with_stashes(mut self, root: &std::path::Path) -> Self {
+        self.stashes = Some(Arc::new(StashDir::new(root)));
         self
     }
 }
@@ -110,6 +122,26 @@ pub struct CryptFile {
     hdr_lock: Mutex<()>,
     /// The backing file's mode, and its set-id bits kept through this process's changes.
     setid: SetIdKeeper,
+    /// This write session's inner-block stash (docs/FORMAT.md §5.9).
+    inner: Mutex<InnerStash>,
+    /// A stash found beside the file at open, read while the file is read by the crash rules.
+    found: Mutex<Option<stash::Found>>,
+    /// `found` is set.
+    has_found: AtomicBool,
+    /// Held (shared) by a write from its stash to its in-place overwrite; settling takes it
+    /// alone, so it never clears UNSETTLED and removes the stash between the two.
+    epoch: RwLock<()>,
+}
+
+/// The writer's side of an inner-block stash.
+#[derive(Debug, Default)]
+struct InnerStash {
+    /// The stash file, once this session stashed something.
+    fd: Option<std::os::fd::OwnedFd>,
+    /// Where the next record goes.
+    end: u64,
+    /// Blocks stashed this session.
+    done: HashSet<u64>,
 }
 
 impl CryptFile {
@@ -133,6 +165,10 @@ impl CryptFile {
             has_view: AtomicBool::new(false),
             hdr_lock: Mutex::new(()),
             setid: SetIdKeeper::new(0),
+            inner: Mutex::new(InnerStash::default()),
+            found: Mutex::new(None),
+            has_found: AtomicBool::new(false),
+            epoch: RwLock::new(()),
         };
         f.load_header()?;
         if f.unsettled.load(Ordering::Acquire) {
@@ -174,6 +210,159 @@ impl CryptFile {
         }
         *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(tail);
         self.has_view.store(true, Ordering::Release);
+        self.load_found(c);
+        Ok(())
+    }
+
+    /// Opens the inner-block stash a crashed writer left for this file (docs/FORMAT.md §5.9),
+    /// if any; `c` is the ciphertext size. A stash that cannot be read is logged and left.
+    fn load_found(&self, c: u64) {
+        let Some(dir) = &self.ctx.stashes else { return };
+        let l = self.ctx.layout;
+        let record = stash::RECORD_HEAD + l.cipher_block() as usize;
+        let blocks = c.saturating_sub(l.header()).div_ceil(l.cipher_block());
+        match dir.open(self.id(), record, blocks) {
+            Ok(Some(f)) => {
+                *self.found.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+                self.has_found.store(true, Ordering::Release);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("{}: cannot read: {e}", dir.path_of(self.id()).display()),
+        }
+    }
+
+    /// Block `n`'s plaintext from the newest record of the found stash that authenticates
+    /// as block `n` of this file (an all-zero record is a hole in a SPARSE file).
+    fn stashed_block(&self, n: u64, out: &mut [u8]) -> Option<usize> {
+        if !self.has_found.load(Ordering::Acquire) {
+            return None;
+        }
+        let g = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        let f = g.as_ref()?;
+        let cb = self.ctx.layout.cipher_block() as usize;
+        let mut ct = vec![0u8; cb];
+        for &off in f.at.get(&n)?.iter().rev() {
+            if !matches!(sys::pread_full(f.fd.as_fd(), &mut ct, off), Ok(got) if got == cb) {
+                continue;
+            }
+            if self.header_state() == HDR_SPARSE && ct.iter().all(|&b| b == 0) {
+                let len = cb - self.codec.overhead();
+                out[..len].fill(0);
+                return Some(len);
+            }
+            if let Ok(len) = self.codec.open_into(n, false, &ct, out, &self.what) {
+                return Some(len);
+            }
+        }
+        None
+    }
+
+    /// Puts back, from the found stash, every inner block below `blocks` that no longer
+    /// authenticates (a torn overwrite); returns how many.
+    fn restore_from_stash(&self, blocks: u64) -> Result<usize> {
+        if !self.has_found.load(Ordering::Acquire) {
+            return Ok(0);
+        }
+        let l = self.ctx.layout;
+        let cb = l.cipher_block() as usize;
+        let mut ns: Vec<u64> = {
+            let g = self.found.lock().unwrap_or_else(|e| e.into_inner());
+            g.as_ref().map(|f| f.at.keys().copied().filter(|&n| n + 1 < blocks).collect()).unwrap_or_default()
+        };
+        ns.sort_unstable();
+        let (mut ct, mut plain) = (vec![0u8; cb], vec![0u8; l.block_size as usize]);
+        let mut restored = 0;
+        for n in ns {
+            let got =
+                sys::pread_full(self.fd(), &mut ct, l.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
+            let hole = self.header_state() == HDR_SPARSE && ct[..got].iter().all(|&b| b == 0);
+            if got == cb && (hole || self.codec.open_into(n, false, &ct, &mut plain, &self.what).is_ok()) {
+                continue;
+            }
+            let Some(len) = self.stashed_block(n, &mut plain) else { continue };
+            let is_hole = self.header_state() == HDR_SPARSE && plain[..len].iter().all(|&b| b == 0);
+            if is_hole {
+                ct.fill(0);
+            } else {
+                self.codec.seal_into(n, false, &plain[..len], &mut ct);
+            }
+            sys::pwrite_all(self.fd(), &ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
+            tracing::warn!("{}: block {n} torn by a crash; its earlier content restored from the stash", self.what);
+            restored += 1;
+        }
+        Ok(restored)
+    }
+
+    /// Removes the found stash (the file is settled).
+    fn drop_found(&self) {
+        if self.has_found.swap(false, Ordering::AcqRel) {
+            *self.found.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            self.remove_stash();
+        }
+    }
+
+    /// Removes this file's stash file, if this vault keeps them (missing is fine).
+    fn remove_stash(&self) {
+        if let Some(dir) = &self.ctx.stashes {
+            if let Err(e) = dir.remove(self.id()) {
+                tracing::warn!("{}: cannot remove: {e}", dir.path_of(self.id()).display());
+            }
+        }
+    }
+
+    /// Ends the write session's inner-block stash: forgets the blocks and removes the file.
+    fn end_inner(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.fd.take().is_some() {
+            self.remove_stash();
+        }
+        g.done.clear();
+        g.end = 0;
+    }
+
+    /// Before blocks `a..=b` (inner blocks of a file of `size` bytes) are overwritten in
+    /// place: appends a record of each not yet stashed this session, not a hole this writer
+    /// made (nothing to keep), with the header marked UNSETTLED. One read and one write. A
+    /// full disk is no reason to refuse the write: it goes on without the stash (logged).
+    fn stash_inner(&self, a: u64, b: u64, size: u64) -> Result<()> {
+        let Some(dir) = &self.ctx.stashes else { return Ok(()) };
+        self.ensure_unsettled()?;
+        let l = self.ctx.layout;
+        let cb = l.cipher_block() as usize;
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let ns: Vec<u64> = (a..=b).filter(|n| !g.done.contains(n) && !self.pending_hole(*n)).collect();
+        let (Some(&lo), Some(&hi)) = (ns.first(), ns.last()) else { return Ok(()) };
+        let mut cts = vec![0u8; (hi - lo + 1) as usize * cb];
+        let got = sys::pread_full(self.fd(), &mut cts, l.block_offset(lo)).ctx(|| format!("reading {}", self.what))?;
+        if got < cts.len() {
+            return Err(Error::auth(&self.what, format!("file is shorter than its size says ({size} bytes)")));
+        }
+        let picked: Vec<u8> =
+            ns.iter().flat_map(|n| cts[(n - lo) as usize * cb..(n - lo + 1) as usize * cb].iter().copied()).collect();
+        let recs = stash::records(&ns, &picked, cb);
+        if g.fd.is_none() {
+            match dir.create(self.id()) {
+                Ok(fd) => g.fd = Some(fd),
+                Err(e) => {
+                    tracing::warn!("{}: cannot create ({e}); writing without it", dir.path_of(self.id()).display());
+                    return Ok(());
+                }
+            }
+            g.end = 0;
+        }
+        let fd = g.fd.as_ref().expect("just set").as_fd();
+        match sys::pwrite_all(fd, &recs, g.end) {
+            Ok(()) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) => {
+                tracing::debug!("{}: no room to stash blocks {lo}..={hi} ({e}); going on without", self.what);
+                let _ = sys::ftruncate(fd, g.end);
+                return Ok(());
+            }
+            Err(e) => return Err(Error::io(format!("writing {}", dir.path_of(self.id()).display()), e)),
+        }
+        crash::point!("file.inner_stashed");
+        g.end += recs.len() as u64;
+        g.done.extend(ns);
         Ok(())
     }
 
@@ -203,7 +392,11 @@ impl CryptFile {
         let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
         let Some(t) = v.as_ref() else { return Ok(None) };
+        // Torn inner blocks first (docs/FORMAT.md §5.9): the stash goes only once the header
+        // no longer sends a reader to it.
+        self.restore_from_stash(self.ctx.layout.block_count(t.size))?;
         self.rewrite_tail(t)?;
+        self.drop_found();
         let rule = t.rule;
         *v = None;
         self.has_view.store(false, Ordering::Release);
@@ -303,6 +496,7 @@ impl CryptFile {
         if !self.has_pending.load(Ordering::Acquire) && !flagged {
             return Ok(false);
         }
+        let _e = self.epoch.write().unwrap_or_else(|e| e.into_inner());
         self.keeping_setid(|| self.settle_now())
     }
 
@@ -321,6 +515,11 @@ impl CryptFile {
         self.provisional_sparse.store(false, Ordering::Release);
         p.clear();
         self.has_pending.store(false, Ordering::Release);
+        drop(p);
+        // The session ends: its inner-block stash goes (docs/FORMAT.md §5.9).
+        if !self.unsettled.load(Ordering::Acquire) && !self.has_view.load(Ordering::Acquire) {
+            self.end_inner();
+        }
         Ok(write)
     }
 
@@ -470,7 +669,16 @@ impl CryptFile {
             out[..len].fill(0);
             return Ok(len);
         }
-        self.codec.open_into(n, last, ct, out, &self.what).inspect_err(|e| tracing::error!("{e}"))
+        match self.codec.open_into(n, last, ct, out, &self.what) {
+            Ok(len) => Ok(len),
+            Err(e) => match (!last).then(|| self.stashed_block(n, out)).flatten() {
+                Some(len) => Ok(len),
+                None => {
+                    tracing::error!("{e}");
+                    Err(e)
+                }
+            },
+        }
     }
 
     /// The plaintext of block `n` when the crash rules end the file with it.
@@ -543,6 +751,7 @@ impl CryptFile {
             } else {
                 quiet(is_final, &mut plain)
                     .or_else(|| (region.len() == cb).then(|| quiet(!is_final, &mut plain)).flatten())
+                    .or_else(|| (!is_final).then(|| self.stashed_block(n, &mut plain)).flatten())
             };
             // A shrinking truncate cut short (FORMAT.md §5.7): the new final block, shorter
             // and sealed as last, sits at the start of an old inner block's place. Found by
@@ -754,6 +963,13 @@ impl CryptFile {
         if touches_tail {
             self.ensure_unsettled()?;
         }
+        // Inner blocks overwritten in place are stashed first (docs/FORMAT.md §5.9), and the
+        // session is not settled until they are written.
+        let inner = self.unsettled_ok() && self.ctx.stashes.is_some() && size > 0 && first < old_last;
+        let _epoch = inner.then(|| self.epoch.read().unwrap_or_else(|e| e.into_inner()));
+        if inner {
+            self.stash_inner(first, last.min(old_last - 1), size)?;
+        }
         let stash = self.unsettled_ok()
             && size > 0
             && touches_tail
@@ -905,6 +1121,9 @@ impl CryptFile {
                 self.codec.seal_into_prefilled(*n, *n == new_last, &data[src..src + len], out);
             };
             whole.iter_mut().for_each(seal);
+            if first + 1 < l.block_count(size) {
+                crash::torn!("file.torn_inner", self.fd(), buf, write_off);
+            }
             crash::torn!("file.torn_write", self.fd(), buf, write_off);
             sys::pwrite_all(self.fd(), buf, write_off).ctx(|| format!("writing {}", self.what))
         })?;
@@ -943,6 +1162,7 @@ impl CryptFile {
             self.provisional_sparse.store(false, Ordering::Release);
             self.durable.store(0, Ordering::Release);
             self.fill_pending(0, u64::MAX);
+            self.end_inner();
             return Ok(());
         }
         if new_size > size {
@@ -959,6 +1179,10 @@ impl CryptFile {
         // so a full disk fails before the block is half written). With UNSETTLED the new
         // block is first stashed after the old end, so a crash before the cut reads it there.
         self.ensure_unsettled()?;
+        // Records of blocks cut off must never come back for blocks written there later: the
+        // session's stash starts again (what it kept of the blocks that stay is already
+        // written over, or is stashed again before it is).
+        self.end_inner();
         let n = (new_size - 1) / l.block_size;
         let old = self.read_block_ct(n, size)?;
         let mut blk = vec![0u8; l.block_size as usize];

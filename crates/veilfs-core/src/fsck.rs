@@ -45,8 +45,9 @@ pub enum ProblemKind {
     TempName,
     /// Two verified entries for one name: a rename over an existing name was interrupted.
     Duplicate,
-    /// A long-name side file that no entry uses, or a symlink target's side file that no
-    /// symlink uses.
+    /// A long-name side file that no entry uses, a symlink target's side file that no
+    /// symlink uses, or an inner-block stash of a file that is not UNSETTLED (FORMAT.md §5.9:
+    /// a crash after the file was settled, before its stash was removed).
     OrphanSideFile,
     /// An xattr value's continuation that no value uses (an interrupted setxattr).
     OrphanXattrPiece,
@@ -118,6 +119,10 @@ pub struct Checker<'a> {
     /// The directory being checked is /lost+found or below: what is found there was put
     /// there by an earlier repair and stays for the user to look at.
     in_lost_found: bool,
+    /// Inner-block stashes in the top directory (docs/FORMAT.md §5.9).
+    stashes: Vec<String>,
+    /// IDs of the files found UNSETTLED (their stashes are part of their crash state).
+    unsettled: HashSet<crate::content::header::FileId>,
 }
 
 impl<'a> Checker<'a> {
@@ -133,6 +138,8 @@ impl<'a> Checker<'a> {
             lost_found: None,
             moved: 0,
             in_lost_found: false,
+            stashes: Vec::new(),
+            unsettled: HashSet::new(),
         }
     }
 
@@ -140,7 +147,31 @@ impl<'a> Checker<'a> {
     pub fn run(mut self) -> Result<Report> {
         let root = self.vault.root_dir()?;
         self.check_dir(root, PathBuf::new());
+        self.check_stashes()?;
         Ok(self.report)
+    }
+
+    /// Reports the stashes no UNSETTLED file needs (removed with `--repair`); a stash of an
+    /// UNSETTLED file goes when that file is settled.
+    fn check_stashes(&mut self) -> Result<()> {
+        let root = self.vault.root_dir()?;
+        for name in std::mem::take(&mut self.stashes) {
+            let id = crate::stash::stash_id(name.as_bytes());
+            if id.is_some_and(|id| self.unsettled.contains(&id)) {
+                continue;
+            }
+            if sys::fstatat(root.fd(), name.as_bytes()).is_err() {
+                continue;
+            }
+            let i = self.problem(
+                ProblemKind::OrphanSideFile,
+                root.path.join(&name),
+                None,
+                "an inner-block stash no unsettled file uses (a crash after its file was settled)".into(),
+            );
+            self.remove_leftover(i, &root, &name, "removed");
+        }
+        Ok(())
     }
 
     fn problem(&mut self, kind: ProblemKind, cipher_path: PathBuf, plain: Option<&Path>, detail: String) -> usize {
@@ -210,6 +241,10 @@ impl<'a> Checker<'a> {
                 continue;
             }
             if top && (r.name == CONFIG_NAME.as_bytes() || is_lock_file(&name)) {
+                continue;
+            }
+            if top && name.starts_with(crate::stash::STASH_PREFIX) {
+                self.stashes.push(name);
                 continue;
             }
             if top && name == format!("{CONFIG_NAME}.tmp") {
@@ -515,6 +550,7 @@ impl<'a> Checker<'a> {
         }
         let off = f.stream(|_| Ok::<(), Error>(()))?;
         if let Some((rule, size)) = f.crash_state() {
+            self.unsettled.insert(*f.id());
             let detail = format!("recovered crash state: {}; reads as {size} bytes", rule.describe());
             let i = self.problem(ProblemKind::Unsettled, dir.path.join(&e.on_disk), Some(plain), detail);
             if self.repair {

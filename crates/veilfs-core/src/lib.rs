@@ -25,6 +25,7 @@ pub mod recovery;
 pub mod reverse;
 mod setid;
 pub mod settle;
+pub mod stash;
 pub mod symlink;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -193,8 +193,11 @@ impl Vault {
     pub fn from_parts(cipherdir: &Path, config: VaultConfig, master: MasterKey) -> Vault {
         let keys: SubKeys = master.subkeys();
         let names = Arc::new(NameCipher::new(&keys, config.special_binding()));
-        let ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys))
-            .with_unsettled_tails(config.has_feature(crate::config::FEATURE_UNSETTLED_TAILS));
+        let unsettled = config.has_feature(crate::config::FEATURE_UNSETTLED_TAILS);
+        let mut ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys)).with_unsettled_tails(unsettled);
+        if unsettled {
+            ctx = ctx.with_stashes(cipherdir);
+        }
         let iv_copy = IvCopy::of(&config);
         Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master, iv_copy }
     }

@@ -1,0 +1,214 @@
+//! Inner-block stashes (docs/FORMAT.md §5.9): the copy a writer keeps of each inner block
+//! before it overwrites the block in place, so a crash that tears the overwrite (a `pwrite`
+//! cut short between two pages, and a 4 KiB block's ciphertext always straddles a page
+//! boundary) leaves the block's earlier content to read instead of an integrity error.
+//!
+//! One stash file per content file, in the vault's top directory:
+//! `veilfs.S.<base64url(file ID)>`, a sequence of fixed-size records
+//! `u64be(n) ‖ ciphertext of block n as it was` (a full inner block each). A writer appends
+//! the records before the first in-place overwrite of each block in a write session, with the
+//! file's header marked UNSETTLED (§5.8); settling the file removes the stash. Only a file
+//! found UNSETTLED consults its stash, and only for a block that fails to authenticate; a
+//! record is trusted only if it authenticates as that block of that file, so a planted or
+//! stale stash can at most give back an earlier version of a block (what a copy of old
+//! ciphertext gives an attacker anyway, docs/SECURITY.md).
+
+use crate::content::header::FileId;
+use crate::names::{b64_encode, RESERVED_PREFIX};
+use crate::sys;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// Prefix of a stash file's name.
+pub const STASH_PREFIX: &str = "veilfs.S.";
+
+/// Bytes before each record's ciphertext: the block number, big-endian.
+pub const RECORD_HEAD: usize = 8;
+
+const _: () = assert!(STASH_PREFIX.len() > RESERVED_PREFIX.len());
+
+/// The stash file's name for the file with identity `id`.
+pub fn stash_name(id: &FileId) -> String {
+    format!("{STASH_PREFIX}{}", b64_encode(id))
+}
+
+/// The file ID a stash file's name carries (`None` for any other name).
+pub fn stash_id(name: &[u8]) -> Option<FileId> {
+    let rest = name.strip_prefix(STASH_PREFIX.as_bytes())?;
+    crate::names::b64_decode(std::str::from_utf8(rest).ok()?)?.try_into().ok()
+}
+
+/// Where a vault keeps its stashes: its top directory.
+#[derive(Debug)]
+pub struct StashDir {
+    path: PathBuf,
+}
+
+impl StashDir {
+    /// The stashes of the vault whose top directory is `root`.
+    pub fn new(root: &Path) -> Self {
+        StashDir { path: root.to_path_buf() }
+    }
+
+    /// The path of `id`'s stash, for messages.
+    pub fn path_of(&self, id: &FileId) -> PathBuf {
+        self.path.join(stash_name(id))
+    }
+
+    fn dir(&self) -> io::Result<OwnedFd> {
+        sys::open_dir_path(&self.path)
+    }
+
+    /// Creates `id`'s stash, empty, for appending. Whatever had the name goes first (a stale
+    /// stash, or anything planted there: unlinked, never opened, so a planted link, FIFO or
+    /// hard link to another file is never written through); a directory there is refused.
+    pub fn create(&self, id: &FileId) -> io::Result<OwnedFd> {
+        let dir = self.dir()?;
+        let name = stash_name(id);
+        match sys::unlinkat(dir.as_fd(), name.as_bytes(), false) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
+            _ => {}
+        }
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        sys::openat(dir.as_fd(), name.as_bytes(), flags, 0o600)
+    }
+
+    /// Opens `id`'s stash if there is one (a regular file: anything else at the name is
+    /// ignored, with a warning) and lists its whole records of `record` bytes for blocks below
+    /// `blocks`, at most `4 × blocks + 1024` of them (a writer stashes each block once per
+    /// write session; a planted giant stash costs no more than that).
+    pub fn open(&self, id: &FileId, record: usize, blocks: u64) -> io::Result<Option<Found>> {
+        let dir = self.dir()?;
+        let fd = match sys::open_regular_at(dir.as_fd(), stash_name(id).as_bytes(), libc::O_RDONLY) {
+            Ok((fd, _)) => fd,
+            Err(Err(e)) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(Err(e)) => return Err(e),
+            Err(Ok(mode)) => {
+                tracing::warn!(
+                    "{}: a {} where a stash belongs; ignored",
+                    self.path_of(id).display(),
+                    sys::type_name(mode)
+                );
+                return Ok(None);
+            }
+        };
+        let len = sys::fstat(fd.as_fd())?.st_size as u64;
+        let mut at: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut head = [0u8; RECORD_HEAD];
+        // A record cut short (a crash while it was appended) is ignored: the block it was
+        // for was not touched yet.
+        for i in 0..(len / record as u64).min(blocks.saturating_mul(4).saturating_add(1024)) {
+            let off = i * record as u64;
+            if sys::pread_full(fd.as_fd(), &mut head, off)? == RECORD_HEAD {
+                let n = u64::from_be_bytes(head);
+                if n < blocks {
+                    at.entry(n).or_default().push(off + RECORD_HEAD as u64);
+                }
+            }
+        }
+        Ok(Some(Found { fd, at }))
+    }
+
+    /// Removes `id`'s stash (missing is fine).
+    pub fn remove(&self, id: &FileId) -> io::Result<()> {
+        match sys::unlinkat(self.dir()?.as_fd(), stash_name(id).as_bytes(), false) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+}
+
+/// A stash found beside a file a crash left UNSETTLED.
+#[derive(Debug)]
+pub struct Found {
+    /// The stash file.
+    pub fd: OwnedFd,
+    /// For each block number, where its records' ciphertexts start, oldest first.
+    pub at: HashMap<u64, Vec<u64>>,
+}
+
+/// Records for blocks `ns` whose ciphertexts (full inner blocks of `cb` bytes, in the order
+/// of `ns`) are `cts`.
+pub fn records(ns: &[u64], cts: &[u8], cb: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(ns.len() * (RECORD_HEAD + cb));
+    for (n, ct) in ns.iter().zip(cts.chunks(cb)) {
+        v.extend_from_slice(&n.to_be_bytes());
+        v.extend_from_slice(ct);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_internal() {
+        let id = [7u8; 16];
+        let name = stash_name(&id);
+        assert!(name.starts_with("veilfs.S."));
+        assert_eq!(stash_id(name.as_bytes()), Some(id));
+        assert_eq!(stash_id(b"veilfs.S.short"), None);
+        assert_eq!(stash_id(b"veilfs.T.AAAAAAAAAAAAAAAAAAAAAA"), None);
+        assert!(matches!(crate::names::ParsedEntry::parse(name.as_bytes()), crate::names::ParsedEntry::Internal));
+    }
+
+    #[test]
+    fn records_are_number_then_block() {
+        let r = records(&[1, 300], &[0xaa; 8], 4);
+        assert_eq!(r.len(), 2 * 12);
+        assert_eq!(&r[..8], &1u64.to_be_bytes());
+        assert_eq!(&r[12..20], &300u64.to_be_bytes());
+    }
+
+    #[test]
+    fn open_lists_whole_records_and_ignores_a_cut_one() {
+        let d = tempfile::tempdir().unwrap();
+        let s = StashDir::new(d.path());
+        let id = [3u8; 16];
+        assert!(s.open(&id, 12, 100).unwrap().is_none());
+        let fd = s.create(&id).unwrap();
+        let mut r = records(&[5, 9, 5, 100], &[1u8; 16], 4);
+        r.extend_from_slice(&[0, 0, 0]);
+        sys::pwrite_all(fd.as_fd(), &r, 0).unwrap();
+        let f = s.open(&id, 12, 100).unwrap().unwrap();
+        assert_eq!(f.at[&5], vec![8, 32]);
+        assert_eq!(f.at[&9], vec![20]);
+        assert_eq!(f.at.len(), 2, "a block past the file's end is not listed");
+        // A second session starts from an empty stash.
+        let fd2 = s.create(&id).unwrap();
+        assert_eq!(sys::fstat(fd2.as_fd()).unwrap().st_size, 0);
+        s.remove(&id).unwrap();
+        s.remove(&id).unwrap();
+        assert!(s.open(&id, 12, 100).unwrap().is_none());
+    }
+
+    #[test]
+    fn planted_fifo_or_link_is_never_opened_or_written_through() {
+        let d = tempfile::tempdir().unwrap();
+        let s = StashDir::new(d.path());
+        let id = [4u8; 16];
+        let dir = sys::open_dir_path(d.path()).unwrap();
+        let name = stash_name(&id);
+        sys::mknodat(dir.as_fd(), name.as_bytes(), libc::S_IFIFO | 0o644, 0).unwrap();
+        assert!(s.open(&id, 12, 10).unwrap().is_none(), "a FIFO is not read (and does not block)");
+        s.create(&id).unwrap();
+        assert_eq!(sys::fstatat(dir.as_fd(), name.as_bytes()).unwrap().st_mode & libc::S_IFMT, libc::S_IFREG);
+        // A hard link to a victim file: replaced, the victim untouched.
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        s.remove(&id).unwrap();
+        std::fs::hard_link(&victim, s.path_of(&id)).unwrap();
+        let fd = s.create(&id).unwrap();
+        sys::pwrite_all(fd.as_fd(), b"stash", 0).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        // A symlink: replaced, not followed.
+        s.remove(&id).unwrap();
+        std::os::unix::fs::symlink(&victim, s.path_of(&id)).unwrap();
+        assert!(s.open(&id, 12, 10).unwrap().is_none());
+        s.create(&id).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+}

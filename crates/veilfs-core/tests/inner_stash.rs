@@ -1,0 +1,168 @@
+//! Inner-block stashes (docs/FORMAT.md §5.9): an overwrite of an inner block that a crash
+//! tears reads as the block's earlier content, recovery writes that back, and a stash is
+//! only ever trusted for what authenticates as that block of that file.
+//!
+//! The tear is made by hand: the overwrite runs, then the second half of the block's old
+//! ciphertext is put back, as a `pwrite` cut short between two pages leaves it; the file is
+//! then dropped without settling, as by a crash. tests/crash.rs tears it in a real daemon
+//! (points `file.inner_stashed` and `file.torn_inner`).
+
+mod common;
+use common::*;
+use std::os::unix::fs::FileExt;
+use veilfs_core::fsck::{Checker, ProblemKind};
+use veilfs_core::{CipherDir, Vault};
+
+const B: usize = 4096;
+
+fn setup() -> (tempfile::TempDir, Vault, CipherDir) {
+    let d = tempfile::tempdir().unwrap();
+    let v = new_vault(d.path());
+    let root = v.root().unwrap();
+    (d, v, root)
+}
+
+fn stash_files(v: &Vault) -> Vec<String> {
+    std::fs::read_dir(v.root_path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("veilfs.S."))
+        .collect()
+}
+
+/// Writes `old` (5 blocks) settled, then overwrites blocks 1..=2 with `new` in a write session
+/// of a mount's kind and tears block 1's overwrite; returns the ciphertext path.
+fn torn_overwrite(v: &Vault, root: &CipherDir, old: &[u8], new: &[u8]) -> std::path::PathBuf {
+    let (_, f) = v.create_file(root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    f.write_at(old, 0, 0).unwrap();
+    f.settle().unwrap();
+    let path = cipher_path(v, root, "f");
+    let before = std::fs::read(&path).unwrap();
+    f.write_at(new, B as u64, old.len() as u64).unwrap();
+    assert_eq!(stash_files(v).len(), 1, "the overwrite of inner blocks left no stash");
+    let l = v.content().layout;
+    let (start, end) = (l.block_offset(1) as usize, l.block_offset(2) as usize);
+    let half = start + (end - start) / 2;
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&before[half..end], half as u64).unwrap();
+    drop(f); // a crash: never settled
+    path
+}
+
+#[test]
+fn torn_inner_overwrite_reads_the_earlier_block_and_recovery_writes_it_back() {
+    let (_d, v, root) = setup();
+    let (old, new) = (data(5 * B, 1), data(2 * B, 2));
+    torn_overwrite(&v, &root, &old, &new);
+    let mut want = old.clone();
+    want[2 * B..3 * B].copy_from_slice(&new[B..]);
+    // Read-only, by the crash rules: block 1 from the stash (old), block 2 new.
+    assert_eq!(read_file(&v, &root, "f").unwrap(), want);
+    // fsck reports the crash state, not damage; --repair settles it and the stash goes.
+    let r = Checker::new(&v, false, &|_| {}).run().unwrap();
+    assert!(r.problems.iter().all(|p| p.kind == ProblemKind::Unsettled), "{:?}", r.problems);
+    let r = Checker::new(&v, true, &|_| {}).run().unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    assert!(stash_files(&v).is_empty(), "settling left the stash");
+    assert!(Checker::new(&v, false, &|_| {}).run().unwrap().problems.is_empty());
+    assert_eq!(read_file(&v, &root, "f").unwrap(), want);
+}
+
+#[test]
+fn without_the_stash_the_torn_block_is_an_integrity_error_not_garbage() {
+    let (_d, v, root) = setup();
+    torn_overwrite(&v, &root, &data(5 * B, 1), &data(2 * B, 2));
+    for s in stash_files(&v) {
+        std::fs::remove_file(v.root_path().join(s)).unwrap();
+    }
+    let e = read_file(&v, &root, "f").unwrap_err();
+    assert!(matches!(e, veilfs_core::Error::Auth { .. }), "{e}");
+}
+
+#[test]
+fn attack_forged_stash_records_are_never_read() {
+    let (_d, v, root) = setup();
+    torn_overwrite(&v, &root, &data(5 * B, 1), &data(2 * B, 2));
+    let name = stash_files(&v).pop().unwrap();
+    let path = v.root_path().join(&name);
+    let rec = 8 + v.content().layout.cipher_block() as usize;
+    let mut s = std::fs::read(&path).unwrap();
+    // Flip a bit in every record's ciphertext (an attacker who writes the stash cannot
+    // make a record that authenticates).
+    for r in s.chunks_mut(rec) {
+        r[8 + 100] ^= 1;
+    }
+    std::fs::write(&path, &s).unwrap();
+    assert!(matches!(read_file(&v, &root, "f"), Err(veilfs_core::Error::Auth { .. })));
+}
+
+#[test]
+fn attack_stash_records_of_another_file_are_never_read() {
+    let (_d, v, root) = setup();
+    // Another file whose block 1 was stashed: its record, renamed to be f's stash.
+    let (_, g) = v.create_file(&root, b"g", 0o644).unwrap();
+    g.set_defer_sparse(true);
+    g.write_at(&data(5 * B, 7), 0, 0).unwrap();
+    g.settle().unwrap();
+    g.write_at(&data(B, 8), B as u64, 5 * B as u64).unwrap();
+    let g_stash = stash_files(&v).pop().unwrap();
+    let g_bytes = std::fs::read(v.root_path().join(&g_stash)).unwrap();
+    drop(g);
+    std::fs::remove_file(v.root_path().join(&g_stash)).unwrap();
+    torn_overwrite(&v, &root, &data(5 * B, 1), &data(2 * B, 2));
+    let f_stash = stash_files(&v).pop().unwrap();
+    std::fs::write(v.root_path().join(&f_stash), &g_bytes).unwrap();
+    assert!(matches!(read_file(&v, &root, "f"), Err(veilfs_core::Error::Auth { .. })));
+}
+
+#[test]
+fn a_stash_beside_a_settled_file_is_not_read_and_fsck_removes_it() {
+    let (_d, v, root) = setup();
+    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    f.write_at(&data(5 * B, 1), 0, 0).unwrap();
+    f.settle().unwrap();
+    f.write_at(&data(B, 2), B as u64, 5 * B as u64).unwrap();
+    let name = stash_files(&v).pop().unwrap();
+    let kept = std::fs::read(v.root_path().join(&name)).unwrap();
+    f.settle().unwrap();
+    assert!(stash_files(&v).is_empty(), "settle did not remove the stash");
+    drop(f);
+    // Put back a stash (a crash between settling and removing it) and tear block 1: the file
+    // is settled, so the stash is not consulted: the torn block is an error.
+    std::fs::write(v.root_path().join(&name), &kept).unwrap();
+    let path = cipher_path(&v, &root, "f");
+    let off = v.content().layout.block_offset(1) + 2000;
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&[0xff; 8], off).unwrap();
+    assert!(matches!(read_file(&v, &root, "f"), Err(veilfs_core::Error::Auth { .. })));
+    let r = Checker::new(&v, false, &|_| {}).run().unwrap();
+    assert!(r.problems.iter().any(|p| p.kind == ProblemKind::OrphanSideFile && p.detail.contains("stash")), "{r:?}");
+    Checker::new(&v, true, &|_| {}).run().unwrap();
+    assert!(stash_files(&v).is_empty(), "fsck --repair left the stash");
+}
+
+#[test]
+fn each_block_is_stashed_once_per_session_and_a_shrink_starts_the_stash_again() {
+    let (_d, v, root) = setup();
+    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    f.write_at(&data(8 * B, 1), 0, 0).unwrap();
+    f.settle().unwrap();
+    let rec = 8 + v.content().layout.cipher_block();
+    let stash_len =
+        || stash_files(&v).first().map_or(0, |n| std::fs::metadata(v.root_path().join(n)).unwrap().len()) / rec;
+    let size = 8 * B as u64;
+    f.write_at(&data(3 * B, 2), B as u64, size).unwrap();
+    assert_eq!(stash_len(), 3);
+    f.write_at(&data(3 * B, 3), 2 * B as u64, size).unwrap();
+    assert_eq!(stash_len(), 4, "blocks 2 and 3 were stashed already");
+    // Appends and the final block are the tail's business (§5.8), not stashed here.
+    f.write_at(&data(B, 4), size - 100, size).unwrap();
+    assert_eq!(stash_len(), 4);
+    f.truncate(3 * B as u64, size + B as u64 - 100).unwrap();
+    assert_eq!(stash_len(), 0, "a shrink starts the session's stash again");
+    f.write_at(&data(10, 5), 0, 3 * B as u64).unwrap();
+    assert_eq!(stash_len(), 1);
+    f.settle().unwrap();
+    assert!(stash_files(&v).is_empty());
+}
