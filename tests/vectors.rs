@@ -106,6 +106,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
     });
     let overflow = overflow_vectors(&k);
     let unsettled = unsettled_vectors(&k, file_id);
+    let inner_stash = inner_stash_vectors(&k, file_id);
     // Feature `iv-in-name` (docs/FORMAT.md §7.1): the IV names of the two directory IVs above.
     let iv_in_name: Vec<Value> =
         [iv, root_iv].iter().map(|iv| json!({"dir_iv": hex(iv), "name": veilfs_core::names::diriv_name(iv)})).collect();
@@ -129,6 +130,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
         "deterministic": deterministic,
         "overflow": overflow,
         "unsettled": unsettled,
+        "inner_stash": inner_stash,
         "iv_in_name": iv_in_name,
     })
 }
@@ -206,6 +208,34 @@ fn unsettled_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value
     json!({"headers": headers, "files": files})
 }
 
+/// A file whose inner block 1 a crash tore, and its stash (FORMAT.md §5.9): records for
+/// block 1 — an older version, the version before the torn write, then one that does not
+/// authenticate, and a record cut short — so the newest record that opens must win.
+fn inner_stash_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value {
+    let codec = BlockCodec::new(ContentCipher::Aes256Gcm, k, file_id);
+    let seal = |n: u64, last: bool, plain: &[u8], nonce: u8| codec.seal_with_nonce(n, last, &[nonce; 12], plain);
+    let (a, b, older, new) = (vec![0x61u8; 4096], vec![0x62u8; 4096], vec![0x6fu8; 4096], vec![0x6eu8; 4096]);
+    let mut ct = FileHeader { flags: FLAG_UNSETTLED, id: file_id }.encode(k).to_vec();
+    ct.extend_from_slice(&seal(0, false, &a, 0x40));
+    // Block 1 torn: the new version's first half, the old version's second half.
+    let (was, became) = (seal(1, false, &b, 0x41), seal(1, false, &new, 0x42));
+    ct.extend_from_slice(&became[..2048]);
+    ct.extend_from_slice(&was[2048..]);
+    ct.extend_from_slice(&seal(2, true, b"end", 0x43));
+    let mut stash = Vec::new();
+    for rec in [seal(1, false, &older, 0x44), was.clone(), vec![0x55; 4124]] {
+        stash.extend_from_slice(&1u64.to_be_bytes());
+        stash.extend_from_slice(&rec);
+    }
+    stash.extend_from_slice(&[0, 0, 0]);
+    let plain = [&a[..], &b[..], b"end"].concat();
+    json!({"files": [{
+        "rule": "torn inner block", "cipher": "AES-256-GCM", "block_size": 4096, "file_id": hex(&file_id),
+        "ciphertext": hex(&ct), "stash_name": veilfs_core::stash::stash_name(&file_id), "stash": hex(&stash),
+        "plaintext": hex(&plain),
+    }]})
+}
+
 /// The binding of each special-file type, in a vault with the feature `special-kinds` (own
 /// kind byte; a device's identity starts with its number) and in one without (all `0x04`).
 fn special_bindings(k: &veilfs_core::keys::SubKeys, iv: &[u8; 16]) -> Vec<Value> {
@@ -281,6 +311,7 @@ fn format_v1_known_answers() {
         "deterministic",
         "overflow",
         "unsettled",
+        "inner_stash",
         "iv_in_name",
     ] {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
@@ -337,6 +368,26 @@ fn format_v1_known_answers() {
         };
         open(true).unwrap().stream(sink).unwrap();
         assert_eq!(hex(&got), f["plaintext"].as_str().unwrap(), "{rule}");
+    }
+    // A torn inner block reads from its stash as FORMAT.md §5.9 says, and not without it.
+    for f in committed["inner_stash"]["files"].as_array().unwrap() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("f");
+        std::fs::write(&p, unhex(f["ciphertext"].as_str().unwrap())).unwrap();
+        let id = arr::<16>(f["file_id"].as_str().unwrap());
+        let read = || {
+            let file = std::fs::File::open(&p).unwrap();
+            let c = ctx.clone().with_unsettled_tails(true).with_stashes(t.path());
+            let mut got = Vec::new();
+            veilfs_core::CryptFile::open(file, c, id, "f".into())?.stream(|p: &[u8]| {
+                got.extend_from_slice(p);
+                Ok::<(), veilfs_core::Error>(())
+            })?;
+            Ok::<_, veilfs_core::Error>(got)
+        };
+        assert!(read().is_err(), "a torn inner block without its stash must fail");
+        std::fs::write(t.path().join(f["stash_name"].as_str().unwrap()), unhex(f["stash"].as_str().unwrap())).unwrap();
+        assert_eq!(hex(&read().unwrap()), f["plaintext"].as_str().unwrap(), "{}", f["rule"]);
     }
     // The recovery key display decodes to its bytes.
     let rk = RecoveryKey::parse(committed["recovery_key"]["display"].as_str().unwrap()).unwrap();

@@ -228,12 +228,47 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
     return body - k * O, k
 
 
+STASH_PREFIX = "veilfs.S."  # §5.9
+
+
+def stash_name(fid: bytes) -> str:
+    return STASH_PREFIX + b64(fid)
+
+
 def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
-    """§5.4 with holes (§5.5), empty files (§5.6) and unsettled files (§5.8)."""
-    return decrypt_content(vault.aead, vault.keys, vault.block_size, data, identity, vault.unsettled_tails)
+    """§5.4 with holes (§5.5), empty files (§5.6), unsettled files (§5.8) and their stashes (§5.9)."""
+    stash = None
+    if vault.unsettled_tails:
+        try:
+            p = os.path.join(vault.root, os.fsencode(stash_name(identity)))
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    stash = f.read()
+        except OSError:
+            pass
+    return decrypt_content(vault.aead, vault.keys, vault.block_size, data, identity, vault.unsettled_tails, stash)
 
 
-def decrypt_content(aead, keys, B: int, data: bytes, identity: bytes, unsettled_tails: bool) -> bytes:
+def stash_block(aead, key, fid: bytes, stash: bytes, n: int, B: int, O: int, sparse: bool) -> bytes | None:
+    """§5.9: block n from the newest record of the stash that opens as it (None: none does)."""
+    R = 8 + B + O
+    for i in range(len(stash) // R - 1, -1, -1):
+        rec = stash[i * R : (i + 1) * R]
+        if struct.unpack(">Q", rec[:8])[0] != n:
+            continue
+        blk = rec[8:]
+        if sparse and blk.count(0) == len(blk):
+            return bytes(B)
+        try:
+            return aead.open(key, block_aad(fid, n, False), blk)
+        except IntegrityError:
+            pass
+    return None
+
+
+def decrypt_content(aead, keys, B: int, data: bytes, identity: bytes, unsettled_tails: bool,
+                    stash: bytes | None = None) -> bytes:
     O = aead.overhead
     if len(data) == 0:
         return b""
@@ -248,7 +283,7 @@ def decrypt_content(aead, keys, B: int, data: bytes, identity: bytes, unsettled_
         end, last_plain = unsettled_end(aead, key, fid, data, B, O, sparse)
         if end is None:
             return b""
-        return inner_blocks(aead, key, fid, data, B, O, sparse, end) + last_plain
+        return inner_blocks(aead, key, fid, data, B, O, sparse, end, stash) + last_plain
     p, k = plain_size(len(data), B, O)
     if k == 0:
         return b""
@@ -260,8 +295,10 @@ def decrypt_content(aead, keys, B: int, data: bytes, identity: bytes, unsettled_
         raise IntegrityError(f"block {k - 1}: {e}") from None
 
 
-def inner_blocks(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: bool, count: int) -> bytes:
-    """Blocks 0 … count−1, each a full inner block (last = 0) or, with SPARSE, a hole."""
+def inner_blocks(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: bool, count: int,
+                 stash: bytes | None = None) -> bytes:
+    """Blocks 0 … count−1, each a full inner block (last = 0) or, with SPARSE, a hole; in an
+    unsettled file, a block that does not open is read from its stash if it has one (§5.9)."""
     out = bytearray()
     for n in range(count):
         off = HEADER_LEN + n * (B + O)
@@ -272,7 +309,10 @@ def inner_blocks(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: boo
         try:
             out += aead.open(key, block_aad(fid, n, False), blk)
         except IntegrityError as e:
-            raise IntegrityError(f"block {n}: {e}") from None
+            got = stash_block(aead, key, fid, stash, n, B, O, sparse) if stash is not None else None
+            if got is None:
+                raise IntegrityError(f"block {n}: {e}") from None
+            out += got
     return bytes(out)
 
 
@@ -877,6 +917,17 @@ def run_vectors(path: str, t: Tally):
     for f in un.get("files", []):
         what = f"unsettled file ({f['rule']})"
         got = decrypt_content(ContentAead(f["cipher"]), keys, f["block_size"], hx(f["ciphertext"]), hx(f["file_id"]), True)
+        t.check(got.hex() == f["plaintext"], what, f"{len(got)} bytes")
+    for f in v.get("inner_stash", {}).get("files", []):
+        what = f"inner stash ({f['rule']})"
+        aead, ct, fid = ContentAead(f["cipher"]), hx(f["ciphertext"]), hx(f["file_id"])
+        t.check(stash_name(fid) == f["stash_name"], f"{what}: stash name")
+        try:
+            decrypt_content(aead, keys, f["block_size"], ct, fid, True)
+            t.check(False, f"{what}: must fail without the stash")
+        except IntegrityError:
+            t.check(True, "")
+        got = decrypt_content(aead, keys, f["block_size"], ct, fid, True, hx(f["stash"]))
         t.check(got.hex() == f["plaintext"], what, f"{len(got)} bytes")
     for n in v["names"]:
         what = f"name {n['name'][:20]!r}"
