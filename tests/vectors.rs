@@ -229,10 +229,25 @@ fn inner_stash_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Val
     }
     stash.extend_from_slice(&[0, 0, 0]);
     let plain = [&a[..], &b[..], b"end"].concat();
+    // A SPARSE file whose hole at block 1 a crash tore while filling it: the stash holds an
+    // older block record for 1 (of an earlier overwrite), then a hole record for blocks 1..3.
+    let mut holed = FileHeader { flags: FLAG_SPARSE | FLAG_UNSETTLED, id: file_id }.encode(k).to_vec();
+    holed.extend_from_slice(&seal(0, false, &a, 0x45));
+    holed.extend_from_slice(&became[..2048]);
+    holed.resize(holed.len() + 2076, 0);
+    holed.extend_from_slice(&seal(2, false, &b, 0x46));
+    holed.extend_from_slice(&seal(3, true, b"end", 0x47));
+    let mut hole_stash = 1u64.to_be_bytes().to_vec();
+    hole_stash.extend_from_slice(&seal(1, false, &older, 0x48));
+    veilfs_core::stash::hole_record(&mut hole_stash, 1, 3, 4124);
+    let holed_plain = [&a[..], &[0u8; 4096][..], &b[..], b"end"].concat();
+    let name = veilfs_core::stash::stash_name(&file_id);
     json!({"files": [{
         "rule": "torn inner block", "cipher": "AES-256-GCM", "block_size": 4096, "file_id": hex(&file_id),
-        "ciphertext": hex(&ct), "stash_name": veilfs_core::stash::stash_name(&file_id), "stash": hex(&stash),
-        "plaintext": hex(&plain),
+        "ciphertext": hex(&ct), "stash_name": name, "stash": hex(&stash), "plaintext": hex(&plain),
+    }, {
+        "rule": "torn fill of a hole", "cipher": "AES-256-GCM", "block_size": 4096, "file_id": hex(&file_id),
+        "ciphertext": hex(&holed), "stash_name": name, "stash": hex(&hole_stash), "plaintext": hex(&holed_plain),
     }]})
 }
 

@@ -251,11 +251,17 @@ def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
 
 
 def stash_block(aead, key, fid: bytes, stash: bytes, n: int, B: int, O: int, sparse: bool) -> bytes | None:
-    """§5.9: block n from the newest record of the stash that opens as it (None: none does)."""
+    """§5.9: block n from the newest record of the stash that gives it (None: none does)."""
     R = 8 + B + O
     for i in range(len(stash) // R - 1, -1, -1):
         rec = stash[i * R : (i + 1) * R]
-        if struct.unpack(">Q", rec[:8])[0] != n:
+        x = struct.unpack(">Q", rec[:8])[0]
+        if x >= 1 << 63:  # a hole record: blocks a … b−1 were holes
+            a, b = x - (1 << 63), struct.unpack(">Q", rec[8:16])[0]
+            if a <= n < b and sparse:
+                return bytes(B)
+            continue
+        if x != n:
             continue
         blk = rec[8:]
         if sparse and blk.count(0) == len(blk):

@@ -16,7 +16,6 @@ use crate::keys::SubKeys;
 use crate::setid::SetIdKeeper;
 use crate::stash::{self, StashDir};
 use crate::sys;
-use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -141,7 +140,7 @@ struct InnerStash {
     /// Where the next record goes.
     end: u64,
     /// Blocks stashed this session.
-    done: HashSet<u64>,
+    done: stash::BlockSet,
 }
 
 impl CryptFile {
@@ -240,15 +239,24 @@ impl CryptFile {
         let g = self.found.lock().unwrap_or_else(|e| e.into_inner());
         let f = g.as_ref()?;
         let cb = self.ctx.layout.cipher_block() as usize;
+        let sparse = self.header_state() == HDR_SPARSE;
+        let hole = |out: &mut [u8]| {
+            let len = cb - self.codec.overhead();
+            out[..len].fill(0);
+            Some(len)
+        };
         let mut ct = vec![0u8; cb];
-        for &off in f.at.get(&n)?.iter().rev() {
+        for kept in f.of(n) {
+            let off = match kept {
+                stash::Kept::Hole if sparse => return hole(out),
+                stash::Kept::Hole => continue,
+                stash::Kept::Block(off) => off,
+            };
             if !matches!(sys::pread_full(f.fd.as_fd(), &mut ct, off), Ok(got) if got == cb) {
                 continue;
             }
-            if self.header_state() == HDR_SPARSE && ct.iter().all(|&b| b == 0) {
-                let len = cb - self.codec.overhead();
-                out[..len].fill(0);
-                return Some(len);
+            if sparse && ct.iter().all(|&b| b == 0) {
+                return hole(out);
             }
             if let Ok(len) = self.codec.open_into(n, false, &ct, out, &self.what) {
                 return Some(len);
@@ -267,7 +275,7 @@ impl CryptFile {
         let cb = l.cipher_block() as usize;
         let mut ns: Vec<u64> = {
             let g = self.found.lock().unwrap_or_else(|e| e.into_inner());
-            g.as_ref().map(|f| f.at.keys().copied().filter(|&n| n + 1 < blocks).collect()).unwrap_or_default()
+            g.as_ref().map(|f| f.blocks().into_iter().filter(|&n| n + 1 < blocks).collect()).unwrap_or_default()
         };
         ns.sort_unstable();
         let (mut ct, mut plain) = (vec![0u8; cb], vec![0u8; l.block_size as usize]);
@@ -321,25 +329,61 @@ impl CryptFile {
     }
 
     /// Before blocks `a..=b` (inner blocks of a file of `size` bytes) are overwritten in
-    /// place: appends a record of each not yet stashed this session, not a hole this writer
-    /// made (nothing to keep), with the header marked UNSETTLED. One read and one write. A
-    /// full disk is no reason to refuse the write: it goes on without the stash (logged).
+    /// place: appends a record of each not yet stashed this session, with the header marked
+    /// UNSETTLED: its ciphertext, or for runs of holes (made by this session, or all-zero in
+    /// a SPARSE file) one hole record. One read (none for this session's holes) and one
+    /// write. A full disk is no reason to refuse the write: it goes on without the stash
+    /// (logged).
     fn stash_inner(&self, a: u64, b: u64, size: u64) -> Result<()> {
         let Some(dir) = &self.ctx.stashes else { return Ok(()) };
         self.ensure_unsettled()?;
         let l = self.ctx.layout;
         let cb = l.cipher_block() as usize;
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let ns: Vec<u64> = (a..=b).filter(|n| !g.done.contains(n) && !self.pending_hole(*n)).collect();
-        let (Some(&lo), Some(&hi)) = (ns.first(), ns.last()) else { return Ok(()) };
-        let mut cts = vec![0u8; (hi - lo + 1) as usize * cb];
-        let got = sys::pread_full(self.fd(), &mut cts, l.block_offset(lo)).ctx(|| format!("reading {}", self.what))?;
-        if got < cts.len() {
-            return Err(Error::auth(&self.what, format!("file is shorter than its size says ({size} bytes)")));
+        let todo: Vec<u64> = (a..=b).filter(|&n| !g.done.contains(n)).collect();
+        if todo.is_empty() {
+            return Ok(());
         }
-        let picked: Vec<u8> =
-            ns.iter().flat_map(|n| cts[(n - lo) as usize * cb..(n - lo + 1) as usize * cb].iter().copied()).collect();
-        let recs = stash::records(&ns, &picked, cb);
+        // Which blocks were holes, and the ciphertext of the others.
+        let (mut holes, mut ns) = (Vec::new(), Vec::new());
+        for &n in &todo {
+            if self.pending_hole(n) {
+                holes.push(n);
+            } else {
+                ns.push(n);
+            }
+        }
+        let mut picked: Vec<u8> = Vec::new();
+        if let (Some(&lo), Some(&hi)) = (ns.first(), ns.last()) {
+            let mut cts = vec![0u8; (hi - lo + 1) as usize * cb];
+            let got =
+                sys::pread_full(self.fd(), &mut cts, l.block_offset(lo)).ctx(|| format!("reading {}", self.what))?;
+            if got < cts.len() {
+                return Err(Error::auth(&self.what, format!("file is shorter than its size says ({size} bytes)")));
+            }
+            let sparse = self.header_state() == HDR_SPARSE;
+            ns.retain(|&n| {
+                let ct = &cts[(n - lo) as usize * cb..(n - lo + 1) as usize * cb];
+                let hole = sparse && ct.iter().all(|&b| b == 0);
+                if hole {
+                    holes.push(n);
+                } else {
+                    picked.extend_from_slice(ct);
+                }
+                !hole
+            });
+        }
+        let mut recs = stash::records(&ns, &picked, cb);
+        holes.sort_unstable();
+        let mut i = 0;
+        while i < holes.len() {
+            let mut j = i + 1;
+            while j < holes.len() && holes[j] == holes[j - 1] + 1 {
+                j += 1;
+            }
+            stash::hole_record(&mut recs, holes[i], holes[j - 1] + 1, cb);
+            i = j;
+        }
         if g.fd.is_none() {
             match dir.create(self.id()) {
                 Ok(fd) => g.fd = Some(fd),
@@ -354,7 +398,7 @@ impl CryptFile {
         match sys::pwrite_all(fd, &recs, g.end) {
             Ok(()) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) => {
-                tracing::debug!("{}: no room to stash blocks {lo}..={hi} ({e}); going on without", self.what);
+                tracing::debug!("{}: no room to stash blocks {a}..={b} ({e}); going on without", self.what);
                 let _ = sys::ftruncate(fd, g.end);
                 return Ok(());
             }
@@ -362,7 +406,7 @@ impl CryptFile {
         }
         crash::point!("file.inner_stashed");
         g.end += recs.len() as u64;
-        g.done.extend(ns);
+        todo.into_iter().for_each(|n| g.done.insert(n));
         Ok(())
     }
 

@@ -4,8 +4,9 @@
 //! boundary) leaves the block's earlier content to read instead of an integrity error.
 //!
 //! One stash file per content file, in the vault's top directory:
-//! `veilfs.S.<base64url(file ID)>`, a sequence of fixed-size records
-//! `u64be(n) ‖ ciphertext of block n as it was` (a full inner block each). A writer appends
+//! `veilfs.S.<base64url(file ID)>`, a sequence of fixed-size records: `u64be(n) ‖ ciphertext
+//! of block n as it was` (a full inner block each), or, for blocks `a..b` that were holes,
+//! `u64be(2^63 | a) ‖ u64be(b) ‖ zeros` (the same size). A writer appends
 //! the records before the first in-place overwrite of each block in a write session, with the
 //! file's header marked UNSETTLED (§5.8); settling the file removes the stash. Only a file
 //! found UNSETTLED consults its stash, and only for a block that fails to authenticate; a
@@ -26,6 +27,9 @@ pub const STASH_PREFIX: &str = "veilfs.S.";
 
 /// Bytes before each record's ciphertext: the block number, big-endian.
 pub const RECORD_HEAD: usize = 8;
+
+/// The top bit of a record's first field: a hole record (blocks `a..b` were holes).
+pub const HOLE_BIT: u64 = 1 << 63;
 
 const _: () = assert!(STASH_PREFIX.len() > RESERVED_PREFIX.len());
 
@@ -61,10 +65,17 @@ impl StashDir {
         sys::open_dir_path(&self.path)
     }
 
+    // Each step runs with the daemon's own ids (`sys::privileged`): a stash is the format's
+    // internal file, in a directory the user a request acts for may not be able to write.
+
     /// Creates `id`'s stash, empty, for appending. Whatever had the name goes first (a stale
     /// stash, or anything planted there: unlinked, never opened, so a planted link, FIFO or
     /// hard link to another file is never written through); a directory there is refused.
     pub fn create(&self, id: &FileId) -> io::Result<OwnedFd> {
+        sys::privileged(|| self.create_now(id))
+    }
+
+    fn create_now(&self, id: &FileId) -> io::Result<OwnedFd> {
         let dir = self.dir()?;
         let name = stash_name(id);
         match sys::unlinkat(dir.as_fd(), name.as_bytes(), false) {
@@ -80,6 +91,10 @@ impl StashDir {
     /// `blocks`, at most `4 × blocks + 1024` of them (a writer stashes each block once per
     /// write session; a planted giant stash costs no more than that).
     pub fn open(&self, id: &FileId, record: usize, blocks: u64) -> io::Result<Option<Found>> {
+        sys::privileged(|| self.open_now(id, record, blocks))
+    }
+
+    fn open_now(&self, id: &FileId, record: usize, blocks: u64) -> io::Result<Option<Found>> {
         let dir = self.dir()?;
         let fd = match sys::open_regular_at(dir.as_fd(), stash_name(id).as_bytes(), libc::O_RDONLY) {
             Ok((fd, _)) => fd,
@@ -95,28 +110,35 @@ impl StashDir {
             }
         };
         let len = sys::fstat(fd.as_fd())?.st_size as u64;
-        let mut at: HashMap<u64, Vec<u64>> = HashMap::new();
-        let mut head = [0u8; RECORD_HEAD];
+        let mut found = Found { fd, at: HashMap::new(), holes: Vec::new() };
+        let mut head = [0u8; 2 * RECORD_HEAD];
         // A record cut short (a crash while it was appended) is ignored: the block it was
         // for was not touched yet.
         for i in 0..(len / record as u64).min(blocks.saturating_mul(4).saturating_add(1024)) {
             let off = i * record as u64;
-            if sys::pread_full(fd.as_fd(), &mut head, off)? == RECORD_HEAD {
-                let n = u64::from_be_bytes(head);
-                if n < blocks {
-                    at.entry(n).or_default().push(off + RECORD_HEAD as u64);
+            if sys::pread_full(found.fd.as_fd(), &mut head, off)? != head.len() {
+                continue;
+            }
+            let (x, y) =
+                (u64::from_be_bytes(head[..8].try_into().unwrap()), u64::from_be_bytes(head[8..].try_into().unwrap()));
+            if x & HOLE_BIT != 0 {
+                let (a, b) = (x & !HOLE_BIT, y.min(blocks));
+                if a < b {
+                    found.holes.push((i, a, b));
                 }
+            } else if x < blocks {
+                found.at.entry(x).or_default().push((i, off + RECORD_HEAD as u64));
             }
         }
-        Ok(Some(Found { fd, at }))
+        Ok(Some(found))
     }
 
     /// Removes `id`'s stash (missing is fine).
     pub fn remove(&self, id: &FileId) -> io::Result<()> {
-        match sys::unlinkat(self.dir()?.as_fd(), stash_name(id).as_bytes(), false) {
+        sys::privileged(|| match sys::unlinkat(self.dir()?.as_fd(), stash_name(id).as_bytes(), false) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             r => r,
-        }
+        })
     }
 }
 
@@ -125,8 +147,40 @@ impl StashDir {
 pub struct Found {
     /// The stash file.
     pub fd: OwnedFd,
-    /// For each block number, where its records' ciphertexts start, oldest first.
-    pub at: HashMap<u64, Vec<u64>>,
+    /// For each block number, its records (index in the stash, offset of the ciphertext),
+    /// oldest first.
+    at: HashMap<u64, Vec<(u64, u64)>>,
+    /// Hole records: (index in the stash, first block, end block).
+    holes: Vec<(u64, u64, u64)>,
+}
+
+/// What one record says of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// Its ciphertext as it was, at this offset of the stash.
+    Block(u64),
+    /// It was a hole.
+    Hole,
+}
+
+impl Found {
+    /// What the records say of block `n`, newest first.
+    pub fn of(&self, n: u64) -> Vec<Kept> {
+        let mut v: Vec<(u64, Kept)> =
+            self.at.get(&n).into_iter().flatten().map(|&(i, off)| (i, Kept::Block(off))).collect();
+        v.extend(self.holes.iter().filter(|&&(_, a, b)| a <= n && n < b).map(|&(i, _, _)| (i, Kept::Hole)));
+        v.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        v.into_iter().map(|(_, k)| k).collect()
+    }
+
+    /// Every block some record speaks of, in order.
+    pub fn blocks(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.at.keys().copied().collect();
+        v.extend(self.holes.iter().flat_map(|&(_, a, b)| a..b));
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
 }
 
 /// Records for blocks `ns` whose ciphertexts (full inner blocks of `cb` bytes, in the order
@@ -138,6 +192,55 @@ pub fn records(ns: &[u64], cts: &[u8], cb: usize) -> Vec<u8> {
         v.extend_from_slice(ct);
     }
     v
+}
+
+/// A set of block numbers kept as disjoint ranges (a writer's "stashed this session": a
+/// stream's blocks come in runs, so a big file costs a few ranges, not a number each).
+#[derive(Debug, Default)]
+pub struct BlockSet(std::collections::BTreeMap<u64, u64>);
+
+impl BlockSet {
+    /// Whether `n` is in the set.
+    pub fn contains(&self, n: u64) -> bool {
+        self.0.range(..=n).next_back().is_some_and(|(_, &end)| n < end)
+    }
+
+    /// Adds block `n`.
+    pub fn insert(&mut self, n: u64) {
+        if self.contains(n) {
+            return;
+        }
+        let mut start = n;
+        let mut end = n + 1;
+        if let Some((&a, &b)) = self.0.range(..n).next_back() {
+            if b == n {
+                start = a;
+            }
+        }
+        if let Some(&b) = self.0.get(&(n + 1)) {
+            self.0.remove(&(n + 1));
+            end = b;
+        }
+        self.0.insert(start, end);
+    }
+
+    /// Empties the set.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Number of ranges (for tests).
+    pub fn ranges(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Appends a hole record for blocks `a..b` (records of `cb`-byte blocks) to `v`.
+pub fn hole_record(v: &mut Vec<u8>, a: u64, b: u64, cb: usize) {
+    let start = v.len();
+    v.extend_from_slice(&(HOLE_BIT | a).to_be_bytes());
+    v.extend_from_slice(&b.to_be_bytes());
+    v.resize(start + RECORD_HEAD + cb, 0);
 }
 
 #[cfg(test)]
@@ -156,6 +259,25 @@ mod tests {
     }
 
     #[test]
+    fn block_set_merges_runs() {
+        let mut s = BlockSet::default();
+        for n in [5, 7, 6, 1, 2, 0, 9] {
+            s.insert(n);
+        }
+        for n in 0..11 {
+            assert_eq!(s.contains(n), [0, 1, 2, 5, 6, 7, 9].contains(&n), "{n}");
+        }
+        assert_eq!(s.ranges(), 3);
+        s.insert(8);
+        s.insert(3);
+        s.insert(4);
+        assert_eq!(s.ranges(), 1);
+        assert!(s.contains(9) && !s.contains(10));
+        s.clear();
+        assert!(!s.contains(0));
+    }
+
+    #[test]
     fn records_are_number_then_block() {
         let r = records(&[1, 300], &[0xaa; 8], 4);
         assert_eq!(r.len(), 2 * 12);
@@ -168,21 +290,26 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = StashDir::new(d.path());
         let id = [3u8; 16];
-        assert!(s.open(&id, 12, 100).unwrap().is_none());
+        assert!(s.open(&id, 16, 100).unwrap().is_none());
         let fd = s.create(&id).unwrap();
-        let mut r = records(&[5, 9, 5, 100], &[1u8; 16], 4);
+        let mut r = records(&[5, 9, 5, 100], &[1u8; 32], 8);
         r.extend_from_slice(&[0, 0, 0]);
         sys::pwrite_all(fd.as_fd(), &r, 0).unwrap();
-        let f = s.open(&id, 12, 100).unwrap().unwrap();
-        assert_eq!(f.at[&5], vec![8, 32]);
-        assert_eq!(f.at[&9], vec![20]);
-        assert_eq!(f.at.len(), 2, "a block past the file's end is not listed");
+        let mut h = Vec::new();
+        hole_record(&mut h, 4, 7, 8);
+        sys::pwrite_all(fd.as_fd(), &h, r.len() as u64 - 3).unwrap();
+        let f = s.open(&id, 16, 100).unwrap().unwrap();
+        assert_eq!(f.of(5), vec![Kept::Hole, Kept::Block(40), Kept::Block(8)], "newest first");
+        assert_eq!(f.of(9), vec![Kept::Block(24)]);
+        assert_eq!(f.of(4), vec![Kept::Hole]);
+        assert_eq!(f.of(7), vec![]);
+        assert_eq!(f.blocks(), vec![4, 5, 6, 9], "a block past the file's end is not listed");
         // A second session starts from an empty stash.
         let fd2 = s.create(&id).unwrap();
         assert_eq!(sys::fstat(fd2.as_fd()).unwrap().st_size, 0);
         s.remove(&id).unwrap();
         s.remove(&id).unwrap();
-        assert!(s.open(&id, 12, 100).unwrap().is_none());
+        assert!(s.open(&id, 16, 100).unwrap().is_none());
     }
 
     #[test]

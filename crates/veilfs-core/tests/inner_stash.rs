@@ -166,3 +166,34 @@ fn each_block_is_stashed_once_per_session_and_a_shrink_starts_the_stash_again() 
     f.settle().unwrap();
     assert!(stash_files(&v).is_empty());
 }
+
+#[test]
+fn torn_fill_of_a_hole_this_session_made_reads_as_zeros_from_one_hole_record() {
+    let (_d, v, root) = setup();
+    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    f.write_at(&data(B, 1), 0, 0).unwrap();
+    f.settle().unwrap();
+    // A write-back flush out of order: the block at 4 first (blocks 1..4 become holes), then
+    // blocks 1..=2, which fill holes in place.
+    f.write_at(&data(B, 4), 4 * B as u64, B as u64).unwrap();
+    f.write_at(&data(2 * B, 2), B as u64, 5 * B as u64).unwrap();
+    let name = stash_files(&v).pop().expect("a hole record");
+    let rec = 8 + v.content().layout.cipher_block();
+    assert_eq!(std::fs::metadata(v.root_path().join(&name)).unwrap().len(), rec, "one record for the run of holes");
+    // Torn: the slot's second half is still the hole's zeros.
+    let l = v.content().layout;
+    let path = cipher_path(&v, &root, "f");
+    let half = l.block_offset(1) + l.cipher_block() / 2;
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&vec![0; 2062], half).unwrap();
+    drop(f);
+    let mut want = data(B, 1);
+    want.extend_from_slice(&[0; B]);
+    want.extend_from_slice(&data(2 * B, 2)[B..]);
+    want.extend_from_slice(&[0; B]);
+    want.extend_from_slice(&data(B, 4));
+    assert_eq!(read_file(&v, &root, "f").unwrap(), want);
+    assert!(Checker::new(&v, true, &|_| {}).run().unwrap().is_clean());
+    assert!(stash_files(&v).is_empty());
+    assert_eq!(read_file(&v, &root, "f").unwrap(), want);
+}
