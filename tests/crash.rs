@@ -446,6 +446,44 @@ fn crash_at_every_point_loses_nothing_fsynced_and_fsck_repairs_the_rest() {
     assert!(broken.is_empty(), "crash consistency broken at:\n{}", broken.join("\n"));
 }
 
+/// A torn fill of a hole the same write session made (FORMAT.md §5.9, hole records): a first
+/// write far past the end leaves blocks 0..9 holes, a second fills blocks 0..=2 and is torn
+/// in block 1. (`--no-writeback`: the kernel's write-back would send the lower pages first.)
+/// After the crash the file reads, each block as written or zeros, and fsck --repair is clean.
+#[test]
+fn torn_fill_of_a_hole_reads_as_zeros_not_an_error() {
+    let Some(mut m) = Mounted::new("64m", &["--no-writeback"]) else { return };
+    m.umount();
+    m.env = vec![("FAILPOINTS".into(), "file.torn_inner=return".into())];
+    m.mount();
+    m.env.clear();
+    let (fill, far) = (pattern(11, 12_288), pattern(12, 5_000));
+    {
+        let mut f = fs::File::create(m.m("h")).unwrap();
+        f.seek(SeekFrom::Start(40_000)).unwrap();
+        f.write_all(&far).unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        let _ = f.write_all(&fill);
+    }
+    assert!(wait_dead(&m.mnt), "the daemon did not die at file.torn_inner");
+    m.umount();
+    m.mount();
+    let got = read(&m.m("h")).unwrap_or_else(|e| panic!("a torn fill of a hole reads as an error: {e}"));
+    let mut new = fill.clone();
+    new.resize(40_000, 0);
+    new.extend_from_slice(&far);
+    assert_eq!(got.len(), new.len());
+    for (i, b) in got.chunks(4096).enumerate() {
+        let want = &new[i * 4096..i * 4096 + b.len()];
+        assert!(b == want || b.iter().all(|&x| x == 0), "block {i} is neither written nor zeros");
+    }
+    assert!(got[4096..8192].iter().all(|&x| x == 0), "block 1 (torn) reads as the hole it was");
+    assert_eq!(&got[..4096], &fill[..4096], "block 0 was written whole before the tear");
+    m.umount();
+    fsck(&m, true);
+    assert_eq!(fsck(&m, false).0, 0, "fsck --repair left problems");
+}
+
 /// SIGKILL of the daemon at random moments while a writer appends and fsyncs: every fsynced
 /// byte reads back, and what a torn tail leaves `fsck --repair` salvages to a prefix.
 #[test]
