@@ -177,7 +177,7 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
         }
         "file.inner_stashed" | "file.torn_inner" => {
             // An overwrite inside the file, not fsynced: each block old or new, as on a
-            // kernel filesystem (a torn block reads as its earlier content, FORMAT.md §5.9).
+            // kernel filesystem (a torn block reads as written, from its record, FORMAT.md §5.9).
             let mut new = old();
             new[2_000..12_000].copy_from_slice(&added()[..10_000]);
             let got = read(&p("old"))?;

@@ -208,13 +208,21 @@ fn unsettled_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value
     json!({"headers": headers, "files": files})
 }
 
-/// A file whose inner block 1 a crash tore, and its stash (FORMAT.md §5.9): records for
-/// block 1 — an older version, the version before the torn write, then one that does not
-/// authenticate, and a record cut short — so the newest record that opens must win.
+/// Files whose inner block 1 a crash tore, with their stashes (FORMAT.md §5.9). The first:
+/// records for block 1 — the version being written (seq 7, first in the file, as after the
+/// ring started again), an older one (seq 3), one that does not authenticate (seq 9), and
+/// a record cut short — so the record with the highest seq that opens must win. The second
+/// (SPARSE): a hole being filled, with a hole record for blocks 1..3 (seq 5) after an older
+/// block record for 1 (seq 2 — it authenticates, and must lose).
 fn inner_stash_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value {
+    use veilfs_core::stash::{block_record, hole_record};
     let codec = BlockCodec::new(ContentCipher::Aes256Gcm, k, file_id);
     let seal = |n: u64, last: bool, plain: &[u8], nonce: u8| codec.seal_with_nonce(n, last, &[nonce; 12], plain);
     let (a, b, older, new) = (vec![0x61u8; 4096], vec![0x62u8; 4096], vec![0x6fu8; 4096], vec![0x6eu8; 4096]);
+    let seq = |v: &mut Vec<u8>, s: u64| {
+        let at = v.len() - 4140 + 8;
+        v[at..at + 8].copy_from_slice(&s.to_be_bytes());
+    };
     let mut ct = FileHeader { flags: FLAG_UNSETTLED, id: file_id }.encode(k).to_vec();
     ct.extend_from_slice(&seal(0, false, &a, 0x40));
     // Block 1 torn: the new version's first half, the old version's second half.
@@ -223,23 +231,23 @@ fn inner_stash_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Val
     ct.extend_from_slice(&was[2048..]);
     ct.extend_from_slice(&seal(2, true, b"end", 0x43));
     let mut stash = Vec::new();
-    for rec in [seal(1, false, &older, 0x44), was.clone(), vec![0x55; 4124]] {
-        stash.extend_from_slice(&1u64.to_be_bytes());
-        stash.extend_from_slice(&rec);
+    for (rec, s) in [(became.clone(), 7), (seal(1, false, &older, 0x44), 3), (vec![0x55; 4124], 9)] {
+        block_record(&mut stash, 1, &rec);
+        seq(&mut stash, s);
     }
     stash.extend_from_slice(&[0, 0, 0]);
-    let plain = [&a[..], &b[..], b"end"].concat();
-    // A SPARSE file whose hole at block 1 a crash tore while filling it: the stash holds an
-    // older block record for 1 (of an earlier overwrite), then a hole record for blocks 1..3.
+    let plain = [&a[..], &new[..], b"end"].concat();
     let mut holed = FileHeader { flags: FLAG_SPARSE | FLAG_UNSETTLED, id: file_id }.encode(k).to_vec();
     holed.extend_from_slice(&seal(0, false, &a, 0x45));
     holed.extend_from_slice(&became[..2048]);
     holed.resize(holed.len() + 2076, 0);
     holed.extend_from_slice(&seal(2, false, &b, 0x46));
     holed.extend_from_slice(&seal(3, true, b"end", 0x47));
-    let mut hole_stash = 1u64.to_be_bytes().to_vec();
-    hole_stash.extend_from_slice(&seal(1, false, &older, 0x48));
-    veilfs_core::stash::hole_record(&mut hole_stash, 1, 3, 4124);
+    let mut hole_stash = Vec::new();
+    hole_record(&mut hole_stash, 1, 3, 4124);
+    seq(&mut hole_stash, 5);
+    block_record(&mut hole_stash, 1, &seal(1, false, &older, 0x48));
+    seq(&mut hole_stash, 2);
     let holed_plain = [&a[..], &[0u8; 4096][..], &b[..], b"end"].concat();
     let name = veilfs_core::stash::stash_name(&file_id);
     json!({"files": [{

@@ -229,6 +229,7 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
 
 
 STASH_PREFIX = "veilfs.S."  # §5.9
+STASH_RING = 8 << 20  # a reader looks at the first 2 × 8 MiB of a stash
 
 
 def stash_name(fid: bytes) -> str:
@@ -251,21 +252,23 @@ def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
 
 
 def stash_block(aead, key, fid: bytes, stash: bytes, n: int, B: int, O: int, sparse: bool) -> bytes | None:
-    """§5.9: block n from the newest record of the stash that gives it (None: none does)."""
-    R = 8 + B + O
-    for i in range(len(stash) // R - 1, -1, -1):
+    """§5.9: block n from the record of the stash with the highest seq that gives it (None: none does)."""
+    R = 16 + B + O
+    cands = []
+    for i in range(min(len(stash), 2 * STASH_RING) // R):
         rec = stash[i * R : (i + 1) * R]
-        x = struct.unpack(">Q", rec[:8])[0]
+        x, seq = struct.unpack(">QQ", rec[:16])
         if x >= 1 << 63:  # a hole record: blocks a … b−1 were holes
-            a, b = x - (1 << 63), struct.unpack(">Q", rec[8:16])[0]
-            if a <= n < b and sparse:
+            a, b = x - (1 << 63), struct.unpack(">Q", rec[16:24])[0]
+            if a <= n < b:
+                cands.append((seq, None))
+        elif x == n:
+            cands.append((seq, rec[16:]))
+    for seq, blk in sorted(cands, key=lambda c: c[0], reverse=True):
+        if blk is None:
+            if sparse:
                 return bytes(B)
             continue
-        if x != n:
-            continue
-        blk = rec[8:]
-        if sparse and blk.count(0) == len(blk):
-            return bytes(B)
         try:
             return aead.open(key, block_aad(fid, n, False), blk)
         except IntegrityError:

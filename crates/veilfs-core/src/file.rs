@@ -132,15 +132,15 @@ pub struct CryptFile {
     epoch: RwLock<()>,
 }
 
-/// The writer's side of an inner-block stash.
+/// The writer's side of an inner-block stash: a ring of records.
 #[derive(Debug, Default)]
 struct InnerStash {
     /// The stash file, once this session stashed something.
-    fd: Option<std::os::fd::OwnedFd>,
+    fd: Option<Arc<std::os::fd::OwnedFd>>,
     /// Where the next record goes.
-    end: u64,
-    /// Blocks stashed this session.
-    done: stash::BlockSet,
+    pos: u64,
+    /// The next record's sequence number.
+    seq: u64,
 }
 
 impl CryptFile {
@@ -255,9 +255,6 @@ impl CryptFile {
             if !matches!(sys::pread_full(f.fd.as_fd(), &mut ct, off), Ok(got) if got == cb) {
                 continue;
             }
-            if sparse && ct.iter().all(|&b| b == 0) {
-                return hole(out);
-            }
             if let Ok(len) = self.codec.open_into(n, false, &ct, out, &self.what) {
                 return Some(len);
             }
@@ -295,7 +292,7 @@ impl CryptFile {
                 self.codec.seal_into(n, false, &plain[..len], &mut ct);
             }
             sys::pwrite_all(self.fd(), &ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
-            tracing::warn!("{}: block {n} torn by a crash; its earlier content restored from the stash", self.what);
+            tracing::warn!("{}: block {n} torn by a crash; written back from its record in the stash", self.what);
             restored += 1;
         }
         Ok(restored)
@@ -318,95 +315,86 @@ impl CryptFile {
         }
     }
 
-    /// Ends the write session's inner-block stash: forgets the blocks and removes the file.
+    /// Ends the write session's inner-block stash: removes the file.
     fn end_inner(&self) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if g.fd.take().is_some() {
             self.remove_stash();
         }
-        g.done.clear();
-        g.end = 0;
+        g.pos = 0;
     }
 
-    /// Before blocks `a..=b` (inner blocks of a file of `size` bytes) are overwritten in
-    /// place: appends a record of each not yet stashed this session, with the header marked
-    /// UNSETTLED: its ciphertext, or for runs of holes (made by this session, or all-zero in
-    /// a SPARSE file) one hole record. One read (none for this session's holes) and one
-    /// write. A full disk is no reason to refuse the write: it goes on without the stash
-    /// (logged).
-    fn stash_inner(&self, a: u64, b: u64, size: u64) -> Result<()> {
-        let Some(dir) = &self.ctx.stashes else { return Ok(()) };
-        self.ensure_unsettled()?;
-        let l = self.ctx.layout;
-        let cb = l.cipher_block() as usize;
+    /// Before a write of `nblocks` blocks that logs inner blocks (and before it holds
+    /// `epoch`): when its records would run past the ring, waits for the writes in flight
+    /// (their records are then no longer needed) and starts the ring again.
+    fn ring_room(&self, nblocks: u64) {
+        let rec = (stash::RECORD_HEAD as u64 + self.ctx.layout.cipher_block()) * nblocks;
+        let full = |g: &InnerStash| g.fd.is_some() && g.pos > 0 && g.pos + rec > stash::RING;
+        if !full(&self.inner.lock().unwrap_or_else(|e| e.into_inner())) {
+            return;
+        }
+        let _all = self.epoch.write().unwrap_or_else(|e| e.into_inner());
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let todo: Vec<u64> = (a..=b).filter(|&n| !g.done.contains(n)).collect();
-        if todo.is_empty() {
-            return Ok(());
+        if full(&g) {
+            g.pos = 0;
         }
-        // Which blocks were holes, and the ciphertext of the others.
-        let (mut holes, mut ns) = (Vec::new(), Vec::new());
-        for &n in &todo {
+    }
+
+    /// Logs the inner blocks `first..=upto` of a write (docs/FORMAT.md §5.9) before it goes
+    /// out: `cts` holds their new ciphertexts (full blocks from `first` on). A hole this
+    /// session made gets a hole record per run instead (a write-back flush filling a
+    /// stream's holes out of order: one record per write, no copy). One `pwrite` to the
+    /// stash, outside the lock (which only hands out the place and sequence numbers). A full
+    /// disk is no reason to refuse the write: it goes on without the record (logged).
+    fn log_inner(&self, first: u64, upto: u64, cts: &[u8]) -> Result<()> {
+        let Some(dir) = &self.ctx.stashes else { return Ok(()) };
+        let cb = self.ctx.layout.cipher_block() as usize;
+        let rec = stash::RECORD_HEAD + cb;
+        let mut recs = Vec::with_capacity((upto - first + 1) as usize * rec);
+        let mut hole_from = None;
+        for n in first..=upto {
             if self.pending_hole(n) {
-                holes.push(n);
-            } else {
-                ns.push(n);
+                hole_from.get_or_insert(n);
+                continue;
             }
+            if let Some(a) = hole_from.take() {
+                stash::hole_record(&mut recs, a, n, cb);
+            }
+            let i = (n - first) as usize * cb;
+            stash::block_record(&mut recs, n, &cts[i..i + cb]);
         }
-        let mut picked: Vec<u8> = Vec::new();
-        if let (Some(&lo), Some(&hi)) = (ns.first(), ns.last()) {
-            let mut cts = vec![0u8; (hi - lo + 1) as usize * cb];
-            let got =
-                sys::pread_full(self.fd(), &mut cts, l.block_offset(lo)).ctx(|| format!("reading {}", self.what))?;
-            if got < cts.len() {
-                return Err(Error::auth(&self.what, format!("file is shorter than its size says ({size} bytes)")));
-            }
-            let sparse = self.header_state() == HDR_SPARSE;
-            ns.retain(|&n| {
-                let ct = &cts[(n - lo) as usize * cb..(n - lo + 1) as usize * cb];
-                let hole = sparse && ct.iter().all(|&b| b == 0);
-                if hole {
-                    holes.push(n);
-                } else {
-                    picked.extend_from_slice(ct);
+        if let Some(a) = hole_from {
+            stash::hole_record(&mut recs, a, upto + 1, cb);
+        }
+        let (fd, at) = {
+            let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if g.fd.is_none() {
+                match dir.create(self.id()) {
+                    Ok(fd) => g.fd = Some(Arc::new(fd)),
+                    Err(e) => {
+                        tracing::warn!("{}: cannot create ({e}); writing without it", dir.path_of(self.id()).display());
+                        return Ok(());
+                    }
                 }
-                !hole
-            });
-        }
-        let mut recs = stash::records(&ns, &picked, cb);
-        holes.sort_unstable();
-        let mut i = 0;
-        while i < holes.len() {
-            let mut j = i + 1;
-            while j < holes.len() && holes[j] == holes[j - 1] + 1 {
-                j += 1;
+                g.pos = 0;
             }
-            stash::hole_record(&mut recs, holes[i], holes[j - 1] + 1, cb);
-            i = j;
-        }
-        if g.fd.is_none() {
-            match dir.create(self.id()) {
-                Ok(fd) => g.fd = Some(fd),
-                Err(e) => {
-                    tracing::warn!("{}: cannot create ({e}); writing without it", dir.path_of(self.id()).display());
-                    return Ok(());
-                }
-            }
-            g.end = 0;
-        }
-        let fd = g.fd.as_ref().expect("just set").as_fd();
-        match sys::pwrite_all(fd, &recs, g.end) {
+            stash::number(&mut recs, rec, g.seq);
+            g.seq += (recs.len() / rec) as u64;
+            let at = g.pos;
+            g.pos += recs.len() as u64;
+            (g.fd.clone().expect("just set"), at)
+        };
+        // A write refused part-way leaves a cut record there, which no reader takes for one
+        // (it does not authenticate).
+        match sys::pwrite_all(fd.as_fd(), &recs, at) {
             Ok(()) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) => {
-                tracing::debug!("{}: no room to stash blocks {a}..={b} ({e}); going on without", self.what);
-                let _ = sys::ftruncate(fd, g.end);
+                tracing::debug!("{}: no room to stash blocks {first}..={upto} ({e}); going on without", self.what);
                 return Ok(());
             }
             Err(e) => return Err(Error::io(format!("writing {}", dir.path_of(self.id()).display()), e)),
         }
         crash::point!("file.inner_stashed");
-        g.end += recs.len() as u64;
-        todo.into_iter().for_each(|n| g.done.insert(n));
         Ok(())
     }
 
@@ -1007,13 +995,15 @@ impl CryptFile {
         if touches_tail {
             self.ensure_unsettled()?;
         }
-        // Inner blocks overwritten in place are stashed first (docs/FORMAT.md §5.9), and the
+        // Inner blocks overwritten in place are logged first (docs/FORMAT.md §5.9), and the
         // session is not settled until they are written.
         let inner = self.unsettled_ok() && self.ctx.stashes.is_some() && size > 0 && first < old_last;
-        let _epoch = inner.then(|| self.epoch.read().unwrap_or_else(|e| e.into_inner()));
         if inner {
-            self.stash_inner(first, last.min(old_last - 1), size)?;
+            self.ensure_unsettled()?;
+            self.ring_room(last.min(old_last - 1) - first + 1);
         }
+        let _epoch = inner.then(|| self.epoch.read().unwrap_or_else(|e| e.into_inner()));
+        let log = inner.then_some(old_last);
         let stash = self.unsettled_ok()
             && size > 0
             && touches_tail
@@ -1027,7 +1017,7 @@ impl CryptFile {
             }
         };
         if end <= size && !stash {
-            return self.write_blocks(data, off, size, None, false).inspect_err(repair);
+            return self.write_blocks(data, off, size, None, false, log).inspect_err(repair);
         }
         // In a grow the old last block is always touched: re-sealed as an inner block, or
         // rewritten longer.
@@ -1035,7 +1025,7 @@ impl CryptFile {
             0 => None,
             _ => Some((old_last, self.read_block_ct(old_last, size)?)),
         };
-        self.write_blocks(data, off, size, old.as_ref(), stash).inspect_err(|e| {
+        self.write_blocks(data, off, size, old.as_ref(), stash, log).inspect_err(|e| {
             repair(e);
             self.undo(Some(csize), old.as_ref())
         })
@@ -1043,8 +1033,17 @@ impl CryptFile {
 
     /// [`write_at`](Self::write_at) without the undo; `old` is the old last block and its
     /// ciphertext when the write grows the file (or stashes it); `stash`: write a stash of it
-    /// first, and remove it once the block is rewritten.
-    fn write_blocks(&self, data: &[u8], off: u64, size: u64, old: Option<&(u64, Vec<u8>)>, stash: bool) -> Result<u64> {
+    /// first, and remove it once the block is rewritten; `log`: log the blocks below this
+    /// one (the old last block) in the inner-block stash before they are written.
+    fn write_blocks(
+        &self,
+        data: &[u8],
+        off: u64,
+        size: u64,
+        old: Option<&(u64, Vec<u8>)>,
+        stash: bool,
+        log: Option<u64>,
+    ) -> Result<u64> {
         let l = self.ctx.layout;
         // Block `n` of the old file, decrypted from the copy kept for undo when it is the old
         // last block (one read less).
@@ -1165,6 +1164,9 @@ impl CryptFile {
                 self.codec.seal_into_prefilled(*n, *n == new_last, &data[src..src + len], out);
             };
             whole.iter_mut().for_each(seal);
+            if let Some(below) = log {
+                self.log_inner(first, last.min(below - 1), &buf[prefix.len()..])?;
+            }
             if first + 1 < l.block_count(size) {
                 crash::torn!("file.torn_inner", self.fd(), buf, write_off);
             }

@@ -1,18 +1,18 @@
-//! Inner-block stashes (docs/FORMAT.md §5.9): the copy a writer keeps of each inner block
-//! before it overwrites the block in place, so a crash that tears the overwrite (a `pwrite`
-//! cut short between two pages, and a 4 KiB block's ciphertext always straddles a page
-//! boundary) leaves the block's earlier content to read instead of an integrity error.
+//! Inner-block stashes (docs/FORMAT.md §5.9): the copy a writer keeps of each inner block it
+//! overwrites in place, written just before the block, so a crash that tears the overwrite
+//! (a `pwrite` cut short between two pages, and a 4 KiB block's ciphertext always straddles
+//! a page boundary) leaves a copy of the block to read instead of an integrity error.
 //!
 //! One stash file per content file, in the vault's top directory:
-//! `veilfs.S.<base64url(file ID)>`, a sequence of fixed-size records: `u64be(n) ‖ ciphertext
-//! of block n as it was` (a full inner block each), or, for blocks `a..b` that were holes,
-//! `u64be(2^63 | a) ‖ u64be(b) ‖ zeros` (the same size). A writer appends
-//! the records before the first in-place overwrite of each block in a write session, with the
-//! file's header marked UNSETTLED (§5.8); settling the file removes the stash. Only a file
-//! found UNSETTLED consults its stash, and only for a block that fails to authenticate; a
-//! record is trusted only if it authenticates as that block of that file, so a planted or
-//! stale stash can at most give back an earlier version of a block (what a copy of old
-//! ciphertext gives an attacker anyway, docs/SECURITY.md).
+//! `veilfs.S.<base64url(file ID)>`, a sequence of fixed-size records, each
+//! `u64be(n) ‖ u64be(seq) ‖ the ciphertext of block n being written` (a full inner block),
+//! or, for blocks `a..b` that were holes when a write began to fill them,
+//! `u64be(2^63 | a) ‖ u64be(seq) ‖ u64be(b) ‖ zeros`. `seq` grows with every record, and
+//! the writer reuses the file as a ring of a few MiB: a record is needed only until its
+//! block is written. A file found UNSETTLED reads a block that does not authenticate from
+//! the record with the highest `seq` that speaks of it and authenticates as that block of
+//! that file, so a planted or stale stash can at most give back another version of the
+//! block (what a copy of old ciphertext gives an attacker anyway, docs/SECURITY.md).
 
 use crate::content::header::FileId;
 use crate::names::{b64_encode, RESERVED_PREFIX};
@@ -25,8 +25,11 @@ use std::path::{Path, PathBuf};
 /// Prefix of a stash file's name.
 pub const STASH_PREFIX: &str = "veilfs.S.";
 
-/// Bytes before each record's ciphertext: the block number, big-endian.
-pub const RECORD_HEAD: usize = 8;
+/// Bytes before each record's payload: the block number and the sequence number.
+pub const RECORD_HEAD: usize = 16;
+
+/// How far a writer fills its stash before it starts again at the beginning.
+pub const RING: u64 = 8 << 20;
 
 /// The top bit of a record's first field: a hole record (blocks `a..b` were holes).
 pub const HOLE_BIT: u64 = 1 << 63;
@@ -88,8 +91,8 @@ impl StashDir {
 
     /// Opens `id`'s stash if there is one (a regular file: anything else at the name is
     /// ignored, with a warning) and lists its whole records of `record` bytes for blocks below
-    /// `blocks`, at most `4 × blocks + 1024` of them (a writer stashes each block once per
-    /// write session; a planted giant stash costs no more than that).
+    /// `blocks`, from its first `2 × RING` bytes (a writer's ring and the writes in flight
+    /// when it started again; a planted giant stash costs no more than that).
     pub fn open(&self, id: &FileId, record: usize, blocks: u64) -> io::Result<Option<Found>> {
         sys::privileged(|| self.open_now(id, record, blocks))
     }
@@ -111,23 +114,23 @@ impl StashDir {
         };
         let len = sys::fstat(fd.as_fd())?.st_size as u64;
         let mut found = Found { fd, at: HashMap::new(), holes: Vec::new() };
-        let mut head = [0u8; 2 * RECORD_HEAD];
+        let mut head = [0u8; RECORD_HEAD + 8];
+        let be = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
         // A record cut short (a crash while it was appended) is ignored: the block it was
         // for was not touched yet.
-        for i in 0..(len / record as u64).min(blocks.saturating_mul(4).saturating_add(1024)) {
+        for i in 0..(len.min(2 * RING) / record as u64) {
             let off = i * record as u64;
             if sys::pread_full(found.fd.as_fd(), &mut head, off)? != head.len() {
                 continue;
             }
-            let (x, y) =
-                (u64::from_be_bytes(head[..8].try_into().unwrap()), u64::from_be_bytes(head[8..].try_into().unwrap()));
+            let (x, seq) = (be(&head[..8]), be(&head[8..16]));
             if x & HOLE_BIT != 0 {
-                let (a, b) = (x & !HOLE_BIT, y.min(blocks));
+                let (a, b) = (x & !HOLE_BIT, be(&head[16..]).min(blocks));
                 if a < b {
-                    found.holes.push((i, a, b));
+                    found.holes.push((seq, a, b));
                 }
             } else if x < blocks {
-                found.at.entry(x).or_default().push((i, off + RECORD_HEAD as u64));
+                found.at.entry(x).or_default().push((seq, off + RECORD_HEAD as u64));
             }
         }
         Ok(Some(found))
@@ -147,10 +150,9 @@ impl StashDir {
 pub struct Found {
     /// The stash file.
     pub fd: OwnedFd,
-    /// For each block number, its records (index in the stash, offset of the ciphertext),
-    /// oldest first.
+    /// For each block number, its records (sequence number, offset of the ciphertext).
     at: HashMap<u64, Vec<(u64, u64)>>,
-    /// Hole records: (index in the stash, first block, end block).
+    /// Hole records: (sequence number, first block, end block).
     holes: Vec<(u64, u64, u64)>,
 }
 
@@ -183,64 +185,29 @@ impl Found {
     }
 }
 
-/// Records for blocks `ns` whose ciphertexts (full inner blocks of `cb` bytes, in the order
-/// of `ns`) are `cts`.
-pub fn records(ns: &[u64], cts: &[u8], cb: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(ns.len() * (RECORD_HEAD + cb));
-    for (n, ct) in ns.iter().zip(cts.chunks(cb)) {
-        v.extend_from_slice(&n.to_be_bytes());
-        v.extend_from_slice(ct);
-    }
-    v
+/// Appends a record for block `n` whose ciphertext (a full inner block) is `ct` to `v`,
+/// with sequence number 0 (see [`number`]).
+pub fn block_record(v: &mut Vec<u8>, n: u64, ct: &[u8]) {
+    v.extend_from_slice(&n.to_be_bytes());
+    v.extend_from_slice(&0u64.to_be_bytes());
+    v.extend_from_slice(ct);
 }
 
-/// A set of block numbers kept as disjoint ranges (a writer's "stashed this session": a
-/// stream's blocks come in runs, so a big file costs a few ranges, not a number each).
-#[derive(Debug, Default)]
-pub struct BlockSet(std::collections::BTreeMap<u64, u64>);
-
-impl BlockSet {
-    /// Whether `n` is in the set.
-    pub fn contains(&self, n: u64) -> bool {
-        self.0.range(..=n).next_back().is_some_and(|(_, &end)| n < end)
-    }
-
-    /// Adds block `n`.
-    pub fn insert(&mut self, n: u64) {
-        if self.contains(n) {
-            return;
-        }
-        let mut start = n;
-        let mut end = n + 1;
-        if let Some((&a, &b)) = self.0.range(..n).next_back() {
-            if b == n {
-                start = a;
-            }
-        }
-        if let Some(&b) = self.0.get(&(n + 1)) {
-            self.0.remove(&(n + 1));
-            end = b;
-        }
-        self.0.insert(start, end);
-    }
-
-    /// Empties the set.
-    pub fn clear(&mut self) {
-        self.0.clear();
-    }
-
-    /// Number of ranges (for tests).
-    pub fn ranges(&self) -> usize {
-        self.0.len()
-    }
-}
-
-/// Appends a hole record for blocks `a..b` (records of `cb`-byte blocks) to `v`.
+/// Appends a hole record for blocks `a..b` (records of `cb`-byte blocks) to `v`, with
+/// sequence number 0 (see [`number`]).
 pub fn hole_record(v: &mut Vec<u8>, a: u64, b: u64, cb: usize) {
     let start = v.len();
     v.extend_from_slice(&(HOLE_BIT | a).to_be_bytes());
+    v.extend_from_slice(&0u64.to_be_bytes());
     v.extend_from_slice(&b.to_be_bytes());
     v.resize(start + RECORD_HEAD + cb, 0);
+}
+
+/// Gives the records in `v` (each `record` bytes) the sequence numbers `first, first + 1, …`.
+pub fn number(v: &mut [u8], record: usize, first: u64) {
+    for (i, r) in v.chunks_mut(record).enumerate() {
+        r[8..16].copy_from_slice(&(first + i as u64).to_be_bytes());
+    }
 }
 
 #[cfg(test)]
@@ -259,48 +226,37 @@ mod tests {
     }
 
     #[test]
-    fn block_set_merges_runs() {
-        let mut s = BlockSet::default();
-        for n in [5, 7, 6, 1, 2, 0, 9] {
-            s.insert(n);
-        }
-        for n in 0..11 {
-            assert_eq!(s.contains(n), [0, 1, 2, 5, 6, 7, 9].contains(&n), "{n}");
-        }
-        assert_eq!(s.ranges(), 3);
-        s.insert(8);
-        s.insert(3);
-        s.insert(4);
-        assert_eq!(s.ranges(), 1);
-        assert!(s.contains(9) && !s.contains(10));
-        s.clear();
-        assert!(!s.contains(0));
+    fn records_are_number_seq_then_payload() {
+        let mut r = Vec::new();
+        block_record(&mut r, 1, &[0xaa; 8]);
+        hole_record(&mut r, 300, 302, 8);
+        number(&mut r, 24, 7);
+        assert_eq!(r.len(), 2 * 24);
+        assert_eq!(&r[..16], &[&1u64.to_be_bytes()[..], &7u64.to_be_bytes()].concat()[..]);
+        let hole = [&(HOLE_BIT | 300).to_be_bytes()[..], &8u64.to_be_bytes(), &302u64.to_be_bytes()].concat();
+        assert_eq!(&r[24..48], &hole[..]);
     }
 
     #[test]
-    fn records_are_number_then_block() {
-        let r = records(&[1, 300], &[0xaa; 8], 4);
-        assert_eq!(r.len(), 2 * 12);
-        assert_eq!(&r[..8], &1u64.to_be_bytes());
-        assert_eq!(&r[12..20], &300u64.to_be_bytes());
-    }
-
-    #[test]
-    fn open_lists_whole_records_and_ignores_a_cut_one() {
+    fn open_lists_whole_records_newest_by_sequence_and_ignores_a_cut_one() {
         let d = tempfile::tempdir().unwrap();
         let s = StashDir::new(d.path());
         let id = [3u8; 16];
-        assert!(s.open(&id, 16, 100).unwrap().is_none());
+        assert!(s.open(&id, 24, 100).unwrap().is_none());
         let fd = s.create(&id).unwrap();
-        let mut r = records(&[5, 9, 5, 100], &[1u8; 32], 8);
+        let mut r = Vec::new();
+        for n in [5, 9, 5, 100] {
+            block_record(&mut r, n, &[1u8; 8]);
+        }
+        hole_record(&mut r, 4, 7, 8);
+        // Sequence numbers as after the ring started again: the first record is the newest.
+        number(&mut r, 24, 1);
+        r[8..16].copy_from_slice(&50u64.to_be_bytes());
         r.extend_from_slice(&[0, 0, 0]);
         sys::pwrite_all(fd.as_fd(), &r, 0).unwrap();
-        let mut h = Vec::new();
-        hole_record(&mut h, 4, 7, 8);
-        sys::pwrite_all(fd.as_fd(), &h, r.len() as u64 - 3).unwrap();
-        let f = s.open(&id, 16, 100).unwrap().unwrap();
-        assert_eq!(f.of(5), vec![Kept::Hole, Kept::Block(40), Kept::Block(8)], "newest first");
-        assert_eq!(f.of(9), vec![Kept::Block(24)]);
+        let f = s.open(&id, 24, 100).unwrap().unwrap();
+        assert_eq!(f.of(5), vec![Kept::Block(16), Kept::Hole, Kept::Block(64)], "newest first");
+        assert_eq!(f.of(9), vec![Kept::Block(40)]);
         assert_eq!(f.of(4), vec![Kept::Hole]);
         assert_eq!(f.of(7), vec![]);
         assert_eq!(f.blocks(), vec![4, 5, 6, 9], "a block past the file's end is not listed");
@@ -309,7 +265,7 @@ mod tests {
         assert_eq!(sys::fstat(fd2.as_fd()).unwrap().st_size, 0);
         s.remove(&id).unwrap();
         s.remove(&id).unwrap();
-        assert!(s.open(&id, 16, 100).unwrap().is_none());
+        assert!(s.open(&id, 24, 100).unwrap().is_none());
     }
 
     #[test]
@@ -320,7 +276,7 @@ mod tests {
         let dir = sys::open_dir_path(d.path()).unwrap();
         let name = stash_name(&id);
         sys::mknodat(dir.as_fd(), name.as_bytes(), libc::S_IFIFO | 0o644, 0).unwrap();
-        assert!(s.open(&id, 12, 10).unwrap().is_none(), "a FIFO is not read (and does not block)");
+        assert!(s.open(&id, 24, 10).unwrap().is_none(), "a FIFO is not read (and does not block)");
         s.create(&id).unwrap();
         assert_eq!(sys::fstatat(dir.as_fd(), name.as_bytes()).unwrap().st_mode & libc::S_IFMT, libc::S_IFREG);
         // A hard link to a victim file: replaced, the victim untouched.
@@ -334,7 +290,7 @@ mod tests {
         // A symlink: replaced, not followed.
         s.remove(&id).unwrap();
         std::os::unix::fs::symlink(&victim, s.path_of(&id)).unwrap();
-        assert!(s.open(&id, 12, 10).unwrap().is_none());
+        assert!(s.open(&id, 24, 10).unwrap().is_none());
         s.create(&id).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
     }

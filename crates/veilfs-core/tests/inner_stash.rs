@@ -1,6 +1,7 @@
 //! Inner-block stashes (docs/FORMAT.md §5.9): an overwrite of an inner block that a crash
-//! tears reads as the block's earlier content, recovery writes that back, and a stash is
-//! only ever trusted for what authenticates as that block of that file.
+//! tears reads as the block being written (from its record, written just before), recovery
+//! writes that back, and a stash is only ever trusted for what authenticates as that block
+//! of that file.
 //!
 //! The tear is made by hand: the overwrite runs, then the second half of the block's old
 //! ciphertext is put back, as a `pwrite` cut short between two pages leaves it; the file is
@@ -11,6 +12,7 @@ mod common;
 use common::*;
 use std::os::unix::fs::FileExt;
 use veilfs_core::fsck::{Checker, ProblemKind};
+use veilfs_core::stash::{RECORD_HEAD, RING};
 use veilfs_core::{CipherDir, Vault};
 
 const B: usize = 4096;
@@ -50,13 +52,13 @@ fn torn_overwrite(v: &Vault, root: &CipherDir, old: &[u8], new: &[u8]) -> std::p
 }
 
 #[test]
-fn torn_inner_overwrite_reads_the_earlier_block_and_recovery_writes_it_back() {
+fn torn_inner_overwrite_reads_the_block_being_written_and_recovery_writes_it_back() {
     let (_d, v, root) = setup();
     let (old, new) = (data(5 * B, 1), data(2 * B, 2));
     torn_overwrite(&v, &root, &old, &new);
     let mut want = old.clone();
-    want[2 * B..3 * B].copy_from_slice(&new[B..]);
-    // Read-only, by the crash rules: block 1 from the stash (old), block 2 new.
+    want[B..3 * B].copy_from_slice(&new);
+    // Read-only, by the crash rules: block 1 from its record (new), block 2 new.
     assert_eq!(read_file(&v, &root, "f").unwrap(), want);
     // fsck reports the crash state, not damage; --repair settles it and the stash goes.
     let r = Checker::new(&v, false, &|_| {}).run().unwrap();
@@ -85,12 +87,12 @@ fn attack_forged_stash_records_are_never_read() {
     torn_overwrite(&v, &root, &data(5 * B, 1), &data(2 * B, 2));
     let name = stash_files(&v).pop().unwrap();
     let path = v.root_path().join(&name);
-    let rec = 8 + v.content().layout.cipher_block() as usize;
+    let rec = RECORD_HEAD + v.content().layout.cipher_block() as usize;
     let mut s = std::fs::read(&path).unwrap();
     // Flip a bit in every record's ciphertext (an attacker who writes the stash cannot
     // make a record that authenticates).
     for r in s.chunks_mut(rec) {
-        r[8 + 100] ^= 1;
+        r[RECORD_HEAD + 100] ^= 1;
     }
     std::fs::write(&path, &s).unwrap();
     assert!(matches!(read_file(&v, &root, "f"), Err(veilfs_core::Error::Auth { .. })));
@@ -142,29 +144,57 @@ fn a_stash_beside_a_settled_file_is_not_read_and_fsck_removes_it() {
 }
 
 #[test]
-fn each_block_is_stashed_once_per_session_and_a_shrink_starts_the_stash_again() {
+fn the_stash_is_a_ring_and_a_shrink_starts_it_again() {
     let (_d, v, root) = setup();
     let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
     f.set_defer_sparse(true);
-    f.write_at(&data(8 * B, 1), 0, 0).unwrap();
+    let size = 64 * B as u64;
+    f.write_at(&data(size as usize, 1), 0, 0).unwrap();
     f.settle().unwrap();
-    let rec = 8 + v.content().layout.cipher_block();
-    let stash_len =
-        || stash_files(&v).first().map_or(0, |n| std::fs::metadata(v.root_path().join(n)).unwrap().len()) / rec;
-    let size = 8 * B as u64;
+    let rec = RECORD_HEAD as u64 + v.content().layout.cipher_block();
+    let stash_len = || stash_files(&v).first().map_or(0, |n| std::fs::metadata(v.root_path().join(n)).unwrap().len());
     f.write_at(&data(3 * B, 2), B as u64, size).unwrap();
-    assert_eq!(stash_len(), 3);
-    f.write_at(&data(3 * B, 3), 2 * B as u64, size).unwrap();
-    assert_eq!(stash_len(), 4, "blocks 2 and 3 were stashed already");
-    // Appends and the final block are the tail's business (§5.8), not stashed here.
+    assert_eq!(stash_len(), 3 * rec);
+    // Appends and the final block are the tail's business (§5.8), not logged here.
     f.write_at(&data(B, 4), size - 100, size).unwrap();
-    assert_eq!(stash_len(), 4);
-    f.truncate(3 * B as u64, size + B as u64 - 100).unwrap();
+    assert_eq!(stash_len(), 3 * rec);
+    let size = size + B as u64 - 100;
+    // 24 MiB of overwrites: the stash stays within its ring.
+    for i in 0..(24 << 20) / (8 * B) {
+        f.write_at(&data(8 * B, i as u8), (i % 7 * 8 * B) as u64, size).unwrap();
+    }
+    assert!(stash_len() <= RING + 8 * rec, "{} bytes", stash_len());
+    // A torn overwrite after the ring started again still reads the block being written.
+    f.truncate(3 * B as u64, size).unwrap();
     assert_eq!(stash_len(), 0, "a shrink starts the session's stash again");
     f.write_at(&data(10, 5), 0, 3 * B as u64).unwrap();
-    assert_eq!(stash_len(), 1);
+    assert_eq!(stash_len(), rec);
     f.settle().unwrap();
     assert!(stash_files(&v).is_empty());
+}
+
+#[test]
+fn torn_overwrite_after_the_ring_started_again_reads_the_block_being_written() {
+    let (_d, v, root) = setup();
+    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    let size = 64 * B as u64;
+    f.write_at(&data(size as usize, 1), 0, 0).unwrap();
+    f.settle().unwrap();
+    for i in 0..(12 << 20) / (8 * B) {
+        f.write_at(&data(8 * B, i as u8), (i % 7 * 8 * B) as u64, size).unwrap();
+    }
+    let path = cipher_path(&v, &root, "f");
+    let before = std::fs::read(&path).unwrap();
+    let new = data(B, 99);
+    f.write_at(&new, 5 * B as u64, size).unwrap();
+    let l = v.content().layout;
+    let (start, end) = (l.block_offset(5) as usize, l.block_offset(6) as usize);
+    let half = start + (end - start) / 2;
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&before[half..end], half as u64).unwrap();
+    drop(f);
+    let got = read_file(&v, &root, "f").unwrap();
+    assert_eq!(&got[5 * B..6 * B], &new[..], "the newest record wins, wherever the ring put it");
 }
 
 #[test]
@@ -179,7 +209,7 @@ fn torn_fill_of_a_hole_this_session_made_reads_as_zeros_from_one_hole_record() {
     f.write_at(&data(B, 4), 4 * B as u64, B as u64).unwrap();
     f.write_at(&data(2 * B, 2), B as u64, 5 * B as u64).unwrap();
     let name = stash_files(&v).pop().expect("a hole record");
-    let rec = 8 + v.content().layout.cipher_block();
+    let rec = RECORD_HEAD as u64 + v.content().layout.cipher_block();
     assert_eq!(std::fs::metadata(v.root_path().join(&name)).unwrap().len(), rec, "one record for the run of holes");
     // Torn: the slot's second half is still the hole's zeros.
     let l = v.content().layout;
