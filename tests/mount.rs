@@ -1061,7 +1061,12 @@ fn only_backing_file(m: &Mounted) -> std::path::PathBuf {
 fn a_caching_mount_caches_and_every_change_through_it_is_seen_at_once() {
     let Some(m) = Mounted::new("64m", &[]) else { return };
     let f = m.m("f");
-    fs::write(&f, b"0123456789").unwrap();
+    // Written and fsynced: the header's settling (which has the kernel drop the attributes it
+    // caches) happens inside the fsync, not at a RELEASE that may come after the stat below.
+    let mut w = File::create(&f).unwrap();
+    w.write_all(b"0123456789").unwrap();
+    w.sync_all().unwrap();
+    drop(w);
     let all = "%a %u %g %s %Y %h";
     let before = stat_fmt(all, &f);
     // Behind the mount's back: the cached mode stays (an hour).

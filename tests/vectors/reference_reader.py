@@ -229,7 +229,7 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
 
 
 STASH_PREFIX = "veilfs.S."  # §5.9
-STASH_RING = 8 << 20  # a reader looks at the first 2 × 8 MiB of a stash
+STASH_READ_LIMIT = 64 << 20  # a reader looks at the first 64 MiB of a stash
 
 
 def stash_name(fid: bytes) -> str:
@@ -255,7 +255,7 @@ def stash_block(aead, key, fid: bytes, stash: bytes, n: int, B: int, O: int, spa
     """§5.9: block n from the record of the stash with the highest seq that gives it (None: none does)."""
     R = 16 + B + O
     cands = []
-    for i in range(min(len(stash), 2 * STASH_RING) // R):
+    for i in range(min(len(stash), STASH_READ_LIMIT) // R):
         rec = stash[i * R : (i + 1) * R]
         x, seq = struct.unpack(">QQ", rec[:16])
         if x >= 1 << 63:  # a hole record: blocks a … b−1 were holes

@@ -378,6 +378,11 @@ impl CryptFile {
                 }
                 g.pos = 0;
             }
+            if g.pos + recs.len() as u64 > stash::READ_LIMIT {
+                // Only with dozens of writes in flight at once: no reader would look there.
+                tracing::warn!("{}: stash full; writing blocks {first}..={upto} without it", self.what);
+                return Ok(());
+            }
             stash::number(&mut recs, rec, g.seq);
             g.seq += (recs.len() / rec) as u64;
             let at = g.pos;

@@ -31,6 +31,10 @@ pub const RECORD_HEAD: usize = 16;
 /// How far a writer fills its stash before it starts again at the beginning.
 pub const RING: u64 = 8 << 20;
 
+/// How much of a stash a reader looks at: the ring and writes in flight when it started
+/// again, with room for many threads (a writer never goes past it).
+pub const READ_LIMIT: u64 = 8 * RING;
+
 /// The top bit of a record's first field: a hole record (blocks `a..b` were holes).
 pub const HOLE_BIT: u64 = 1 << 63;
 
@@ -91,8 +95,7 @@ impl StashDir {
 
     /// Opens `id`'s stash if there is one (a regular file: anything else at the name is
     /// ignored, with a warning) and lists its whole records of `record` bytes for blocks below
-    /// `blocks`, from its first `2 × RING` bytes (a writer's ring and the writes in flight
-    /// when it started again; a planted giant stash costs no more than that).
+    /// `blocks`, from its first [`READ_LIMIT`] bytes (a planted giant stash costs no more).
     pub fn open(&self, id: &FileId, record: usize, blocks: u64) -> io::Result<Option<Found>> {
         sys::privileged(|| self.open_now(id, record, blocks))
     }
@@ -118,7 +121,7 @@ impl StashDir {
         let be = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
         // A record cut short (a crash while it was appended) is ignored: the block it was
         // for was not touched yet.
-        for i in 0..(len.min(2 * RING) / record as u64) {
+        for i in 0..(len.min(READ_LIMIT) / record as u64) {
             let off = i * record as u64;
             if sys::pread_full(found.fd.as_fd(), &mut head, off)? != head.len() {
                 continue;
