@@ -230,8 +230,9 @@ impl CryptFile {
         }
     }
 
-    /// Block `n`'s plaintext from the newest record of the found stash that authenticates
-    /// as block `n` of this file (an all-zero record is a hole in a SPARSE file).
+    /// Block `n`'s plaintext from the record of the found stash with the highest sequence
+    /// number that gives it: a block record that authenticates as block `n` of this file, or
+    /// (in a SPARSE file) a hole record.
     fn stashed_block(&self, n: u64, out: &mut [u8]) -> Option<usize> {
         if !self.has_found.load(Ordering::Acquire) {
             return None;
@@ -997,14 +998,13 @@ impl CryptFile {
         let csize = l.cipher_size(size);
         let old_last = size.saturating_sub(1) / l.block_size;
         let touches_tail = size == 0 || end > size || last >= old_last;
-        if touches_tail {
-            self.ensure_unsettled()?;
-        }
         // Inner blocks overwritten in place are logged first (docs/FORMAT.md §5.9), and the
         // session is not settled until they are written.
         let inner = self.unsettled_ok() && self.ctx.stashes.is_some() && size > 0 && first < old_last;
-        if inner {
+        if touches_tail || inner {
             self.ensure_unsettled()?;
+        }
+        if inner {
             self.ring_room(last.min(old_last - 1) - first + 1);
         }
         let _epoch = inner.then(|| self.epoch.read().unwrap_or_else(|e| e.into_inner()));

@@ -85,10 +85,7 @@ impl StashDir {
     fn create_now(&self, id: &FileId) -> io::Result<OwnedFd> {
         let dir = self.dir()?;
         let name = stash_name(id);
-        match sys::unlinkat(dir.as_fd(), name.as_bytes(), false) {
-            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
-            _ => {}
-        }
+        unlink(dir.as_fd(), &name)?;
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         sys::openat(dir.as_fd(), name.as_bytes(), flags, 0o600)
     }
@@ -141,10 +138,15 @@ impl StashDir {
 
     /// Removes `id`'s stash (missing is fine).
     pub fn remove(&self, id: &FileId) -> io::Result<()> {
-        sys::privileged(|| match sys::unlinkat(self.dir()?.as_fd(), stash_name(id).as_bytes(), false) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            r => r,
-        })
+        sys::privileged(|| unlink(self.dir()?.as_fd(), &stash_name(id)))
+    }
+}
+
+/// Unlinks `name` in `dir`; a missing name is fine.
+fn unlink(dir: std::os::fd::BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    match sys::unlinkat(dir, name.as_bytes(), false) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => r,
     }
 }
 

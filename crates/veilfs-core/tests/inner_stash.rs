@@ -32,21 +32,44 @@ fn stash_files(v: &Vault) -> Vec<String> {
         .collect()
 }
 
+/// A file `name` holding `content`, settled, opened as a mount opens it (the only writer,
+/// so its write sessions set UNSETTLED and stash).
+fn settled_file(v: &Vault, root: &CipherDir, name: &str, content: &[u8]) -> veilfs_core::CryptFile {
+    let (_, f) = v.create_file(root, name.as_bytes(), 0o644).unwrap();
+    f.set_defer_sparse(true);
+    f.write_at(content, 0, 0).unwrap();
+    f.settle().unwrap();
+    f
+}
+
+/// The second half of block `n`'s slot in the ciphertext: where a `pwrite` cut short
+/// between two pages leaves the old bytes.
+fn second_half(v: &Vault, n: u64) -> std::ops::Range<usize> {
+    let l = v.content().layout;
+    let (start, end) = (l.block_offset(n) as usize, l.block_offset(n + 1) as usize);
+    start + (end - start) / 2..end
+}
+
+/// Writes `bytes` at `at` into the file at `path`, behind the vault's back.
+fn overwrite(path: &std::path::Path, at: u64, bytes: &[u8]) {
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, at).unwrap();
+}
+
+/// The size of a stash record.
+fn record_len(v: &Vault) -> u64 {
+    RECORD_HEAD as u64 + v.content().layout.cipher_block()
+}
+
 /// Writes `old` (5 blocks) settled, then overwrites blocks 1..=2 with `new` in a write session
 /// of a mount's kind and tears block 1's overwrite; returns the ciphertext path.
 fn torn_overwrite(v: &Vault, root: &CipherDir, old: &[u8], new: &[u8]) -> std::path::PathBuf {
-    let (_, f) = v.create_file(root, b"f", 0o644).unwrap();
-    f.set_defer_sparse(true);
-    f.write_at(old, 0, 0).unwrap();
-    f.settle().unwrap();
+    let f = settled_file(v, root, "f", old);
     let path = cipher_path(v, root, "f");
     let before = std::fs::read(&path).unwrap();
     f.write_at(new, B as u64, old.len() as u64).unwrap();
     assert_eq!(stash_files(v).len(), 1, "the overwrite of inner blocks left no stash");
-    let l = v.content().layout;
-    let (start, end) = (l.block_offset(1) as usize, l.block_offset(2) as usize);
-    let half = start + (end - start) / 2;
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&before[half..end], half as u64).unwrap();
+    let torn = second_half(v, 1);
+    overwrite(&path, torn.start as u64, &before[torn]);
     drop(f); // a crash: never settled
     path
 }
@@ -87,7 +110,7 @@ fn attack_forged_stash_records_are_never_read() {
     torn_overwrite(&v, &root, &data(5 * B, 1), &data(2 * B, 2));
     let name = stash_files(&v).pop().unwrap();
     let path = v.root_path().join(&name);
-    let rec = RECORD_HEAD + v.content().layout.cipher_block() as usize;
+    let rec = record_len(&v) as usize;
     let mut s = std::fs::read(&path).unwrap();
     // Flip a bit in every record's ciphertext (an attacker who writes the stash cannot
     // make a record that authenticates).
@@ -102,10 +125,7 @@ fn attack_forged_stash_records_are_never_read() {
 fn attack_stash_records_of_another_file_are_never_read() {
     let (_d, v, root) = setup();
     // Another file whose block 1 was stashed: its record, renamed to be f's stash.
-    let (_, g) = v.create_file(&root, b"g", 0o644).unwrap();
-    g.set_defer_sparse(true);
-    g.write_at(&data(5 * B, 7), 0, 0).unwrap();
-    g.settle().unwrap();
+    let g = settled_file(&v, &root, "g", &data(5 * B, 7));
     g.write_at(&data(B, 8), B as u64, 5 * B as u64).unwrap();
     let g_stash = stash_files(&v).pop().unwrap();
     let g_bytes = std::fs::read(v.root_path().join(&g_stash)).unwrap();
@@ -120,10 +140,7 @@ fn attack_stash_records_of_another_file_are_never_read() {
 #[test]
 fn a_stash_beside_a_settled_file_is_not_read_and_fsck_removes_it() {
     let (_d, v, root) = setup();
-    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
-    f.set_defer_sparse(true);
-    f.write_at(&data(5 * B, 1), 0, 0).unwrap();
-    f.settle().unwrap();
+    let f = settled_file(&v, &root, "f", &data(5 * B, 1));
     f.write_at(&data(B, 2), B as u64, 5 * B as u64).unwrap();
     let name = stash_files(&v).pop().unwrap();
     let kept = std::fs::read(v.root_path().join(&name)).unwrap();
@@ -134,8 +151,7 @@ fn a_stash_beside_a_settled_file_is_not_read_and_fsck_removes_it() {
     // is settled, so the stash is not consulted: the torn block is an error.
     std::fs::write(v.root_path().join(&name), &kept).unwrap();
     let path = cipher_path(&v, &root, "f");
-    let off = v.content().layout.block_offset(1) + 2000;
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&[0xff; 8], off).unwrap();
+    overwrite(&path, v.content().layout.block_offset(1) + 2000, &[0xff; 8]);
     assert!(matches!(read_file(&v, &root, "f"), Err(veilfs_core::Error::Auth { .. })));
     let r = Checker::new(&v, false, &|_| {}).run().unwrap();
     assert!(r.problems.iter().any(|p| p.kind == ProblemKind::OrphanSideFile && p.detail.contains("stash")), "{r:?}");
@@ -146,12 +162,9 @@ fn a_stash_beside_a_settled_file_is_not_read_and_fsck_removes_it() {
 #[test]
 fn the_stash_is_a_ring_and_a_shrink_starts_it_again() {
     let (_d, v, root) = setup();
-    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
-    f.set_defer_sparse(true);
     let size = 64 * B as u64;
-    f.write_at(&data(size as usize, 1), 0, 0).unwrap();
-    f.settle().unwrap();
-    let rec = RECORD_HEAD as u64 + v.content().layout.cipher_block();
+    let f = settled_file(&v, &root, "f", &data(size as usize, 1));
+    let rec = record_len(&v);
     let stash_len = || stash_files(&v).first().map_or(0, |n| std::fs::metadata(v.root_path().join(n)).unwrap().len());
     f.write_at(&data(3 * B, 2), B as u64, size).unwrap();
     assert_eq!(stash_len(), 3 * rec);
@@ -176,11 +189,8 @@ fn the_stash_is_a_ring_and_a_shrink_starts_it_again() {
 #[test]
 fn torn_overwrite_after_the_ring_started_again_reads_the_block_being_written() {
     let (_d, v, root) = setup();
-    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
-    f.set_defer_sparse(true);
     let size = 64 * B as u64;
-    f.write_at(&data(size as usize, 1), 0, 0).unwrap();
-    f.settle().unwrap();
+    let f = settled_file(&v, &root, "f", &data(size as usize, 1));
     for i in 0..(12 << 20) / (8 * B) {
         f.write_at(&data(8 * B, i as u8), (i % 7 * 8 * B) as u64, size).unwrap();
     }
@@ -188,10 +198,8 @@ fn torn_overwrite_after_the_ring_started_again_reads_the_block_being_written() {
     let before = std::fs::read(&path).unwrap();
     let new = data(B, 99);
     f.write_at(&new, 5 * B as u64, size).unwrap();
-    let l = v.content().layout;
-    let (start, end) = (l.block_offset(5) as usize, l.block_offset(6) as usize);
-    let half = start + (end - start) / 2;
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&before[half..end], half as u64).unwrap();
+    let torn = second_half(&v, 5);
+    overwrite(&path, torn.start as u64, &before[torn]);
     drop(f);
     let got = read_file(&v, &root, "f").unwrap();
     assert_eq!(&got[5 * B..6 * B], &new[..], "the newest record wins, wherever the ring put it");
@@ -200,22 +208,17 @@ fn torn_overwrite_after_the_ring_started_again_reads_the_block_being_written() {
 #[test]
 fn torn_fill_of_a_hole_this_session_made_reads_as_zeros_from_one_hole_record() {
     let (_d, v, root) = setup();
-    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
-    f.set_defer_sparse(true);
-    f.write_at(&data(B, 1), 0, 0).unwrap();
-    f.settle().unwrap();
+    let f = settled_file(&v, &root, "f", &data(B, 1));
     // A write-back flush out of order: the block at 4 first (blocks 1..4 become holes), then
     // blocks 1..=2, which fill holes in place.
     f.write_at(&data(B, 4), 4 * B as u64, B as u64).unwrap();
     f.write_at(&data(2 * B, 2), B as u64, 5 * B as u64).unwrap();
     let name = stash_files(&v).pop().expect("a hole record");
-    let rec = RECORD_HEAD as u64 + v.content().layout.cipher_block();
-    assert_eq!(std::fs::metadata(v.root_path().join(&name)).unwrap().len(), rec, "one record for the run of holes");
+    let len = std::fs::metadata(v.root_path().join(&name)).unwrap().len();
+    assert_eq!(len, record_len(&v), "one record for the run of holes");
     // Torn: the slot's second half is still the hole's zeros.
-    let l = v.content().layout;
-    let path = cipher_path(&v, &root, "f");
-    let half = l.block_offset(1) + l.cipher_block() / 2;
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&vec![0; 2062], half).unwrap();
+    let torn = second_half(&v, 1);
+    overwrite(&cipher_path(&v, &root, "f"), torn.start as u64, &vec![0; torn.len()]);
     drop(f);
     let mut want = data(B, 1);
     want.extend_from_slice(&[0; B]);
