@@ -102,20 +102,27 @@ impl VeilFs {
     /// someone, on a mount whose daemon checks permissions (no `default_permissions`): the
     /// kernel does not check search permission on the names it caches then, and a locked
     /// mount lets it cache them for long, so the names of `dir`'s entries are dropped from
-    /// its cache; the next path walk through `dir` asks the daemon, which checks. Sent from
-    /// another thread: the kernel takes `dir`'s lock for it, which this SETATTR holds.
+    /// its cache; the next path walk through `dir` asks the daemon, which checks. Names the
+    /// kernel caches as absent (answers to a LOOKUP of a missing name) are not known here one
+    /// by one: if `dir` gave any, its own name is dropped from its parent, which drops every
+    /// cached name under it (the kernel's `d_invalidate`; as with any invalidation of a
+    /// directory's name, something mounted below it is detached). Without that, a missing
+    /// name under `dir` would still be ENOENT where Linux says EACCES. Sent from another
+    /// thread: the kernel takes `dir`'s lock for the names in it, which this SETATTR holds.
     fn expire_children(&self, node: &Node, dir: &DirState) {
         let Some(n) = self.notifier.get().cloned() else { return };
-        let names: Vec<Vec<u8>> = match dir.index(false) {
+        let plain = |dir: &DirState, on_disk: &str| {
+            let d = self.decode_d(dir, on_disk).ok()?;
+            self.names.decrypt_name(&dir.cd.iv, &d).ok()
+        };
+        let mut names: Vec<(u64, Vec<u8>)> = match dir.index(false) {
             Ok(idx) => idx.as_ref().map_or_else(Vec::new, |idx| {
                 idx.values()
                     .filter_map(|e| match e.plain.get() {
                         Some(p) => p.as_ref().map(|p| p.name.clone()),
-                        None => {
-                            let d = self.decode_d(dir, &e.on_disk).ok()?;
-                            self.names.decrypt_name(&dir.cd.iv, &d).ok()
-                        }
+                        None => plain(dir, &e.on_disk),
                     })
+                    .map(|name| (node.id, name))
                     .collect()
             }),
             Err(e) => {
@@ -123,11 +130,14 @@ impl VeilFs {
                 return;
             }
         };
-        let parent = fuser::INodeNo(node.id);
+        if dir.negatives.swap(false, Ordering::Relaxed) {
+            let own = node.find_link(|l| Some((l.parent.id, plain(l.parent.dir.as_ref()?, &l.on_disk)?)));
+            names.extend(own);
+        }
         std::thread::spawn(move || {
-            for name in names {
-                if let Err(e) = n.inval_entry(parent, std::os::unix::ffi::OsStrExt::from_bytes(&name)) {
-                    tracing::debug!("node {}: entry invalidation: {e}", parent.0);
+            for (parent, name) in names {
+                if let Err(e) = n.inval_entry(fuser::INodeNo(parent), std::os::unix::ffi::OsStrExt::from_bytes(&name)) {
+                    tracing::debug!("node {parent}: entry invalidation: {e}");
                 }
             }
         });
