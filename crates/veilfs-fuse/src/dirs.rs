@@ -9,7 +9,6 @@
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 use veilfs_core::{sys, CipherDir, Vault};
 
@@ -64,9 +63,6 @@ pub struct DirState {
     pub ops: Mutex<()>,
     /// Others may change the backing directory (shared storage): keep `stamp` current.
     shared: bool,
-    /// The kernel was told that some name is absent here, and may cache that answer
-    /// (`expire_children` must then drop the directory's own name, see there).
-    pub negatives: AtomicBool,
 }
 
 fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
@@ -77,14 +73,7 @@ fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
 impl DirState {
     /// State for an open, verified directory; `shared` when other mounts may change it.
     pub fn new(cd: CipherDir, shared: bool) -> Self {
-        DirState {
-            cd,
-            index: RwLock::new(None),
-            stamp: Mutex::new((0, 0)),
-            ops: Mutex::new(()),
-            shared,
-            negatives: AtomicBool::new(false),
-        }
+        DirState { cd, index: RwLock::new(None), stamp: Mutex::new((0, 0)), ops: Mutex::new(()), shared }
     }
 
     /// Lists the backing directory into a fresh index. Two entries for one key only exist

@@ -12,7 +12,6 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 use veilfs_core::sys::Stat;
 
@@ -112,9 +111,6 @@ impl Filesystem for VeilFs {
         self.touch();
         match self.do_lookup(parent.0, name.as_bytes(), caller(req)) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !self.opts.negative_ttl.is_zero() => {
-                if let Some(dir) = self.nodes.get(parent.0).ok().as_ref().and_then(|n| n.dir.as_ref()) {
-                    dir.negatives.store(true, Ordering::Relaxed);
-                }
                 reply.entry(&self.opts.negative_ttl, &attr::negative(), GEN)
             }
             r => self.entry(reply, r),

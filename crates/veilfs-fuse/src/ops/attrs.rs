@@ -101,28 +101,33 @@ impl VeilFs {
     /// After a change of `dir`'s mode or owner that may take search permission away from
     /// someone, on a mount whose daemon checks permissions (no `default_permissions`): the
     /// kernel does not check search permission on the names it caches then, and a locked
-    /// mount lets it cache them for long, so the names of `dir`'s entries are dropped from
-    /// its cache; the next path walk through `dir` asks the daemon, which checks. Names the
-    /// kernel caches as absent (answers to a LOOKUP of a missing name) are not known here one
-    /// by one: if `dir` gave any, its own name is dropped from its parent, which drops every
-    /// cached name under it (the kernel's `d_invalidate`; as with any invalidation of a
-    /// directory's name, something mounted below it is detached). Without that, a missing
-    /// name under `dir` would still be ENOENT where Linux says EACCES. Sent from another
-    /// thread: the kernel takes `dir`'s lock for the names in it, which this SETATTR holds.
+    /// mount lets it cache them for long, so they are dropped from its cache; the next path
+    /// walk through `dir` asks the daemon, which checks.
+    ///
+    /// Two steps. First `dir`'s own name is dropped from its parent: the kernel then drops
+    /// every unused name cached under it, those it caches as absent too (a missing name
+    /// would otherwise stay ENOENT where Linux says EACCES). This one is waited for, up to
+    /// [`EXPIRE_WAIT`], before the SETATTR is answered, so that the caller's next call
+    /// already sees it (the kernel takes the parent's lock, which the chmod does not hold;
+    /// the bound covers an rmdir or rename that holds the parent's lock while it waits for
+    /// `dir`'s, held by this chmod). Then each name in `dir` (those still in use: an open
+    /// file's, a working directory's; and all of them for the mount's top directory, which
+    /// has no parent), from another thread after the answer: the kernel takes `dir`'s lock
+    /// for them, which this SETATTR holds. As with any invalidation of a directory's name,
+    /// something mounted below `dir` is detached.
     fn expire_children(&self, node: &Node, dir: &DirState) {
         let Some(n) = self.notifier.get().cloned() else { return };
         let plain = |dir: &DirState, on_disk: &str| {
             let d = self.decode_d(dir, on_disk).ok()?;
             self.names.decrypt_name(&dir.cd.iv, &d).ok()
         };
-        let mut names: Vec<(u64, Vec<u8>)> = match dir.index(false) {
+        let names: Vec<Vec<u8>> = match dir.index(false) {
             Ok(idx) => idx.as_ref().map_or_else(Vec::new, |idx| {
                 idx.values()
                     .filter_map(|e| match e.plain.get() {
                         Some(p) => p.as_ref().map(|p| p.name.clone()),
                         None => plain(dir, &e.on_disk),
                     })
-                    .map(|name| (node.id, name))
                     .collect()
             }),
             Err(e) => {
@@ -130,17 +135,24 @@ impl VeilFs {
                 return;
             }
         };
-        if dir.negatives.swap(false, Ordering::Relaxed) {
-            let own = node.find_link(|l| Some((l.parent.id, plain(l.parent.dir.as_ref()?, &l.on_disk)?)));
-            names.extend(own);
-        }
+        let own = node.find_link(|l| Some((l.parent.id, plain(l.parent.dir.as_ref()?, &l.on_disk)?)));
+        let (done, first) = std::sync::mpsc::channel();
+        let id = node.id;
+        let inval = move |parent: u64, name: &[u8]| {
+            if let Err(e) = n.inval_entry(fuser::INodeNo(parent), std::os::unix::ffi::OsStrExt::from_bytes(name)) {
+                tracing::debug!("node {parent}: entry invalidation: {e}");
+            }
+        };
         std::thread::spawn(move || {
-            for (parent, name) in names {
-                if let Err(e) = n.inval_entry(fuser::INodeNo(parent), std::os::unix::ffi::OsStrExt::from_bytes(&name)) {
-                    tracing::debug!("node {parent}: entry invalidation: {e}");
-                }
+            if let Some((parent, name)) = own {
+                inval(parent, &name);
+            }
+            let _ = done.send(());
+            for name in names {
+                inval(id, &name);
             }
         });
+        let _ = first.recv_timeout(EXPIRE_WAIT);
     }
 
     /// truncate(2) by name: the file opened as the caller (whose write access the kernel
@@ -215,6 +227,10 @@ impl VeilFs {
 
 /// Whether changing a directory of stat `old` as `a` asks may take search permission away
 /// from someone: an execute bit removed, or a new owner or group.
+/// How long a SETATTR that takes search permission away waits for the kernel to drop the
+/// directory's name ([`VeilFs::expire_children`]).
+const EXPIRE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn search_may_be_lost(old: &Stat, a: &SetAttr) -> bool {
     let lost_x = a.mode.is_some_and(|m| old.st_mode & 0o111 & !m != 0);
     lost_x || a.uid.is_some_and(|u| u != old.st_uid) || a.gid.is_some_and(|g| g != old.st_gid)
