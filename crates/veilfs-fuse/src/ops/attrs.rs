@@ -112,8 +112,8 @@ impl VeilFs {
     /// the bound covers an rmdir or rename that holds the parent's lock while it waits for
     /// `dir`'s, held by this chmod). Then each name in `dir` (those still in use: an open
     /// file's, a working directory's; and all of them for the mount's top directory, which
-    /// has no parent), from another thread after the answer: the kernel takes `dir`'s lock
-    /// for them, which this SETATTR holds. As with any invalidation of a directory's name,
+    /// has no parent), from another thread after the answer, open files' names first: the
+    /// kernel takes `dir`'s lock for them, which this SETATTR holds. As with any invalidation of a directory's name,
     /// something mounted below `dir` is detached.
     fn expire_children(&self, node: &Node, dir: &DirState) {
         let Some(n) = self.notifier.get().cloned() else { return };
@@ -121,7 +121,7 @@ impl VeilFs {
             let d = self.decode_d(dir, on_disk).ok()?;
             self.names.decrypt_name(&dir.cd.iv, &d).ok()
         };
-        let names: Vec<Vec<u8>> = match dir.index(false) {
+        let mut names: Vec<Vec<u8>> = match dir.index(false) {
             Ok(idx) => idx.as_ref().map_or_else(Vec::new, |idx| {
                 idx.values()
                     .filter_map(|e| match e.plain.get() {
@@ -135,6 +135,16 @@ impl VeilFs {
                 return;
             }
         };
+        // Names of files open in `dir` first: theirs are the names the first step leaves.
+        let open: Vec<Vec<u8>> = self
+            .handles
+            .open_files()
+            .iter()
+            .flat_map(|h| h.node.links())
+            .filter(|l| l.parent.id == node.id)
+            .filter_map(|l| plain(dir, &l.on_disk))
+            .collect();
+        names.sort_by_key(|n| !open.contains(n));
         let own = node.find_link(|l| Some((l.parent.id, plain(l.parent.dir.as_ref()?, &l.on_disk)?)));
         let (done, first) = std::sync::mpsc::channel();
         let id = node.id;
