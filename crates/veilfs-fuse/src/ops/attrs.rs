@@ -113,20 +113,25 @@ impl VeilFs {
     /// `dir`'s, held by this chmod). Then each name in `dir` (those still in use: an open
     /// file's, a working directory's; and all of them for the mount's top directory, which
     /// has no parent), from another thread after the answer, open files' names first: the
-    /// kernel takes `dir`'s lock for them, which this SETATTR holds. As with any invalidation of a directory's name,
-    /// something mounted below `dir` is detached.
+    /// kernel takes `dir`'s lock for them, which this SETATTR holds. As with any invalidation
+    /// of a directory's name, something mounted below `dir` is detached.
     fn expire_children(&self, node: &Node, dir: &DirState) {
         let Some(n) = self.notifier.get().cloned() else { return };
-        let plain = |dir: &DirState, on_disk: &str| {
-            let d = self.decode_d(dir, on_disk).ok()?;
-            self.names.decrypt_name(&dir.cd.iv, &d).ok()
-        };
-        let mut names: Vec<Vec<u8>> = match dir.index(false) {
+        // Names of files open in `dir` first: theirs are the names the first step leaves.
+        let open: Vec<String> = self
+            .handles
+            .open_files()
+            .iter()
+            .flat_map(|h| h.node.links())
+            .filter(|l| l.parent.id == node.id)
+            .map(|l| l.on_disk)
+            .collect();
+        let mut names: Vec<(bool, Vec<u8>)> = match dir.index(false) {
             Ok(idx) => idx.as_ref().map_or_else(Vec::new, |idx| {
                 idx.values()
-                    .filter_map(|e| match e.plain.get() {
-                        Some(p) => p.as_ref().map(|p| p.name.clone()),
-                        None => plain(dir, &e.on_disk),
+                    .filter_map(|e| {
+                        let is_open = std::iter::once(&e.on_disk).chain(&e.others).any(|o| open.contains(o));
+                        Some((!is_open, self.decoded(dir, e)?.name.clone()))
                     })
                     .collect()
             }),
@@ -135,17 +140,12 @@ impl VeilFs {
                 return;
             }
         };
-        // Names of files open in `dir` first: theirs are the names the first step leaves.
-        let open: Vec<Vec<u8>> = self
-            .handles
-            .open_files()
-            .iter()
-            .flat_map(|h| h.node.links())
-            .filter(|l| l.parent.id == node.id)
-            .filter_map(|l| plain(dir, &l.on_disk))
-            .collect();
-        names.sort_by_key(|n| !open.contains(n));
-        let own = node.find_link(|l| Some((l.parent.id, plain(l.parent.dir.as_ref()?, &l.on_disk)?)));
+        names.sort_by_key(|(later, _)| *later);
+        let own = node.find_link(|l| {
+            let parent = l.parent.dir.as_ref()?;
+            let d = self.decode_d(parent, &l.on_disk).ok()?;
+            Some((l.parent.id, self.names.decrypt_name(&parent.cd.iv, &d).ok()?))
+        });
         let (done, first) = std::sync::mpsc::channel();
         let id = node.id;
         let inval = move |parent: u64, name: &[u8]| {
@@ -158,7 +158,7 @@ impl VeilFs {
                 inval(parent, &name);
             }
             let _ = done.send(());
-            for name in names {
+            for (_, name) in names {
                 inval(id, &name);
             }
         });
@@ -235,12 +235,12 @@ impl VeilFs {
     }
 }
 
-/// Whether changing a directory of stat `old` as `a` asks may take search permission away
-/// from someone: an execute bit removed, or a new owner or group.
 /// How long a SETATTR that takes search permission away waits for the kernel to drop the
 /// directory's name ([`VeilFs::expire_children`]).
 const EXPIRE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Whether changing a directory of stat `old` as `a` asks may take search permission away
+/// from someone: an execute bit removed, or a new owner or group.
 fn search_may_be_lost(old: &Stat, a: &SetAttr) -> bool {
     let lost_x = a.mode.is_some_and(|m| old.st_mode & 0o111 & !m != 0);
     lost_x || a.uid.is_some_and(|u| u != old.st_uid) || a.gid.is_some_and(|g| g != old.st_gid)

@@ -26,19 +26,7 @@ impl VeilFs {
         let idx = dir.index(false)?;
         let mut out = Vec::with_capacity(idx.as_ref().map_or(0, |i| i.len()));
         for e in idx.as_ref().expect("built").values() {
-            let plain = e.plain.get_or_init(|| match self.decode_d(dir, &e.on_disk) {
-                Ok(d) => match self.names.decrypt_name(&dir.cd.iv, &d) {
-                    Ok(name) => Some(Decoded { name, d }),
-                    Err(err) => {
-                        tracing::error!("integrity error in {}: {err}", dir.cd.child_path(&e.on_disk));
-                        None
-                    }
-                },
-                Err(err) => {
-                    tracing::error!("{err}");
-                    None
-                }
-            });
+            let plain = self.decoded(dir, e);
             if let Some(p) = plain {
                 let on_disk = if e.others.is_empty() {
                     e.on_disk.clone()
@@ -51,6 +39,26 @@ impl VeilFs {
         let s = Arc::new(out);
         *g = Some(s.clone());
         Ok((h.node.clone(), s))
+    }
+
+    /// The plaintext name and `D` of index entry `e` of `dir`, decrypted on first use and kept
+    /// in the entry (`None`: undecryptable, logged once with the ciphertext name).
+    pub(crate) fn decoded<'e>(&self, dir: &DirState, e: &'e IndexEntry) -> Option<&'e Decoded> {
+        e.plain
+            .get_or_init(|| match self.decode_d(dir, &e.on_disk) {
+                Ok(d) => match self.names.decrypt_name(&dir.cd.iv, &d) {
+                    Ok(name) => Some(Decoded { name, d }),
+                    Err(err) => {
+                        tracing::error!("integrity error in {}: {err}", dir.cd.child_path(&e.on_disk));
+                        None
+                    }
+                },
+                Err(err) => {
+                    tracing::error!("{err}");
+                    None
+                }
+            })
+            .as_ref()
     }
 
     /// `D` of an on-disk entry (reading the side file of a long name).
