@@ -489,6 +489,30 @@ fn directory_with_100k_entries_lists_correctly() {
     assert!(!dir.join("entry-100000").exists());
 }
 
+/// A directory read in small `getdents` chunks while names are removed and added, and while
+/// a second listing of it runs from the top, returns every name that was there throughout
+/// exactly once and nothing that never was (tests/listing_churn.py), as tmpfs does. A locked
+/// mount has no OPENDIR: its listings resume at the offset the kernel hands back in the
+/// directory's newest snapshot (offsets are name cookies, not positions); a
+/// `--shared-storage` mount keeps a snapshot per open directory.
+#[test]
+fn a_directory_listed_while_it_changes_returns_each_unchanged_name_exactly_once() {
+    if !which("python3") {
+        assert!(std::env::var("CI").is_err(), "python3 is needed");
+        return;
+    }
+    for extra in [&[][..], &["--shared-storage"][..]] {
+        let Some(m) = Mounted::new("64m", extra) else { return };
+        let script = m.tmpfs.path.join("listing_churn.py");
+        fs::write(&script, include_str!("listing_churn.py")).unwrap();
+        for base in [&m.plain, &m.mnt] {
+            let o = run("python3", &[script.to_str().unwrap(), base.join("churn").to_str().unwrap()]);
+            assert!(o.status.success(), "{extra:?} {}: {}", base.display(), text(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{extra:?} in {}", base.display());
+        }
+    }
+}
+
 fn make_rich_tree(root: &Path) {
     // Files of other owners only as root (an ordinary user cannot give files away).
     let chown = if is_root() { "chown 1000:1000 a/b/f5; chown -h 1001:1001 abs-link;" } else { "" };

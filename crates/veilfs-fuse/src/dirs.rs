@@ -6,9 +6,11 @@
 //! kept current by this mount's own changes. In shared-storage mode the index is rebuilt
 //! whenever the backing directory's change time moved since it was built.
 
+use crate::handles::SnapEntry;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::io;
+use std::sync::Arc;
 use std::sync::OnceLock;
 use veilfs_core::{sys, CipherDir, Vault};
 
@@ -63,6 +65,9 @@ pub struct DirState {
     pub ops: Mutex<()>,
     /// Others may change the backing directory (shared storage): keep `stamp` current.
     shared: bool,
+    /// The listing READDIR serves without a directory handle (no OPENDIR: see
+    /// `VeilFs::listing`), from the start of a listing until a READDIR reaches its end.
+    pub listing: Mutex<Option<Arc<Vec<SnapEntry>>>>,
 }
 
 fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
@@ -73,7 +78,14 @@ fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
 impl DirState {
     /// State for an open, verified directory; `shared` when other mounts may change it.
     pub fn new(cd: CipherDir, shared: bool) -> Self {
-        DirState { cd, index: RwLock::new(None), stamp: Mutex::new((0, 0)), ops: Mutex::new(()), shared }
+        DirState {
+            cd,
+            index: RwLock::new(None),
+            stamp: Mutex::new((0, 0)),
+            ops: Mutex::new(()),
+            shared,
+            listing: Mutex::new(None),
+        }
     }
 
     /// Lists the backing directory into a fresh index. Two entries for one key only exist

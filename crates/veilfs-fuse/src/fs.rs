@@ -310,52 +310,43 @@ impl Filesystem for VeilFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.touch();
         match self.do_opendir(ino.0, caller(req)) {
-            Ok(fh) => {
-                let flags = if self.opts.shared_storage {
-                    FopenFlags::empty()
-                } else {
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
-                };
-                reply.opened(FileHandle(fh), flags)
-            }
+            // Shared storage only: no listing cache in the kernel.
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(e.into()),
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         self.touch();
-        let (node, entries) = match self.snapshot(fh.0) {
+        let (node, entries, start) = match self.listing(ino.0, fh.0, offset, caller(req)) {
             Ok(x) => x,
             Err(e) => return reply.error(e.into()),
         };
         let parent = node.link().map(|l| l.parent.id).unwrap_or(ino.0);
-        let mut i = offset as usize;
-        loop {
-            let full = match i {
-                0 => reply.add(INodeNo(node.id), 1, FileType::Directory, "."),
-                1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
-                _ => match entries.get(i - 2) {
-                    None => break,
-                    Some(e) => match self.entry_ino(&node, e) {
-                        Ok(ino) => {
-                            let kind = attr::kind_from_dtype(e.d_type).unwrap_or(FileType::RegularFile);
-                            reply.add(INodeNo(ino), (i + 1) as u64, kind, OsStr::from_bytes(&e.name))
-                        }
-                        Err(_) => false, // vanished or damaged (logged): skipped, as by READDIRPLUS
-                    },
-                },
+        if offset == 0 && reply.add(INodeNo(node.id), 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset <= 1 && reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
+            return reply.ok();
+        }
+        for e in &entries[start..] {
+            let full = match self.entry_ino(&node, e) {
+                Ok(ino) => {
+                    let kind = attr::kind_from_dtype(e.d_type).unwrap_or(FileType::RegularFile);
+                    reply.add(INodeNo(ino), e.cookie, kind, OsStr::from_bytes(&e.name))
+                }
+                Err(_) => false, // vanished or damaged (logged): skipped, as by READDIRPLUS
             };
             if full {
                 break;
             }
-            i += 1;
         }
         reply.ok();
     }
 
     fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         self.touch();
-        let (node, entries) = match self.snapshot(fh.0) {
+        let (node, entries, start) = match self.listing(ino.0, fh.0, offset, caller(req)) {
             Ok(x) => x,
             Err(e) => return reply.error(e.into()),
         };
@@ -366,36 +357,31 @@ impl Filesystem for VeilFs {
             Ok(_) => self.opts.ttl,
             Err(_) => std::time::Duration::ZERO,
         };
-        let mut i = offset as usize;
-        loop {
-            let full = match i {
-                0 | 1 => {
-                    let (id, name) = if i == 0 { (node.id, ".") } else { (parent, "..") };
-                    let mut a = attr::negative();
-                    a.ino = INodeNo(id);
-                    a.kind = FileType::Directory;
-                    reply.add(INodeNo(id), (i + 1) as u64, name, &ttl, &a, GEN)
+        for (i, id, name) in [(0, node.id, "."), (1, parent, "..")] {
+            if offset <= i {
+                let mut a = attr::negative();
+                a.ino = INodeNo(id);
+                a.kind = FileType::Directory;
+                if reply.add(INodeNo(id), i + 1, name, &ttl, &a, GEN) {
+                    return reply.ok();
                 }
-                _ => match entries.get(i - 2) {
-                    None => break,
-                    Some(e) => match self.plus_entry(&node, e) {
-                        Ok((child, st)) => {
-                            let a = self.attr_of(&child, &st);
-                            let full =
-                                reply.add(INodeNo(child.id), (i + 1) as u64, OsStr::from_bytes(&e.name), &ttl, &a, GEN);
-                            if full {
-                                self.nodes.forget(child.id, 1);
-                            }
-                            full
-                        }
-                        Err(_) => false, // vanished or damaged (logged): skip it
-                    },
-                },
+            }
+        }
+        for e in &entries[start..] {
+            let full = match self.plus_entry(&node, e) {
+                Ok((child, st)) => {
+                    let a = self.attr_of(&child, &st);
+                    let full = reply.add(INodeNo(child.id), e.cookie, OsStr::from_bytes(&e.name), &ttl, &a, GEN);
+                    if full {
+                        self.nodes.forget(child.id, 1);
+                    }
+                    full
+                }
+                Err(_) => false, // vanished or damaged (logged): skip it
             };
             if full {
                 break;
             }
-            i += 1;
         }
         reply.ok();
     }

@@ -28,6 +28,8 @@ pub struct SnapEntry {
     pub d: Vec<u8>,
     /// `d_type` from the backing listing.
     pub d_type: u8,
+    /// The READDIR offset of the entry after this one (see `VeilFs::listing`).
+    pub cookie: u64,
 }
 
 /// An open directory: the listing is taken at the first READDIR and served from it, so

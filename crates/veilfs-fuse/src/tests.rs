@@ -46,8 +46,7 @@ fn read(fs: &VeilFs, parent: u64, name: &str) -> std::io::Result<Vec<u8>> {
 }
 
 fn names(fs: &VeilFs, dir: u64) -> Vec<String> {
-    let fh = fs.do_opendir(dir, ME).unwrap();
-    let (_, snap) = fs.snapshot(fh).unwrap();
+    let (_, snap, _) = fs.listing(dir, 0, 0, ME).unwrap();
     let mut n: Vec<String> = snap.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
     n.sort();
     n
@@ -132,4 +131,49 @@ fn setattr_truncates_and_changes_modes_through_verified_handles() {
     fs.do_setxattr(a, b"user.k", b"v", 0, ME).unwrap();
     assert_eq!(fs.do_getxattr(a, b"user.k", ME).unwrap(), b"v");
     assert_eq!(fs.do_listxattr(a).unwrap(), b"user.k\0");
+}
+
+/// A listing without a directory handle (no OPENDIR) resumes at the offset the kernel hands
+/// back: the cookie of the last name it got, looked up in the directory's newest listing.
+/// Names removed and added between two READDIRs, and a second listing started from the top
+/// meanwhile (which takes a new snapshot), never make a name that was there throughout go
+/// missing or come twice, which positional offsets into a changed listing would.
+#[test]
+fn a_listing_resumed_after_changes_returns_each_unchanged_name_exactly_once() {
+    let (_t, fs) = fs();
+    for i in 0..200 {
+        write(&fs, ROOT, &format!("f{i}"), b"");
+    }
+    let (_, snap, start) = fs.listing(ROOT, 0, 0, ME).unwrap();
+    assert_eq!((snap.len(), start), (200, 0));
+    assert!(snap.windows(2).all(|w| w[0].cookie < w[1].cookie) && snap[0].cookie > 2);
+    let mut seen: Vec<String> = snap[..70].iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+    let resume = snap[69].cookie;
+    // Remove names on both sides of the resume point, add new ones, and start a second
+    // listing from the top, which replaces the directory's snapshot.
+    let gone: Vec<String> =
+        [&snap[10], &snap[69], &snap[70], &snap[150]].iter().map(|e| String::from_utf8_lossy(&e.name).into()).collect();
+    for g in &gone {
+        fs.do_remove(ROOT, g.as_bytes(), false, ME).unwrap();
+    }
+    for i in 0..50 {
+        write(&fs, ROOT, &format!("new{i}"), b"");
+    }
+    let (_, other, _) = fs.listing(ROOT, 0, 0, ME).unwrap();
+    assert_eq!(other.len(), 246);
+    let (_, snap2, start2) = fs.listing(ROOT, 0, resume, ME).unwrap();
+    seen.extend(snap2[start2..].iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()));
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), seen.len(), "a name came twice");
+    for i in 0..200 {
+        let n = format!("f{i}");
+        assert!(gone.contains(&n) || seen.contains(&n), "{n} was there throughout and went missing");
+    }
+    // The call that finds nothing left drops the kept listing; resuming then lists afresh.
+    let last = snap2.last().unwrap().cookie;
+    let (_, _, end) = fs.listing(ROOT, 0, last, ME).unwrap();
+    assert_eq!(end, snap2.len());
+    assert!(fs.nodes.get(ROOT).unwrap().dir().unwrap().listing.lock().is_none());
 }

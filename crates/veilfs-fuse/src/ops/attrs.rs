@@ -37,6 +37,9 @@ impl VeilFs {
                 if search_may_be_lost(&old, a) {
                     self.expire_children(&node, d);
                 }
+                if read_may_be_lost(&old, a) {
+                    self.expire_listing(node.id);
+                }
             }
             return Ok(attr);
         }
@@ -96,6 +99,24 @@ impl VeilFs {
         let st = self.perm_stat(node)?;
         let mode = crate::perm::check_setattr(&who, &st, &change)?;
         Ok(SetAttr { mode, ..a.clone() })
+    }
+
+    /// After a change of directory `ino`'s mode or owner that may take read permission away
+    /// from someone, on a mount whose daemon checks permissions and that has no OPENDIR
+    /// (`VeilFs::do_opendir`): the kernel serves a listing it has cached to any opener
+    /// without asking, so that listing is dropped (the pages it is kept in), and the next
+    /// `getdents` is a READDIR at offset 0, where the daemon checks read permission. Sent
+    /// before the SETATTR is answered: the kernel takes only the listing's page locks, which
+    /// no one holds while this SETATTR holds the directory's lock (`getdents` takes it too).
+    fn expire_listing(&self, ino: u64) {
+        if self.opts.shared_storage {
+            return;
+        }
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), 0, 0) {
+                tracing::debug!("node {ino}: listing invalidation: {e}");
+            }
+        }
     }
 
     /// After a change of `dir`'s mode or owner that may take search permission away from
@@ -238,6 +259,13 @@ impl VeilFs {
 /// How long a SETATTR that takes search permission away waits for the kernel to drop the
 /// directory's name ([`VeilFs::expire_children`]).
 const EXPIRE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether changing a directory of stat `old` as `a` asks may take read permission away
+/// from someone: a read bit removed, or a new owner or group.
+fn read_may_be_lost(old: &Stat, a: &SetAttr) -> bool {
+    let lost_r = a.mode.is_some_and(|m| old.st_mode & 0o444 & !m != 0);
+    lost_r || a.uid.is_some_and(|u| u != old.st_uid) || a.gid.is_some_and(|g| g != old.st_gid)
+}
 
 /// Whether changing a directory of stat `old` as `a` asks may take search permission away
 /// from someone: an execute bit removed, or a new owner or group.

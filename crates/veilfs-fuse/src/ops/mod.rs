@@ -166,6 +166,8 @@ pub struct VeilFs {
     /// Tells the kernel of changes it cannot see in replies; set once the session is
     /// mounted (empty when the operations are driven without a kernel).
     pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// Keys of the READDIR offsets (`VeilFs::listing`).
+    pub(crate) cookie_keys: std::hash::RandomState,
 }
 
 pub(crate) fn errno(n: i32) -> io::Error {
@@ -224,6 +226,7 @@ impl VeilFs {
             opts,
             activity,
             notifier: Arc::default(),
+            cookie_keys: std::hash::RandomState::new(),
         };
         Ok(fs)
     }

@@ -4,22 +4,83 @@ use super::*;
 use veilfs_core::sys::Stat;
 
 impl VeilFs {
-    /// OPENDIR (by `c`, who needs read permission).
+    /// OPENDIR (by `c`, who needs read permission). Only a mount on shared storage keeps
+    /// directory handles: elsewhere the answer to an OPENDIR the caller may make is ENOSYS,
+    /// after which the kernel opens directories itself for the rest of the mount (no OPENDIR
+    /// or RELEASEDIR round trips; its listing cache is kept, as `FOPEN_CACHE_DIR` with
+    /// `FOPEN_KEEP_CACHE` asked before) and READDIR comes with no handle ([`Self::listing`]).
     pub(crate) fn do_opendir(&self, ino: u64, c: Caller) -> io::Result<u64> {
         let node = self.nodes.get(ino)?;
         node.dir()?;
         self.may(c, &node, crate::perm::READ)?;
+        if !self.opts.shared_storage {
+            return Err(errno(libc::ENOSYS));
+        }
         Ok(self.handles.add_dir(node))
     }
 
-    /// The listing of an open directory (taken at the first READDIR).
-    pub(crate) fn snapshot(&self, fh: u64) -> io::Result<(Arc<Node>, Arc<Vec<SnapEntry>>)> {
-        let h = self.handles.dir(fh)?;
-        let mut g = h.entries.lock();
-        if let Some(s) = g.as_ref() {
-            return Ok((h.node.clone(), s.clone()));
+    /// The listing a READDIR at `offset` of directory `ino` is served from, sorted by
+    /// cookie, and where to start in it: the first entry whose cookie is above `offset`
+    /// (0, 1: `.` and `..` first; 2: every entry).
+    ///
+    /// With a handle (`fh` ≠ 0, shared storage) it is the handle's snapshot, taken at its
+    /// first READDIR. Without one, a listing starts at offset 0, where `c` needs read
+    /// permission (the check OPENDIR made) and a fresh snapshot replaces the directory's
+    /// last; later offsets continue in the newest snapshot of the directory, whichever
+    /// listing took it, and the call that finds nothing left drops it. Offsets are cookies of
+    /// the plaintext names (keyed per mount), not positions, so a listing resumed in a newer
+    /// snapshot returns every entry that was there throughout exactly once; whether one added
+    /// or removed meanwhile shows is open, as POSIX leaves it.
+    pub(crate) fn listing(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        c: Caller,
+    ) -> io::Result<(Arc<Node>, Arc<Vec<SnapEntry>>, usize)> {
+        let (node, entries) = if fh != 0 {
+            let h = self.handles.dir(fh)?;
+            let mut g = h.entries.lock();
+            let s = match g.as_ref() {
+                Some(s) => s.clone(),
+                None => {
+                    let s = self.snapshot(&h.node)?;
+                    *g = Some(s.clone());
+                    s
+                }
+            };
+            (h.node.clone(), s)
+        } else {
+            let node = self.nodes.get(ino)?;
+            let dir = node.dir()?;
+            let kept = if offset == 0 {
+                self.may(c, &node, crate::perm::READ)?;
+                None
+            } else {
+                dir.listing.lock().clone()
+            };
+            let s = match kept {
+                Some(s) => s,
+                None => {
+                    let s = self.snapshot(&node)?;
+                    *dir.listing.lock() = Some(s.clone());
+                    s
+                }
+            };
+            (node, s)
+        };
+        let start = if offset <= 2 { 0 } else { entries.partition_point(|e| e.cookie <= offset) };
+        if fh == 0 && offset >= 2 && start == entries.len() {
+            if let Ok(dir) = node.dir() {
+                dir.listing.lock().take();
+            }
         }
-        let dir = h.node.dir()?;
+        Ok((node, entries, start))
+    }
+
+    /// The entries of directory `node` now, names decrypted, sorted by cookie.
+    fn snapshot(&self, node: &Node) -> io::Result<Arc<Vec<SnapEntry>>> {
+        let dir = node.dir()?;
         if self.opts.shared_storage {
             dir.rebuild()?;
         }
@@ -33,12 +94,20 @@ impl VeilFs {
                 } else {
                     self.resolve(dir, &p.d, e.on_disk.clone(), e.others.clone())?
                 };
-                out.push(SnapEntry { name: p.name.clone(), on_disk, d: p.d.clone(), d_type: e.d_type });
+                let cookie = self.cookie(&p.name);
+                out.push(SnapEntry { name: p.name.clone(), on_disk, d: p.d.clone(), d_type: e.d_type, cookie });
             }
         }
-        let s = Arc::new(out);
-        *g = Some(s.clone());
-        Ok((h.node.clone(), s))
+        out.sort_unstable_by_key(|e| e.cookie);
+        Ok(Arc::new(out))
+    }
+
+    /// A READDIR offset for the entry named `name`: a hash keyed per mount (so names that
+    /// collide cannot be planted), in 3..2^63 (0–2 are the start, `.` and `..`; the kernel's
+    /// offsets are signed).
+    fn cookie(&self, name: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        3 + self.cookie_keys.hash_one(name) % ((1 << 63) - 3)
     }
 
     /// The plaintext name and `D` of index entry `e` of `dir`, decrypted on first use and kept
