@@ -32,8 +32,8 @@ pub struct SnapEntry {
     pub cookie: u64,
 }
 
-/// An open directory: the listing is taken at the first READDIR and served from it, so
-/// offsets stay valid while the directory changes.
+/// An open directory (shared storage only; elsewhere there is no OPENDIR): the listing is
+/// taken at the first READDIR and served from it.
 #[derive(Debug)]
 pub struct OpenDir {
     /// Its node.
