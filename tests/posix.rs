@@ -434,6 +434,21 @@ fn perm_run(dir: &Path, prefix: &[&str]) -> Vec<String> {
     String::from_utf8(o.stdout).unwrap().lines().map(str::to_string).collect()
 }
 
+/// `setpriv` dropping every capability: as root, the runner's owner, group and other classes
+/// then count as for anyone else (uid 0 can still reach its own mount).
+const NO_CAPS: &[&str] = &["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"];
+
+/// Runs Python `script` in `base` as the runner without capabilities (an ordinary user has
+/// none to drop); returns its output.
+fn python_without_caps(base: &Path, script: &str) -> String {
+    let prefix: &[&str] = if is_root() { NO_CAPS } else { &[] };
+    let mut cmd: Vec<&str> = prefix.to_vec();
+    cmd.extend(["python3", "-c", script]);
+    let o = std::process::Command::new(cmd[0]).args(&cmd[1..]).current_dir(base).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
 /// Without `default_permissions` the kernel does not check search permission on names it
 /// has cached, and a locked mount lets it cache them for an hour: after a `chmod` (or
 /// `chown`) that takes search permission away from a directory, names under it that were
@@ -446,8 +461,6 @@ fn search_permission_taken_away_refuses_names_the_kernel_had_cached_as_tmpfs_doe
         return;
     }
     let Some(m) = Mounted::new("64m", &[]) else { return };
-    let prefix: &[&str] =
-        if is_root() { &["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"] } else { &[] };
     let run = |base: &Path| {
         let d = base.join("searchless");
         fs::create_dir_all(d.join("sub")).unwrap();
@@ -469,11 +482,7 @@ fn search_permission_taken_away_refuses_names_the_kernel_had_cached_as_tmpfs_doe
                       \x20   except OSError as e: out.append(p + ' ' + errno.errorcode[e.errno])\n\
                       os.chmod('searchless', 0o700)\n\
                       print('\\n'.join(out))\n";
-        let mut cmd: Vec<&str> = prefix.to_vec();
-        cmd.extend(["python3", "-c", script]);
-        let o = std::process::Command::new(cmd[0]).args(&cmd[1..]).current_dir(base).output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        String::from_utf8(o.stdout).unwrap()
+        python_without_caps(base, script)
     };
     let want = run(&m.plain);
     assert_eq!(
@@ -499,8 +508,6 @@ fn read_permission_taken_away_refuses_a_listing_the_kernel_had_cached_as_tmpfs_d
         return;
     }
     let Some(m) = Mounted::new("64m", &[]) else { return };
-    let prefix: &[&str] =
-        if is_root() { &["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"] } else { &[] };
     let run = |base: &Path| {
         let d = base.join("unreadable");
         fs::create_dir_all(d.join("sub")).unwrap();
@@ -519,11 +526,7 @@ fn read_permission_taken_away_refuses_a_listing_the_kernel_had_cached_as_tmpfs_d
                       os.chmod('unreadable', 0o700)\n\
                       out += [ls('unreadable'), opens('unreadable')]\n\
                       print(' '.join(out))\n";
-        let mut cmd: Vec<&str> = prefix.to_vec();
-        cmd.extend(["python3", "-c", script]);
-        let o = std::process::Command::new(cmd[0]).args(&cmd[1..]).current_dir(base).output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        String::from_utf8(o.stdout).unwrap()
+        python_without_caps(base, script)
     };
     // 0700 to 0300 takes away read, not search: no name is dropped (that would drop the
     // directory's inode, and its listing with it), only the listing.
@@ -583,14 +586,8 @@ fn permission_outcomes_match_tmpfs_without_default_permissions() {
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     const OTHER: u32 = 4_242_001;
     const STRANGER: u32 = 4_242_002;
-    let runs: Vec<(&str, Vec<&str>)> = if is_root() {
-        vec![
-            ("full", vec![]),
-            ("nocaps", vec!["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]),
-        ]
-    } else {
-        vec![("user", vec![])]
-    };
+    let runs: Vec<(&str, Vec<&str>)> =
+        if is_root() { vec![("full", vec![]), ("nocaps", NO_CAPS.to_vec())] } else { vec![("user", vec![])] };
     let owners: Vec<(u32, u32)> =
         if is_root() { vec![(uid, gid), (OTHER, gid), (OTHER, OTHER)] } else { vec![(uid, gid)] };
     let stranger = is_root().then_some(STRANGER);

@@ -34,10 +34,10 @@ impl VeilFs {
             let before = self.opts.check_permissions.then(|| sys::fstat(d.cd.fd())).transpose()?;
             let attr = self.set_on_fd(&node, d.cd.fd(), a)?;
             if let Some(old) = before {
-                if search_may_be_lost(&old, a) {
+                if access_may_be_lost(&old, a, 0o111) {
                     self.expire_children(&node, d);
                 }
-                if read_may_be_lost(&old, a) {
+                if access_may_be_lost(&old, a, 0o444) {
                     self.expire_listing(node.id);
                 }
             }
@@ -109,13 +109,8 @@ impl VeilFs {
     /// before the SETATTR is answered: the kernel takes only the listing's page locks, which
     /// no one holds while this SETATTR holds the directory's lock (`getdents` takes it too).
     fn expire_listing(&self, ino: u64) {
-        if self.opts.shared_storage {
-            return;
-        }
-        if let Some(n) = self.notifier.get() {
-            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), 0, 0) {
-                tracing::debug!("node {ino}: listing invalidation: {e}");
-            }
+        if !self.opts.shared_storage {
+            self.inval_inode(ino, 0, "listing");
         }
     }
 
@@ -260,16 +255,10 @@ impl VeilFs {
 /// directory's name ([`VeilFs::expire_children`]).
 const EXPIRE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Whether changing a directory of stat `old` as `a` asks may take read permission away
-/// from someone: a read bit removed, or a new owner or group.
-fn read_may_be_lost(old: &Stat, a: &SetAttr) -> bool {
-    let lost_r = a.mode.is_some_and(|m| old.st_mode & 0o444 & !m != 0);
-    lost_r || a.uid.is_some_and(|u| u != old.st_uid) || a.gid.is_some_and(|g| g != old.st_gid)
-}
-
-/// Whether changing a directory of stat `old` as `a` asks may take search permission away
-/// from someone: an execute bit removed, or a new owner or group.
-fn search_may_be_lost(old: &Stat, a: &SetAttr) -> bool {
-    let lost_x = a.mode.is_some_and(|m| old.st_mode & 0o111 & !m != 0);
-    lost_x || a.uid.is_some_and(|u| u != old.st_uid) || a.gid.is_some_and(|g| g != old.st_gid)
+/// Whether changing a directory of stat `old` as `a` asks may take a permission away from
+/// someone: one of the mode's `bits` removed (0o111: search, 0o444: read), or a new owner or
+/// group.
+fn access_may_be_lost(old: &Stat, a: &SetAttr, bits: u32) -> bool {
+    let lost = a.mode.is_some_and(|m| old.st_mode & bits & !m != 0);
+    lost || a.uid.is_some_and(|u| u != old.st_uid) || a.gid.is_some_and(|g| g != old.st_gid)
 }

@@ -269,9 +269,16 @@ impl VeilFs {
     /// (an entry invalidation, `inval_entry`, would take the parent directory's lock and must
     /// never be sent from a request on it; none is needed so far).
     pub(crate) fn invalidate_attr(&self, ino: u64) {
+        self.inval_inode(ino, -1, "attribute");
+    }
+
+    /// Sends the kernel an inode invalidation of node `ino`: its attributes, and with
+    /// `pages_from` ≥ 0 its cached pages from that offset on (a directory's: its listing).
+    /// A failure (unmounting, a node the kernel forgot) is logged as a `what` invalidation.
+    pub(crate) fn inval_inode(&self, ino: u64, pages_from: i64, what: &str) {
         if let Some(n) = self.notifier.get() {
-            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), -1, 0) {
-                tracing::debug!("node {ino}: attribute invalidation: {e}");
+            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), pages_from, 0) {
+                tracing::debug!("node {ino}: {what} invalidation: {e}");
             }
         }
     }

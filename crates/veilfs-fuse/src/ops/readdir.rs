@@ -38,7 +38,14 @@ impl VeilFs {
         offset: u64,
         c: Caller,
     ) -> io::Result<(Arc<Node>, Arc<Vec<SnapEntry>>, usize)> {
-        let (node, entries) = if fh != 0 {
+        let start = |entries: &[SnapEntry]| {
+            if offset <= 2 {
+                0
+            } else {
+                entries.partition_point(|e| e.cookie <= offset)
+            }
+        };
+        if fh != 0 {
             let h = self.handles.dir(fh)?;
             let mut g = h.entries.lock();
             let s = match g.as_ref() {
@@ -49,33 +56,30 @@ impl VeilFs {
                     s
                 }
             };
-            (h.node.clone(), s)
-        } else {
-            let node = self.nodes.get(ino)?;
-            let dir = node.dir()?;
-            let kept = if offset == 0 {
-                self.may(c, &node, crate::perm::READ)?;
-                None
-            } else {
-                dir.listing.lock().clone()
-            };
-            let s = match kept {
-                Some(s) => s,
-                None => {
-                    let s = self.snapshot(&node)?;
-                    *dir.listing.lock() = Some(s.clone());
-                    s
-                }
-            };
-            (node, s)
-        };
-        let start = if offset <= 2 { 0 } else { entries.partition_point(|e| e.cookie <= offset) };
-        if fh == 0 && offset >= 2 && start == entries.len() {
-            if let Ok(dir) = node.dir() {
-                dir.listing.lock().take();
-            }
+            let from = start(&s);
+            return Ok((h.node.clone(), s, from));
         }
-        Ok((node, entries, start))
+        let node = self.nodes.get(ino)?;
+        let dir = node.dir()?;
+        let kept = if offset == 0 {
+            self.may(c, &node, crate::perm::READ)?;
+            None
+        } else {
+            dir.listing.lock().clone()
+        };
+        let s = match kept {
+            Some(s) => s,
+            None => {
+                let s = self.snapshot(&node)?;
+                *dir.listing.lock() = Some(s.clone());
+                s
+            }
+        };
+        let from = start(&s);
+        if offset >= 2 && from == s.len() {
+            dir.listing.lock().take();
+        }
+        Ok((node, s, from))
     }
 
     /// The entries of directory `node` now, names decrypted, sorted by cookie.
