@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Prints veilfs's performance targets as met / not met from a run.
 
-    bench/targets.py RESULTS_DIR [--backing tmpfs] [--round 1|2] [--before EARLIER_DIR]
+    bench/targets.py RESULTS_DIR [MORE_DIRS...] [--backing tmpfs] [--round 1|2] [--before EARLIER_DIR]
 
-Reads RESULTS_DIR/results.json (written by bench/run) and prints Markdown tables.
+Reads RESULTS_DIR/results.json (written by bench/run) and prints Markdown tables. With more
+than one directory (runs of different workload groups, say the warm group apart from the
+rest), each workload is taken whole from the first run that measured veilfs on it: every
+ratio still compares filesystems of one run.
 
 --round 2 (the default; issue 15): for every workload, veilfs's median, the best FUSE peer
 in the run and veilfs's ratio to it (>1 = veilfs better; target >= 1.0, "never behind"),
@@ -71,6 +74,22 @@ def load(results: Path, backing: str) -> tuple[dict, dict] | None:
     return summary[backing], {m["name"]: Metric(**m) for m in doc["metrics"][backing]}
 
 
+def merge(runs: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """One (medians per filesystem, metrics) from several runs: each metric's cells, for every
+    filesystem, come from the first run in which veilfs has that metric."""
+    per_fs: dict = {}
+    metrics: dict = {}
+    for run_fs, run_metrics in runs:
+        for name, m in run_metrics.items():
+            if name in metrics or median(run_fs, "veilfs", name) is None:
+                continue
+            metrics[name] = m
+            for fs, cells in run_fs.items():
+                if name in cells:
+                    per_fs.setdefault(fs, {})[name] = cells[name]
+    return per_fs, metrics
+
+
 def ratios(per_fs: dict, m: Metric, name: str) -> tuple[float | None, float | None, float | None]:
     """veilfs × gocryptfs (>1 better), cost vs the floor (veilfs / floor, <1 better), × plain."""
     v = median(per_fs, "veilfs", name)
@@ -97,14 +116,15 @@ def before_after(before: tuple[dict, dict], after: tuple[dict, dict]) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", type=Path)
+    p.add_argument("results", type=Path, nargs="+")
     p.add_argument("--backing", default="tmpfs")
     p.add_argument("--round", type=int, choices=(1, 2), default=2, help="which round's targets (default 2)")
     p.add_argument("--before", type=Path, help="an earlier run: print a before/after table")
     a = p.parse_args(argv)
-    loaded = load(a.results, a.backing)
-    if loaded is None:
+    runs = [load(r, a.backing) for r in a.results]
+    if any(r is None for r in runs):
         return 2
+    loaded = merge(runs)
     if a.before is not None:
         earlier = load(a.before, a.backing)
         if earlier is None:
@@ -174,7 +194,7 @@ def round2(per_fs: dict, metrics: dict) -> None:
         ok = x <= 1.2
         met_count[0] += ok
         met_count[1] += 1
-        extra.append(f"- warm {m.label}: {x:.2f}× plain's time (target ≤ 1.2) {'✓' if ok else '✗'}{tail}")
+        extra.append(f"- {m.label}: {x:.2f}× plain's time (target ≤ 1.2) {'✓' if ok else '✗'}{tail}")
     du_v, du_p = median(per_fs, "veilfs", "du"), median(per_fs, "plain", "du")
     if du_v and du_p:
         ok = du_v / du_p <= 1.01

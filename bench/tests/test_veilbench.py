@@ -184,6 +184,22 @@ class TargetsTest(unittest.TestCase):
             self.assertIn("peer ✗, floor ✗", rows["delete (rm -rf + sync) (s)"])
             self.assertIn("Targets met: 3 of 5.", out.getvalue())
 
+    def test_several_runs_take_each_workload_whole_from_one_run(self):
+        fss = ("plain", "veilfs", "gocryptfs")
+        with tempfile.TemporaryDirectory() as t:
+            first = self._run_dir(Path(t) / "a", dict(zip(fss, (1000, 400, 100))), dict(zip(fss, (1.0, 2.0, 3.0))))
+            second = self._run_dir(Path(t) / "b", dict(zip(fss, (900, 300, 50))), dict(zip(fss, (9.0, 9.0, 9.0))))
+            # A run without veilfs lends nothing, not even its peers' cells.
+            peers_only = self._run_dir(Path(t) / "c", {"plain": 1, "gocryptfs": 1}, {"plain": 1, "gocryptfs": 1})
+            per_fs, metrics = targets.merge([targets.load(d, "tmpfs") for d in (peers_only, first, second)])
+            self.assertEqual({fs: targets.median(per_fs, fs, "stream_write") for fs in fss},
+                             {"plain": 1000, "veilfs": 400, "gocryptfs": 100})
+            self.assertEqual(targets.ratios(per_fs, metrics["delete"], "delete")[0], 1.5)
+            import contextlib
+            import io
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(targets.main([str(peers_only), str(first), str(second)]), 0)
+
 
 class WarmGroupTest(unittest.TestCase):
     """The warm group times the second walk: every timed command ran untimed
