@@ -74,6 +74,23 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(sorted(cell["values"]), [20.0, 30.0])
 
 
+class HostContentionTest(unittest.TestCase):
+    """Each run records the hypervisor's share of CPU time and a pipe round trip, and the
+    results' header reports them."""
+
+    def test_probes_measure_and_the_header_reports_them(self):
+        from veilbench import proc
+        self.assertGreater(proc.wakeup_round_trip_us(200), 0)
+        total, steal = proc.cpu_times()
+        self.assertGreaterEqual(total, steal)
+        self.assertGreaterEqual(steal, 0)
+        doc = {"command": "c", "created": "now", "finished": True, "plan": {}, "fs_info": {},
+               "runs": [{"steal_pct": 1.0, "wakeup_us": 9.0}, {"steal_pct": 5.0, "wakeup_us": 40.0},
+                        {"steal_pct": 2.0, "wakeup_us": 11.0}]}
+        self.assertIn("median 2.0 %, max 5.0 %", report.markdown_header(doc))
+        self.assertIn("median 11.0 µs, range 9.0–40.0 µs", report.markdown_header(doc))
+
+
 class OutputsTest(unittest.TestCase):
     """A synthetic results.json rendered by report.write_outputs must pass
     check_outputs; a broken one must not."""

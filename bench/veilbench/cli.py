@@ -30,8 +30,8 @@ from . import SCHEMA, backing as backing_mod, report
 from .datasets import BUILD_PACKAGES, Datasets
 from .filesystems import Ext4LoopFs, Filesystem, Secrets, ensure_installed, registry
 from .mounts import force_unmount, is_mounted, mounts_under
-from .proc import (Cleanup, Interrupted, StepError, ignore_signals, install_signal_handlers,
-                   run, which)
+from .proc import (Cleanup, Interrupted, StepError, cpu_times, ignore_signals,
+                   install_signal_handlers, run, wakeup_round_trip_us, which)
 from .progress import Progress
 from .session import MountSession
 from .workloads import GROUPS, GROUPS_BY_NAME, Context, Sizes, all_metrics
@@ -317,6 +317,7 @@ class Runner:
     def run_one(self, backing, fs: Filesystem, group, rep: int, pos: int) -> dict:
         record = {"backing": backing.name, "fs": fs.name, "group": group.name, "rep": rep,
                   "order": pos, "started": time.time(), "values": {}, "na": {}, "errors": {}}
+        cpu_start = cpu_times()
         info = self.fs_info[fs.name]
         if not info["available"]:
             self._fail(record, group, f"unavailable: {info['reason']}")
@@ -364,8 +365,13 @@ class Runner:
             if not is_mounted(mnt):   # never stat a possibly hung mount point
                 mnt.rmdir()
         record["seconds"] = time.time() - record["started"]
-        # Other work on the machine skews timings; keep the evidence per run.
+        # Other work on the machine skews timings; keep the evidence per run: the load, the
+        # share of CPU time the hypervisor took, and the pipe round trip after the run.
         record["loadavg_1min"] = float(Path("/proc/loadavg").read_text().split()[0])
+        total, steal = cpu_times()
+        if total > cpu_start[0]:
+            record["steal_pct"] = round(100 * (steal - cpu_start[1]) / (total - cpu_start[0]), 2)
+        record["wakeup_us"] = round(wakeup_round_trip_us(), 2)
         return record
 
     def _fail(self, record: dict, group, message: str) -> None:

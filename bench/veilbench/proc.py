@@ -146,6 +146,48 @@ def process_peak_rss_kib(pid: int) -> int | None:
     return None
 
 
+def wakeup_round_trip_us(rounds: int = 2000) -> float:
+    """Median microseconds for one byte to go to another process over a pipe and back.
+
+    Each FUSE request is such a round trip (the caller wakes the daemon, the daemon wakes
+    the caller), so this is the transport's cost on the machine as it is right now: on a
+    host whose virtual CPUs wait to be scheduled it grows, and every FUSE row of a run
+    slows down with it while plain storage does not.  Recorded per run, so a run made on a
+    contended host can be told from one made on a quiet one."""
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the echo side: no Python cleanup, no exceptions out of the child
+        try:
+            os.close(a_w)
+            os.close(b_r)
+            while os.read(a_r, 1):
+                os.write(b_w, b"x")
+        finally:
+            os._exit(0)
+    os.close(a_r)
+    os.close(b_w)
+    samples = []
+    try:
+        for _ in range(rounds):
+            t = time.perf_counter_ns()
+            os.write(a_w, b"x")
+            os.read(b_r, 1)
+            samples.append(time.perf_counter_ns() - t)
+    finally:
+        os.close(a_w)
+        os.close(b_r)
+        os.waitpid(pid, 0)
+    samples.sort()
+    return samples[len(samples) // 2] / 1000
+
+
+def cpu_times() -> tuple[int, int]:
+    """(all CPU time, time stolen by the hypervisor) from /proc/stat, in clock ticks."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def pid_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text()

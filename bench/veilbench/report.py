@@ -197,6 +197,13 @@ def markdown_header(doc: dict) -> str:
     if loads:
         lines += [f"1-minute load average during the runs: median {statistics.median(loads):.1f}, "
                   f"range {min(loads):.1f}–{max(loads):.1f} ({m.get('cpus')} CPUs).", ""]
+    steal = [r["steal_pct"] for r in doc["runs"] if "steal_pct" in r]
+    wake = [r["wakeup_us"] for r in doc["runs"] if "wakeup_us" in r]
+    if steal and wake:
+        lines += [f"Host contention: CPU time taken by the hypervisor per run median {statistics.median(steal):.1f} %, "
+                  f"max {max(steal):.1f} %; a one-byte pipe round trip between two processes (what each FUSE "
+                  f"request costs at least) median {statistics.median(wake):.1f} µs, range "
+                  f"{min(wake):.1f}–{max(wake):.1f} µs.", ""]
     for b, p in doc["plan"].items():
         reps = sorted(set(p["reps"].values()))
         lines.append(f"- {b}: groups {', '.join(p['groups'])}; repetitions "
