@@ -185,7 +185,10 @@ def markdown_header(doc: dict) -> str:
              f"`{doc['command']}` — {doc['created']}"
              + ("" if doc["finished"] else f" — **incomplete run** ({doc['interrupted']})"), "",
              f"Machine: {m.get('cpu')} × {m.get('cpus')} CPUs, {m.get('memory_gib')} GiB RAM, "
-             f"kernel {m.get('kernel')}, {m.get('os')}; disk backing: {m.get('disk_fs')}.", ""]
+             f"kernel {m.get('kernel')}, {m.get('os')}; disk backing: {m.get('disk_fs')}"
+             + (f"; cpuidle {m['cpuidle']}" if m.get("cpuidle") else "")
+             + (f", guest halt polling {m['guest_halt_poll_ns']} ns" if m.get("guest_halt_poll_ns") else "")
+             + ".", ""]
     versions = [f"{fs} {i['version']}".strip() for fs, i in doc["fs_info"].items()
                 if i["available"] and i["version"]]
     if versions:
