@@ -151,9 +151,10 @@ def wakeup_round_trip_us(rounds: int = 2000) -> float:
 
     Each FUSE request is such a round trip (the caller wakes the daemon, the daemon wakes
     the caller), so this is the transport's cost on the machine as it is right now: on a
-    host whose virtual CPUs wait to be scheduled it grows, and every FUSE row of a run
-    slows down with it while plain storage does not.  Recorded per run, so a run made on a
-    contended host can be told from one made on a quiet one."""
+    virtual machine whose idle CPUs halt without polling (``guest_halt_poll_ns`` 0) or
+    whose host is busy it grows several times over, and every FUSE row of a run slows down
+    with it while plain storage does not.  Recorded per run, so a run made on such a host
+    can be told from one made on a quiet one."""
     a_r, a_w = os.pipe()
     b_r, b_w = os.pipe()
     pid = os.fork()
