@@ -176,4 +176,8 @@ pub fn init(verbose: u8, quiet: bool, offline: bool) {
             !(m.target().starts_with("fuser") && *m.level() > tracing::Level::WARN)
         }));
     tracing_subscriber::registry().with(layer).with(journal.map(|j| j.with_filter(make_filter()))).init();
+    // `init` bridges the `log` crate (fuser's logging) at every level; fuser logs each request
+    // at debug level, which the filter above always drops. Stopping those records at the
+    // `log` macro spares every request building one and asking the filters.
+    log::set_max_level(log::LevelFilter::Warn);
 }

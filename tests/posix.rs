@@ -493,6 +493,90 @@ fn search_permission_taken_away_refuses_names_the_kernel_had_cached_as_tmpfs_doe
     assert_eq!(run(&m.mnt), want, "the mount answers from names cached before the chmod");
 }
 
+/// A locked mount's daemon keeps each directory's mode and owner for its own permission
+/// checks (no `fstat` of the parent per LOOKUP, CREATE, UNLINK): a `chmod`, and as root a
+/// `chown`, through the mount must reach the next check at once. Each step uses a name not
+/// looked up before, so the kernel asks the daemon. As on tmpfs; run as root without
+/// capabilities (the owner class counts) and as a user.
+#[test]
+fn the_mode_and_owner_the_daemon_keeps_for_permission_checks_follow_chmod_and_chown() {
+    if !which("python3") {
+        assert!(std::env::var("CI").is_err(), "python3 is needed");
+        return;
+    }
+    let Some(m) = Mounted::new("64m", &[]) else { return };
+    let stat_each = "import errno, os, sys\n\
+                     out = []\n\
+                     for p in sys.argv[1:]:\n\
+                     \x20   if p.startswith('chmod='): os.chmod('kept', int(p[6:], 8)); continue\n\
+                     \x20   try: os.stat(p); out.append(p + ' ok')\n\
+                     \x20   except OSError as e: out.append(p + ' ' + errno.errorcode[e.errno])\n\
+                     print(' '.join(out))\n";
+    let stat_as_runner = |base: &Path, steps: &[&str]| {
+        let prefix: &[&str] = if is_root() { NO_CAPS } else { &[] };
+        let mut cmd: Vec<&str> = prefix.to_vec();
+        cmd.extend(["python3", "-c", stat_each]);
+        cmd.extend(steps);
+        let o = std::process::Command::new(cmd[0]).args(&cmd[1..]).current_dir(base).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let run = |base: &Path| {
+        let d = base.join("kept");
+        fs::create_dir_all(&d).unwrap();
+        for f in ["a", "b", "c", "d", "e"] {
+            fs::write(d.join(f), b"x").unwrap();
+        }
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
+        let mut out = stat_as_runner(base, &["kept/a", "chmod=600", "kept/b", "chmod=700", "kept/c"]);
+        if is_root() {
+            // Owned by someone else, mode 0700: the runner without capabilities is "other".
+            std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+            out += &stat_as_runner(base, &["kept/d"]);
+            std::os::unix::fs::chown(&d, Some(0), Some(0)).unwrap();
+            out += &stat_as_runner(base, &["kept/e"]);
+        }
+        out
+    };
+    let want = run(&m.plain);
+    let expected = if is_root() {
+        "kept/a ok kept/b EACCES kept/c ok\nkept/d EACCES\nkept/e ok\n"
+    } else {
+        "kept/a ok kept/b EACCES kept/c ok\n"
+    };
+    assert_eq!(want, expected, "tmpfs");
+    assert_eq!(run(&m.mnt), want, "the mount checks with a mode or owner from before the change");
+}
+
+/// A `--shared-storage` mount keeps no mode for its checks: a `chmod` of the ciphertext
+/// directory by someone else (another mount or the offline tools write the same vault)
+/// reaches the next LOOKUP of a new name.
+#[test]
+fn a_shared_storage_mount_checks_a_directory_mode_changed_in_the_ciphertext() {
+    if !which("python3") {
+        assert!(std::env::var("CI").is_err(), "python3 is needed");
+        return;
+    }
+    let Some(m) = Mounted::new("64m", &["--shared-storage"]) else { return };
+    let d = m.mnt.join("shared");
+    fs::create_dir(&d).unwrap();
+    for f in ["a", "b", "c"] {
+        fs::write(d.join(f), b"x").unwrap();
+    }
+    let backing: Vec<_> = fs::read_dir(&m.cipher).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    assert_eq!(backing.len(), 1, "one directory in the vault: {backing:?}");
+    let chmod = |mode| fs::set_permissions(&backing[0], fs::Permissions::from_mode(mode)).unwrap();
+    let stat = |name: &str| {
+        python_without_caps(&m.mnt, &format!("import errno, os\ntry: os.stat('shared/{name}'); print('ok')\nexcept OSError as e: print(errno.errorcode[e.errno])\n"))
+    };
+    chmod(0o700);
+    assert_eq!(stat("a"), "ok\n");
+    chmod(0o600);
+    assert_eq!(stat("b"), "EACCES\n", "search taken away in the ciphertext");
+    chmod(0o700);
+    assert_eq!(stat("c"), "ok\n", "and given back");
+}
+
 /// A locked mount has no OPENDIR (`ENOSYS`: no round trips to open and release a
 /// directory) and lets the kernel keep listings, which it then serves to any opener without
 /// asking the daemon. After a `chmod` that takes read permission away, a listing the kernel

@@ -68,6 +68,17 @@ pub struct DirState {
     /// The listing READDIR serves without a directory handle (no OPENDIR: see
     /// `VeilFs::listing`), from the start of a listing until a READDIR reaches its end.
     pub listing: Mutex<Option<Arc<Vec<SnapEntry>>>>,
+    /// The mode and owner a permission check reads, kept on a mount that is the only writer
+    /// (see [`perm_stat`](Self::perm_stat)).
+    perm: Mutex<PermCache>,
+}
+
+/// What [`DirState::perm_stat`] keeps: `st_mode`, `st_uid`, `st_gid`, and a generation that
+/// [`DirState::forget_perm`] moves, so a `fstat` taken before a change is never kept after it.
+#[derive(Debug, Default)]
+struct PermCache {
+    generation: u64,
+    kept: Option<(u32, u32, u32)>,
 }
 
 fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
@@ -85,7 +96,47 @@ impl DirState {
             ops: Mutex::new(()),
             shared,
             listing: Mutex::new(None),
+            perm: Mutex::new(PermCache::default()),
         }
+    }
+
+    /// The attributes a permission check of this directory reads: only `st_mode`, `st_uid`
+    /// and `st_gid` are filled in. A mount that is the only writer of CIPHERDIR (the vault
+    /// lock) keeps them from the first `fstat` until [`forget_perm`](Self::forget_perm),
+    /// which every change of this directory's mode or owner through the mount calls; this
+    /// spares a `fstat` per LOOKUP, CREATE and UNLINK. A `--shared-storage` mount reads them
+    /// each time. A mode read while the daemon granted its owner `rwx` for a moment
+    /// (`sys::with_owner_rwx`, a daemon that is not root) is used once and not kept.
+    pub fn perm_stat(&self) -> io::Result<sys::Stat> {
+        let only = |(st_mode, st_uid, st_gid)| sys::Stat { st_mode, st_uid, st_gid, ..Default::default() };
+        if self.shared {
+            return sys::fstat(self.cd.fd()).map(|st| only((st.st_mode, st.st_uid, st.st_gid)));
+        }
+        let generation = {
+            let c = self.perm.lock();
+            if let Some(kept) = c.kept {
+                return Ok(only(kept));
+            }
+            c.generation
+        };
+        let grants = sys::grants_settled();
+        let st = sys::fstat(self.cd.fd())?;
+        let kept = (st.st_mode, st.st_uid, st.st_gid);
+        if grants.is_some() && sys::grants_settled() == grants {
+            let mut c = self.perm.lock();
+            if c.generation == generation {
+                c.kept = Some(kept);
+            }
+        }
+        Ok(only(kept))
+    }
+
+    /// After a change of this directory's mode or owner: the next permission check reads them
+    /// again.
+    pub fn forget_perm(&self) {
+        let mut c = self.perm.lock();
+        c.generation += 1;
+        c.kept = None;
     }
 
     /// Lists the backing directory into a fresh index. Two entries for one key only exist

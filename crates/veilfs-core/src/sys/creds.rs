@@ -127,6 +127,17 @@ static GRANT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// How many grants [`with_owner_rwx`] has made in this process (see [`grants`]).
 static GRANTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// How many [`with_owner_rwx`] calls are between making a grant and putting the mode back.
+static IN_GRANT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// [`grants`] when no grant is in progress (`None` while one is): a caller that reads a
+/// mode it wants to keep reads this before and after, and keeps the mode only if both are
+/// the same `Some`, so it never keeps a mode that a grant added for a moment.
+pub fn grants_settled() -> Option<u64> {
+    use std::sync::atomic::Ordering::SeqCst;
+    (IN_GRANT.load(SeqCst) == 0).then(|| GRANTS.load(SeqCst))
+}
+
 /// The number of grants made so far: a caller that reads it before and after a step knows
 /// whether the step (or another thread meanwhile) moved some object's change time with a
 /// grant, and can tell whoever caches that time (a FUSE mount tells the kernel).
@@ -149,6 +160,7 @@ pub fn with_owner_rwx<T, E>(fd: BorrowedFd<'_>, f: impl FnOnce() -> Result<T, E>
     let nested = GRANTING.get();
     let _lock = (!nested).then(|| GRANT.lock().unwrap_or_else(|e| e.into_inner()));
     GRANTING.set(true);
+    IN_GRANT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let granted = grant(fd);
     let r = f();
     if let Some((mode, granted_mode, ino)) = granted {
@@ -158,6 +170,7 @@ pub fn with_owner_rwx<T, E>(fd: BorrowedFd<'_>, f: impl FnOnce() -> Result<T, E>
             }
         }
     }
+    IN_GRANT.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     GRANTING.set(nested);
     r
 }
@@ -178,7 +191,7 @@ fn grant(fd: BorrowedFd<'_>) -> Option<(u32, u32, u64)> {
     }
     match super::chmod_fd(fd, mode | need) {
         Ok(()) => {
-            GRANTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            GRANTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Some((mode, mode | need, st.st_ino))
         }
         Err(e) => {

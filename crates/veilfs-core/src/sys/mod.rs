@@ -33,8 +33,8 @@ pub mod term;
 pub mod xattr;
 
 pub use creds::{
-    act_as, creds_of, fs_uid, grants, groups_of, in_dir_as_owner, is_eacces, privileged, with_owner_rwx, ActingGuard,
-    ProcCreds,
+    act_as, creds_of, fs_uid, grants, grants_settled, groups_of, in_dir_as_owner, is_eacces, privileged,
+    with_owner_rwx, ActingGuard, ProcCreds,
 };
 pub use rustix::fs::StatVfs;
 pub use xattr::{

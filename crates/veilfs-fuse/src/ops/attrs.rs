@@ -32,7 +32,9 @@ impl VeilFs {
         // through a verified handle on the object its name holds now, acting as the caller.
         if let Some(d) = &node.dir {
             let before = self.opts.check_permissions.then(|| sys::fstat(d.cd.fd())).transpose()?;
-            let attr = self.set_on_fd(&node, d.cd.fd(), a)?;
+            let attr = self.set_on_fd(&node, d.cd.fd(), a);
+            d.forget_perm();
+            let attr = attr?;
             if let Some(old) = before {
                 if access_may_be_lost(&old, a, 0o111) {
                     self.expire_children(&node, d);

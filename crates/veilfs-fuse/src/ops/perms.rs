@@ -13,11 +13,12 @@ impl VeilFs {
         self.opts.check_permissions.then(|| Who::new(c.uid, c.gid, c.pid))
     }
 
-    /// The attributes a permission check of `node` reads: a directory's through its fd, any
-    /// other object's as GETATTR finds them, a deleted one's as last seen.
+    /// The attributes a permission check of `node` reads: a directory's mode and owner
+    /// ([`DirState::perm_stat`](crate::dirs::DirState::perm_stat): kept on a locked mount),
+    /// any other object's as GETATTR finds them, a deleted one's as last seen.
     pub(super) fn perm_stat(&self, node: &Arc<Node>) -> io::Result<Stat> {
         if let Some(d) = &node.dir {
-            return sys::fstat(d.cd.fd());
+            return d.perm_stat();
         }
         match self.do_getattr(node, None) {
             Err(e) if e.raw_os_error() == Some(libc::ESTALE) => node.gone_stat(|_| {}).ok_or(e),
