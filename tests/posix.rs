@@ -495,8 +495,9 @@ fn search_permission_taken_away_refuses_names_the_kernel_had_cached_as_tmpfs_doe
 
 /// A locked mount's daemon keeps each directory's mode and owner for its own permission
 /// checks (no `fstat` of the parent per LOOKUP, CREATE, UNLINK): a `chmod`, and as root a
-/// `chown`, through the mount must reach the next check at once. Each step uses a name not
-/// looked up before, so the kernel asks the daemon. As on tmpfs; run as root without
+/// `chown`, through the mount must reach the next check at once: search taken away and given
+/// back, write taken away (a create). Each step uses a name not looked up before, so the
+/// kernel asks the daemon. As on tmpfs; run as root without
 /// capabilities (the owner class counts) and as a user.
 #[test]
 fn the_mode_and_owner_the_daemon_keeps_for_permission_checks_follow_chmod_and_chown() {
@@ -509,7 +510,10 @@ fn the_mode_and_owner_the_daemon_keeps_for_permission_checks_follow_chmod_and_ch
                      out = []\n\
                      for p in sys.argv[1:]:\n\
                      \x20   if p.startswith('chmod='): os.chmod('kept', int(p[6:], 8)); continue\n\
-                     \x20   try: os.stat(p); out.append(p + ' ok')\n\
+                     \x20   try:\n\
+                     \x20       if p.startswith('create='): os.close(os.open(p[7:], os.O_CREAT | os.O_WRONLY, 0o600))\n\
+                     \x20       else: os.stat(p)\n\
+                     \x20       out.append(p + ' ok')\n\
                      \x20   except OSError as e: out.append(p + ' ' + errno.errorcode[e.errno])\n\
                      print(' '.join(out))\n";
     let stat_as_runner = |base: &Path, steps: &[&str]| {
@@ -528,7 +532,8 @@ fn the_mode_and_owner_the_daemon_keeps_for_permission_checks_follow_chmod_and_ch
             fs::write(d.join(f), b"x").unwrap();
         }
         fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
-        let mut out = stat_as_runner(base, &["kept/a", "chmod=600", "kept/b", "chmod=700", "kept/c"]);
+        let steps = ["kept/a", "chmod=600", "kept/b", "chmod=700", "kept/c", "chmod=500", "create=kept/n", "chmod=700"];
+        let mut out = stat_as_runner(base, &[&steps[..], &["create=kept/o"]].concat());
         if is_root() {
             // Owned by someone else, mode 0700: the runner without capabilities is "other".
             std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
@@ -540,9 +545,9 @@ fn the_mode_and_owner_the_daemon_keeps_for_permission_checks_follow_chmod_and_ch
     };
     let want = run(&m.plain);
     let expected = if is_root() {
-        "kept/a ok kept/b EACCES kept/c ok\nkept/d EACCES\nkept/e ok\n"
+        "kept/a ok kept/b EACCES kept/c ok create=kept/n EACCES create=kept/o ok\nkept/d EACCES\nkept/e ok\n"
     } else {
-        "kept/a ok kept/b EACCES kept/c ok\n"
+        "kept/a ok kept/b EACCES kept/c ok create=kept/n EACCES create=kept/o ok\n"
     };
     assert_eq!(want, expected, "tmpfs");
     assert_eq!(run(&m.mnt), want, "the mount checks with a mode or owner from before the change");
