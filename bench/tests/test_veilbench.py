@@ -91,6 +91,44 @@ class HostContentionTest(unittest.TestCase):
         self.assertIn("median 11.0 µs, range 9.0–40.0 µs", report.markdown_header(doc))
 
 
+class StolenPerStepTest(unittest.TestCase):
+    """Each timed step records the share of CPU time the hypervisor took while it ran; the
+    header counts the steps that lost much, and targets.py names the rows whose median
+    repetition did."""
+
+    def test_a_step_records_its_stolen_share_once(self):
+        from types import SimpleNamespace
+        from veilbench import workloads
+        ctx = workloads.Context(mount=SimpleNamespace(path=Path("/")), data=None,
+                                sizes=workloads.Sizes.quick(), quick=True, timeout=10)
+        ctx.record("before_any_step", 1.0)
+        ctx.record("x", ctx.timed(["true"]))
+        ctx.record("derived", 2.0)
+        self.assertEqual(list(ctx.stolen), ["x"])
+        self.assertTrue(0.0 <= ctx.stolen["x"] <= 100.0)
+
+    def test_median_repetition_and_reports(self):
+        self.assertEqual(report.stolen_at_median({"values": [3.0, 1.0, 2.0], "stolen": [50.0, 0.0, 20.0]}), 20.0)
+        self.assertEqual(report.stolen_at_median({"values": [4.0, 1.0, 2.0, 3.0], "stolen": [0, 1, 30, 2]}), 30)
+        self.assertIsNone(report.stolen_at_median({"values": [1.0]}))
+        doc = {"command": "c", "created": "now", "finished": True, "plan": {}, "fs_info": {},
+               "runs": [{"stolen_pct": {"a": 1.0, "b": 25.0}}, {"stolen_pct": {"a": 12.0}}, {}]}
+        self.assertIn("to the hypervisor: 2 of 3 (worst 25.0 %)", report.markdown_header(doc))
+        metrics = all_metrics([GROUPS_BY_NAME["manyfiles"]])
+        runs = [{"backing": "tmpfs", "fs": fs, "group": "manyfiles", "rep": rep,
+                 "values": {"many_out": t}, "stolen_pct": {"many_out": st}, "na": {}, "errors": {}}
+                for fs, rep, t, st in (("veilfs", 0, 6.6, 30.0), ("veilfs", 1, 2.3, 1.0), ("veilfs", 2, 6.8, 2.0),
+                                       ("securefs", 0, 2.4, 0.5), ("gocryptfs", 0, 2.6, 0.0))]
+        doc = {"metrics": {"tmpfs": [dict(m.__dict__) for m in metrics]}, "backings": ["tmpfs"],
+               "filesystems": ["veilfs", "securefs", "gocryptfs"], "runs": runs}
+        per_fs = report.summarize_doc(doc)["tmpfs"]
+        lines = targets.stolen_rows(per_fs, {m.name: m for m in metrics})
+        self.assertEqual(lines, ["- many files cp out: veilfs 30.0 %, securefs 0.5 %"])
+        runs[0]["stolen_pct"]["many_out"] = 3.0
+        per_fs = report.summarize_doc(doc)["tmpfs"]
+        self.assertEqual(targets.stolen_rows(per_fs, {m.name: m for m in metrics}), [])
+
+
 class OutputsTest(unittest.TestCase):
     """A synthetic results.json rendered by report.write_outputs must pass
     check_outputs; a broken one must not."""

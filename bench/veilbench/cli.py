@@ -372,6 +372,8 @@ class Runner:
             if ctx is not None:
                 record["values"].update(ctx.values)
                 record["na"].update(ctx.na)
+                if ctx.stolen:
+                    record["stolen_pct"] = dict(ctx.stolen)
                 record["errors"] = {k: v for k, v in record["errors"].items()
                                     if k not in record["values"] and k not in record["na"]}
             self.cleanup.release(store_token)

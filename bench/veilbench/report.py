@@ -29,6 +29,23 @@ def summarize(runs: list[dict], backings, filesystems, metrics: list[Metric]) ->
     return out
 
 
+#: A step that lost this share (%) of all CPU time to the hypervisor is pointed out.
+STOLEN_NOTE = 10.0
+
+
+def stolen_at_median(cell: dict) -> float | None:
+    """The stolen share (%) of the repetition(s) that gave *cell*'s median (the larger of
+    the two middle ones for an even count), or None if not recorded."""
+    stolen = cell.get("stolen")
+    if not stolen:
+        return None
+    order = sorted(range(len(cell["values"])), key=lambda i: cell["values"][i])
+    n = len(order)
+    middle = order[n // 2:n // 2 + 1] if n % 2 else order[n // 2 - 1:n // 2 + 1]
+    known = [stolen[i] for i in middle if stolen[i] is not None]
+    return max(known) if known else None
+
+
 def summarize_doc(doc: dict) -> dict:
     """summarize() for a results.json document (used by ``--render``)."""
     return {b: summarize(doc["runs"], [b], doc["filesystems"],
@@ -45,6 +62,9 @@ def _cell(runs: list[dict], metric: Metric) -> dict:
     if values:
         cell = {"median": statistics.median(values), "min": min(values), "max": max(values),
                 "n": len(values), "values": values}
+        stolen = [r.get("stolen_pct", {}).get(metric.name) for r in runs if metric.name in r["values"]]
+        if metric.name != PEAK_RSS.name and any(x is not None for x in stolen):
+            cell["stolen"] = stolen
         if failed:
             # Some repetitions failed: the median is over the others, and the
             # failure must stay visible next to it.
@@ -207,6 +227,10 @@ def markdown_header(doc: dict) -> str:
                   f"max {max(steal):.1f} %; a one-byte pipe round trip between two processes (what each FUSE "
                   f"request costs at least) median {statistics.median(wake):.1f} µs, range "
                   f"{min(wake):.1f}–{max(wake):.1f} µs.", ""]
+    steps = [x for r in doc["runs"] for x in r.get("stolen_pct", {}).values()]
+    if steps:
+        lines += [f"Timed steps that lost ≥ {STOLEN_NOTE:g} % of all CPU time to the hypervisor: "
+                  f"{sum(x >= STOLEN_NOTE for x in steps)} of {len(steps)} (worst {max(steps):.1f} %).", ""]
     for b, p in doc["plan"].items():
         reps = sorted(set(p["reps"].values()))
         lines.append(f"- {b}: groups {', '.join(p['groups'])}; repetitions "

@@ -25,7 +25,7 @@ from typing import Callable
 
 from .datasets import Datasets
 from .filesystems import Mount
-from .proc import StepError, drop_caches, run, timed
+from .proc import StepError, cpu_times, drop_caches, run, timed
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -73,15 +73,27 @@ class Context:
     session: object = None
     values: dict = field(default_factory=dict)
     na: dict = field(default_factory=dict)
+    #: Per metric, the share of all CPU time (%) the hypervisor took during the step that
+    #: measured it: from the end of the step's ``settle`` (or the start of its ``timed``
+    #: command) to its ``record``.  A step that lost much of it says little.
+    stolen: dict = field(default_factory=dict)
+    step_start: tuple | None = None
 
     def settle(self) -> None:
         drop_caches(timeout=self.timeout)
+        self.step_start = cpu_times()
 
     def timed(self, cmd, **kw) -> float:
+        self.step_start = cpu_times()
         return timed(cmd, timeout=self.timeout, **kw)
 
     def record(self, name: str, value: float) -> None:
         self.values[name] = value
+        if self.step_start is not None:
+            total, steal = cpu_times()
+            ticks = total - self.step_start[0]   # 0 for a step shorter than a clock tick
+            self.stolen[name] = round(100 * (steal - self.step_start[1]) / ticks, 1) if ticks > 0 else 0.0
+            self.step_start = None
 
     def not_applicable(self, name: str, why: str) -> None:
         self.na[name] = why
