@@ -84,7 +84,11 @@ const GROUPS: &[(&str, &[Stressor])] = &[
             ("symlink", &[]),
             ("mknod", &[]),
             ("touch", &[]),
-            ("open", &[]),
+            // Below the process's file limit: stress-ng's open stressor otherwise opens until
+            // EMFILE, and a create-then-open pair of its own that the limit splits leaves its
+            // file behind, on tmpfs too (seed 5740129680760032688 leaves three there in 12 s;
+            // none with this option). The limit is the process's, not the filesystem's.
+            ("open", &["--open-max", "256"]),
             ("access", &[]),
             ("dnotify", &[]),
             ("inotify", &[]),
