@@ -441,9 +441,15 @@ const NO_CAPS: &[&str] = &["setpriv", "--inh-caps=-all", "--ambient-caps=-all", 
 /// Runs Python `script` in `base` as the runner without capabilities (an ordinary user has
 /// none to drop); returns its output.
 fn python_without_caps(base: &Path, script: &str) -> String {
+    python_without_caps_with(base, script, &[])
+}
+
+/// [`python_without_caps`] with `args` as the script's `sys.argv[1:]`.
+fn python_without_caps_with(base: &Path, script: &str, args: &[&str]) -> String {
     let prefix: &[&str] = if is_root() { NO_CAPS } else { &[] };
     let mut cmd: Vec<&str> = prefix.to_vec();
     cmd.extend(["python3", "-c", script]);
+    cmd.extend(args);
     let o = std::process::Command::new(cmd[0]).args(&cmd[1..]).current_dir(base).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     String::from_utf8(o.stdout).unwrap()
@@ -516,15 +522,7 @@ fn the_mode_and_owner_the_daemon_keeps_for_permission_checks_follow_chmod_and_ch
                      \x20       out.append(p + ' ok')\n\
                      \x20   except OSError as e: out.append(p + ' ' + errno.errorcode[e.errno])\n\
                      print(' '.join(out))\n";
-    let stat_as_runner = |base: &Path, steps: &[&str]| {
-        let prefix: &[&str] = if is_root() { NO_CAPS } else { &[] };
-        let mut cmd: Vec<&str> = prefix.to_vec();
-        cmd.extend(["python3", "-c", stat_each]);
-        cmd.extend(steps);
-        let o = std::process::Command::new(cmd[0]).args(&cmd[1..]).current_dir(base).output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let stat_as_runner = |base: &Path, steps: &[&str]| python_without_caps_with(base, stat_each, steps);
     let run = |base: &Path| {
         let d = base.join("kept");
         fs::create_dir_all(&d).unwrap();
