@@ -129,6 +129,68 @@ class StolenPerStepTest(unittest.TestCase):
         self.assertEqual(targets.stolen_rows(per_fs, {m.name: m for m in metrics}), [])
 
 
+class RetryStolenTest(unittest.TestCase):
+    """A repetition in which a timed step lost ≥ 10 % of all CPU time to the hypervisor is run
+    again (up to --retry-stolen times); the discarded run stays in the record, out of the
+    medians, and the header names it."""
+
+    def _runner(self, stolen_per_attempt, retries):
+        import io
+        from types import SimpleNamespace
+        def run_one(backing, fs, group, rep, pos):
+            n = len(runner.tried)
+            runner.tried.append(n)
+            return {"backing": "tmpfs", "fs": "veilfs", "group": "manyfiles", "rep": rep, "order": pos,
+                    "values": {"many_out": 2.0 + n}, "na": {}, "errors": {}, "attempt": n + 1,
+                    "stolen_pct": {"many_in": 0.0, "many_out": stolen_per_attempt[n]}}
+
+        runner = SimpleNamespace(
+            plan={"tmpfs": {"groups": ["manyfiles"], "reps": {"manyfiles": 1}}},
+            args=SimpleNamespace(fs=["veilfs"], retry_stolen=retries), backings={"tmpfs": None},
+            fs_table={"veilfs": None}, runs=[], tried=[], run_one=run_one, write_json=lambda final: None)
+        import veilbench.progress as progress
+        real = cli.Progress
+        cli.Progress = lambda total: progress.Progress(total, stream=io.StringIO())
+        try:
+            cli.Runner.run_matrix(runner)
+        finally:
+            cli.Progress = real
+        return runner.runs
+
+    def test_a_stolen_run_is_run_again_and_left_out_of_the_medians(self):
+        runs = self._runner([30.0, 12.0, 1.0], retries=2)
+        self.assertEqual([r["attempt"] for r in runs], [1, 2, 3])
+        self.assertEqual([bool(r.get("discarded")) for r in runs], [True, True, False])
+        self.assertEqual(runs[0]["discarded"], "many_out lost 30.0 % of CPU time to the hypervisor")
+        metrics = all_metrics([GROUPS_BY_NAME["manyfiles"]])
+        cell = report.summarize(runs, ["tmpfs"], ["veilfs"], metrics)["tmpfs"]["veilfs"]["many_out"]
+        self.assertEqual(cell["values"], [4.0])
+        doc = {"command": "c", "created": "now", "finished": True, "plan": {}, "fs_info": {}, "runs": runs}
+        header = report.markdown_header(doc)
+        self.assertIn("to the hypervisor: 0 of 2 (worst 1.0 %)", header)
+        self.assertIn("run again because a timed step lost ≥ 10 % to the hypervisor (kept in results.json, "
+                      "not in the medians): 2 — veilfs manyfiles rep 1 (many_out lost 30.0 %", header)
+
+    def test_retries_are_bounded_and_a_clean_run_is_not_repeated(self):
+        runs = self._runner([40.0, 40.0, 40.0, 40.0], retries=2)
+        self.assertEqual([bool(r.get("discarded")) for r in runs], [True, True, False])
+        self.assertEqual(len(self._runner([9.9], retries=2)), 1)
+        self.assertEqual(len(self._runner([50.0], retries=0)), 1)
+        self.assertEqual(cli.parse_args(["--quick"]).retry_stolen, 0)
+        self.assertEqual(cli.parse_args([]).retry_stolen, 2)
+
+    def test_du_is_not_a_timed_step(self):
+        from types import SimpleNamespace
+        from veilbench import workloads
+        ctx = workloads.Context(mount=SimpleNamespace(path=Path("/")), data=None,
+                                sizes=workloads.Sizes.quick(), quick=True, timeout=10)
+        ctx.step_start = workloads.cpu_times()
+        ctx.record("du", 14.0, timed=False)
+        ctx.record("after", 1.0)
+        self.assertEqual(ctx.stolen, {})
+        self.assertEqual(ctx.values, {"du": 14.0, "after": 1.0})
+
+
 class OutputsTest(unittest.TestCase):
     """A synthetic results.json rendered by report.write_outputs must pass
     check_outputs; a broken one must not."""

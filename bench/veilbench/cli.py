@@ -59,6 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="workload groups for the disk backing (default: same as --workloads)")
     p.add_argument("--disk-reps", type=int, default=None,
                    help="repetitions on the disk backing (default: --reps)")
+    p.add_argument("--retry-stolen", type=int, default=2, metavar="N",
+                   help="run a repetition again, up to N times, when one of its timed steps lost "
+                        f"≥ {report.STOLEN_NOTE:g} %% of all CPU time to the hypervisor; the discarded run "
+                        "stays in results.json and is counted in the tables' header (default 2; quick: 0)")
     p.add_argument("--quick", action="store_true",
                    help="small sizes, 1 repetition: a smoke test (under 2 minutes)")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
@@ -85,6 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.reps = 1
         args.disk_reps = 1
+        args.retry_stolen = 0
+    if args.retry_stolen < 0:
+        raise SystemExit("--retry-stolen must be 0 or more")
     args.timeout = args.timeout or (90 if args.quick else 1200)
     args.tmpfs_size = args.tmpfs_size or ("2G" if args.quick else "8G")
     return args
@@ -136,6 +143,16 @@ def schedule(plan: dict, filesystems: list[str]):
                     continue
                 for pos, fs in enumerate(order):
                     yield b, rep, g, fs, pos
+
+
+def stolen_reason(record: dict) -> str | None:
+    """Why a run says little about the filesystem, if it does: one of its timed steps lost
+    ≥ STOLEN_NOTE % of all CPU time to the hypervisor (the worst one is named)."""
+    stolen = record.get("stolen_pct", {})
+    worst = max(stolen, key=stolen.get, default=None)
+    if worst is None or stolen[worst] < report.STOLEN_NOTE:
+        return None
+    return f"{worst} lost {stolen[worst]:.1f} % of CPU time to the hypervisor"
 
 
 # ------------------------------------------------------------------ machine
@@ -318,6 +335,15 @@ class Runner:
             label = f"{b} rep {rep + 1} {g} {fs}"
             self.progress.step(label)
             record = self.run_one(self.backings[b], self.fs_table[fs], GROUPS_BY_NAME[g], rep, pos)
+            for _ in range(self.args.retry_stolen):
+                why = stolen_reason(record)
+                if why is None:
+                    break
+                record["discarded"] = why
+                self.runs.append(record)
+                self.write_json(final=False)
+                self.progress.message(f"  {label}: {why}; running it again")
+                record = self.run_one(self.backings[b], self.fs_table[fs], GROUPS_BY_NAME[g], rep, pos)
             self.runs.append(record)
             if record["errors"]:
                 first = next(iter(record["errors"].values()))

@@ -19,7 +19,9 @@ from .workloads import PEAK_RSS, Metric
 # ------------------------------------------------------------------ summary
 
 def summarize(runs: list[dict], backings, filesystems, metrics: list[Metric]) -> dict:
-    """summary[backing][fs][metric] = {median,min,max,n,values} | {error} | {na}."""
+    """summary[backing][fs][metric] = {median,min,max,n,values} | {error} | {na}.  A run
+    that was discarded (and run again: ``--retry-stolen``) does not count."""
+    runs = [r for r in runs if not r.get("discarded")]
     out: dict = {}
     for b in backings:
         out[b] = {}
@@ -227,10 +229,17 @@ def markdown_header(doc: dict) -> str:
                   f"max {max(steal):.1f} %; a one-byte pipe round trip between two processes (what each FUSE "
                   f"request costs at least) median {statistics.median(wake):.1f} µs, range "
                   f"{min(wake):.1f}–{max(wake):.1f} µs.", ""]
-    steps = [x for r in doc["runs"] for x in r.get("stolen_pct", {}).values()]
+    kept = [r for r in doc["runs"] if not r.get("discarded")]
+    steps = [x for r in kept for x in r.get("stolen_pct", {}).values()]
     if steps:
         lines += [f"Timed steps that lost ≥ {STOLEN_NOTE:g} % of all CPU time to the hypervisor: "
                   f"{sum(x >= STOLEN_NOTE for x in steps)} of {len(steps)} (worst {max(steps):.1f} %).", ""]
+    dropped = [r for r in doc["runs"] if r.get("discarded")]
+    if dropped:
+        lines += [f"Runs discarded and run again because a timed step lost ≥ {STOLEN_NOTE:g} % to the "
+                  f"hypervisor (kept in results.json, not in the medians): {len(dropped)} — "
+                  + "; ".join(f"{r['fs']} {r['group']} rep {r['rep'] + 1} ({r['discarded']})" for r in dropped)
+                  + ".", ""]
     for b, p in doc["plan"].items():
         reps = sorted(set(p["reps"].values()))
         lines.append(f"- {b}: groups {', '.join(p['groups'])}; repetitions "

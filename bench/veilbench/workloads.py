@@ -87,13 +87,14 @@ class Context:
         self.step_start = cpu_times()
         return timed(cmd, timeout=self.timeout, **kw)
 
-    def record(self, name: str, value: float) -> None:
+    def record(self, name: str, value: float, timed: bool = True) -> None:
+        """Stores *value*; a *timed* one also gets the stolen share of the step that gave it."""
         self.values[name] = value
-        if self.step_start is not None:
+        if self.step_start is not None and timed:
             total, steal = cpu_times()
             ticks = total - self.step_start[0]   # 0 for a step shorter than a clock tick
             self.stolen[name] = round(100 * (steal - self.step_start[1]) / ticks, 1) if ticks > 0 else 0.0
-            self.step_start = None
+        self.step_start = None
 
     def not_applicable(self, name: str, why: str) -> None:
         self.na[name] = why
@@ -258,7 +259,7 @@ def _du_after_remount(ctx: Context) -> None:
     def measure() -> None:
         ctx.settle()
         out = run(["du", "-sm", str(store)], timeout=ctx.timeout).stdout.split()[0]
-        ctx.record("du", float(out))
+        ctx.record("du", float(out), timed=False)   # a size: no step to lose time in
 
     if ctx.mount.store_needs_mount:
         ctx.remount()
