@@ -1162,8 +1162,9 @@ fn a_caching_mount_caches_and_every_change_through_it_is_seen_at_once() {
 /// The changes the daemon makes on its own reach the kernel by invalidation: the set-id bits
 /// a user's write clears (without `invalidate_attr` in `do_write` the cached 4777 stayed),
 /// and, on a mount without the writeback cache (where the kernel takes the times the daemon
-/// gives), the modification time that settling the file's header at its last close moves
-/// (without the one in `release_file`, the time of the write stayed).
+/// gives), the change time that settling the file's header at its last close moves (without
+/// the one in `release_file`, the change time of the write stayed). Settling keeps the
+/// modification time of the last write: it is bookkeeping, not a change of content.
 #[test]
 fn changes_the_daemon_makes_itself_are_seen_at_once_on_a_caching_mount() {
     if !root_only("a write by another user (setpriv) in a mount shared through --allow-other") {
@@ -1193,12 +1194,43 @@ fn changes_the_daemon_makes_itself_are_seen_at_once_on_a_caching_mount() {
     // The kernel caches the time of the write; the header is settled after the close.
     let written = stat_fmt("%.9Y", &f);
     assert_ne!(written, "1000000000.000000000");
+    let changed = stat_fmt("%.9Z", &backing);
     drop(w);
-    let backing_mtime = || stat_fmt("%.9Y", &backing);
+    let backing_ctime = || stat_fmt("%.9Z", &backing);
     let t = Instant::now();
-    while backing_mtime() == written {
+    while backing_ctime() == changed {
         assert!(t.elapsed() < Duration::from_secs(5), "the header was never settled");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(stat_fmt("%.9Y", &f), backing_mtime(), "the time settling moved");
+    assert_eq!(stat_fmt("%.9Y", &backing), written, "settling keeps the time of the last write");
+    assert_eq!(stat_fmt("%.9Y %.9Z", &f), stat_fmt("%.9Y %.9Z", &backing), "the change time settling moved");
+}
+
+/// A time set right after the last close of a file the daemon settles then (a hole it has not
+/// declared yet, here) is the file's time: the kernel sends RELEASE in the background, so the
+/// SETATTR of `utimensat` often reaches the daemon first, and settling must not move the
+/// modification time it set (`cp -p`, `tar x` and `rsync -t` set times that way). Found by
+/// fsx (seed 5883631910206636339, no writeback): the time of the settle replaced the set one.
+#[test]
+fn a_time_set_right_after_the_last_close_is_kept_when_the_daemon_settles_the_file() {
+    for opts in [&["--no-writeback"][..], &[][..]] {
+        let Some(m) = Mounted::new("64m", opts) else { return };
+        for i in 0..200i64 {
+            let f = m.m(&format!("f{}", i % 8));
+            let w = File::create(&f).unwrap();
+            w.write_all_at(b"end", 3 * 4096 + 100).unwrap();
+            w.write_all_at(b"start", 0).unwrap();
+            drop(w);
+            let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+            let t = [omit, libc::timespec { tv_sec: 1_000_000_000 + i, tv_nsec: 123_456_789 }];
+            // SAFETY: valid C string and timespec array.
+            assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c(&f).as_ptr(), t.as_ptr(), 0) }, 0);
+            // For a while after: the RELEASE (and its settle) comes meanwhile.
+            let expect = format!("{}.123456789", 1_000_000_000 + i);
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(20) {
+                assert_eq!(stat_fmt("%.9Y", &f), expect, "{opts:?}: round {i}: the time set after the last close");
+            }
+        }
+    }
 }

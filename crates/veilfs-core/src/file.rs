@@ -548,7 +548,14 @@ impl CryptFile {
         let write = present && (self.unsettled.load(Ordering::Acquire) || sparse != (state == HDR_SPARSE));
         if write {
             crash::point!("file.settle_sparse");
+            // Bookkeeping, not a change of content: the file keeps the modification time that
+            // its last write, or a utimensat(2) since (one that came before this last close's
+            // RELEASE, which the kernel sends in the background), gave it.
+            let before = sys::fstat(self.fd()).ok();
             self.write_header(sparse, false)?;
+            if let Some(st) = before {
+                self.put_back_mtime(&st);
+            }
         }
         self.provisional_sparse.store(false, Ordering::Release);
         p.clear();
@@ -559,6 +566,22 @@ impl CryptFile {
             self.end_inner();
         }
         Ok(write)
+    }
+
+    /// Sets the backing file's modification time back to `before`'s (a header write of the
+    /// daemon's own moved it). Best effort: a failure leaves the time of that write.
+    fn put_back_mtime(&self, before: &sys::Stat) {
+        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+        let mtime = libc::timespec { tv_sec: before.st_mtime, tv_nsec: before.st_mtime_nsec };
+        if let Err(e) = sys::futimens(self.fd(), &[omit, mtime]) {
+            tracing::debug!("{}: modification time not put back after settling: {e}", self.what);
+        }
+    }
+
+    /// Holds off [`settle`](Self::settle)'s header write while the caller sets the backing
+    /// file's times, so that settling never puts back a time read before them.
+    pub fn times_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn deferring(&self) -> bool {

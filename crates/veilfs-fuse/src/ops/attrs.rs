@@ -223,14 +223,19 @@ impl VeilFs {
         if let Some(m) = a.mode {
             sys::chmod_fd(fd, m & 0o7777)?;
         }
+        // The open file, if any: waited for while the last close settles it (that holds the
+        // inode's open state), and kept from settling while the times change, since settling
+        // puts back the modification time it read before its header write.
+        let crypt = self.open_crypt(node);
         if a.atime.is_some() || a.mtime.is_some() {
+            let _settling = crypt.as_ref().map(|c| c.times_guard());
             sys::utimens_fd(fd, &a.times())?;
             self.atime_recheck(node);
         }
         let st = sys::fstat(fd)?;
         // An open file remembers its mode (`CryptFile::mode`): a chmod, or a chown that
         // cleared set-id bits, through another handle must reach it.
-        if let Some(c) = self.open_crypt(node) {
+        if let Some(c) = crypt {
             c.note_mode(st.st_mode);
         }
         Ok(self.attr_of(node, &st))
