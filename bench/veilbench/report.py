@@ -19,9 +19,9 @@ from .workloads import PEAK_RSS, Metric
 # ------------------------------------------------------------------ summary
 
 def summarize(runs: list[dict], backings, filesystems, metrics: list[Metric]) -> dict:
-    """summary[backing][fs][metric] = {median,min,max,n,values} | {error} | {na}.  A run
-    that was discarded (and run again: ``--retry-stolen``) does not count."""
-    runs = [r for r in runs if not r.get("discarded")]
+    """summary[backing][fs][metric] = {median,min,max,n,values} | {error} | {na}, over the
+    runs that were kept (``kept_runs``)."""
+    runs = kept_runs(runs)
     out: dict = {}
     for b in backings:
         out[b] = {}
@@ -29,6 +29,11 @@ def summarize(runs: list[dict], backings, filesystems, metrics: list[Metric]) ->
             mine = [r for r in runs if r["backing"] == b and r["fs"] == fs]
             out[b][fs] = {m.name: _cell(mine, m) for m in metrics}
     return out
+
+
+def kept_runs(runs: list[dict]) -> list[dict]:
+    """The runs that count: not those discarded and run again (``--retry-stolen``)."""
+    return [r for r in runs if not r.get("discarded")]
 
 
 #: A step that lost this share (%) of all CPU time to the hypervisor is pointed out.
@@ -229,8 +234,7 @@ def markdown_header(doc: dict) -> str:
                   f"max {max(steal):.1f} %; a one-byte pipe round trip between two processes (what each FUSE "
                   f"request costs at least) median {statistics.median(wake):.1f} µs, range "
                   f"{min(wake):.1f}–{max(wake):.1f} µs.", ""]
-    kept = [r for r in doc["runs"] if not r.get("discarded")]
-    steps = [x for r in kept for x in r.get("stolen_pct", {}).values()]
+    steps = [x for r in kept_runs(doc["runs"]) for x in r.get("stolen_pct", {}).values()]
     if steps:
         lines += [f"Timed steps that lost ≥ {STOLEN_NOTE:g} % of all CPU time to the hypervisor: "
                   f"{sum(x >= STOLEN_NOTE for x in steps)} of {len(steps)} (worst {max(steps):.1f} %).", ""]
