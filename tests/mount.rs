@@ -624,6 +624,11 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
 
 /// Mounts `m`'s vault in the foreground with its log going to `log`; returns once mounted.
 fn foreground_mount(m: &Mounted, log: &Path) -> std::process::Child {
+    foreground_mount_with(m, log, &[])
+}
+
+/// [`foreground_mount`] with `extra` options.
+fn foreground_mount_with(m: &Mounted, log: &Path, extra: &[&str]) -> std::process::Child {
     let child = std::process::Command::new(&BIN)
         .args([
             "mount",
@@ -633,6 +638,7 @@ fn foreground_mount(m: &Mounted, log: &Path) -> std::process::Child {
             m.passfile.to_str().unwrap(),
             "-f",
         ])
+        .args(extra)
         .stderr(File::create(log).unwrap())
         .spawn()
         .unwrap();
@@ -642,6 +648,50 @@ fn foreground_mount(m: &Mounted, log: &Path) -> std::process::Child {
         std::thread::sleep(Duration::from_millis(50));
     }
     child
+}
+
+/// Attack: someone who can write the ciphertext swaps two entries' bindings (`D1.S1`,
+/// `D2.S2` become `D1.S2`, `D2.S1`: each name now promises the other file) after the mount
+/// verified both, so the name cipher's memo holds both verdicts. Each is checked again under
+/// its new name: EIO and one log line each, naming the swapped ciphertext entry.
+#[test]
+fn entries_swapped_in_the_ciphertext_after_the_mount_verified_them_give_eio() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    fs::create_dir(m.m("d")).unwrap();
+    fs::write(m.m("d/a"), b"alpha").unwrap();
+    fs::write(m.m("d/b"), b"bravo").unwrap();
+    m.umount();
+    let log = m.tmpfs.path.join("log");
+    // Shared storage: the mount reads the directory again when it changed behind it.
+    let child = foreground_mount_with(&m, &log, &["--shared-storage"]);
+    let _guard = UnmountOnDrop(m.mnt.clone());
+    assert_eq!(fs::read(m.m("d/a")).unwrap(), b"alpha");
+    assert_eq!(fs::read(m.m("d/b")).unwrap(), b"bravo");
+    let backing = fs::read_dir(&m.cipher).unwrap().flatten().find(|e| e.file_type().unwrap().is_dir()).unwrap().path();
+    let mut entries: Vec<String> = fs::read_dir(&backing)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with("veilfs."))
+        .collect();
+    entries.sort();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let ((d1, s1), (d2, s2)) = (entries[0].rsplit_once('.').unwrap(), entries[1].rsplit_once('.').unwrap());
+    let swapped = [format!("{d1}.{s2}"), format!("{d2}.{s1}")];
+    fs::rename(backing.join(&entries[0]), backing.join("tmp")).unwrap();
+    fs::rename(backing.join(&entries[1]), backing.join(&swapped[0])).unwrap();
+    fs::rename(backing.join("tmp"), backing.join(&swapped[1])).unwrap();
+    // The kernel forgets its nodes, so both names are looked up again.
+    sh("sync; echo 2 > /proc/sys/vm/drop_caches");
+    for n in ["d/a", "d/b"] {
+        assert_eq!(errno_of(fs::read(m.m(n))), format!("errno {}", libc::EIO), "{n}");
+    }
+    let _ = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
+    assert!(child.wait_with_output().unwrap().status.success());
+    let log = fs::read_to_string(&log).unwrap();
+    for name in &swapped {
+        let lines = log.lines().filter(|l| l.contains("integrity error") && l.contains(name.as_str())).count();
+        assert!(lines >= 1, "a log line naming {name}: {log}");
+    }
 }
 
 #[test]
