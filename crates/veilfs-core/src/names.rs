@@ -349,8 +349,9 @@ pub struct NameCipher {
 /// successes are kept (a failure is checked anew each time, and logged each time). Bounded
 /// (`quick_cache`'s CLOCK-Pro eviction, so one cold walk over a big tree does not push out
 /// what is used again). It pays where the kernel forgot a node and asks again (after memory
-/// pressure or `drop_caches`): about 0.7 + 0.9 µs of the LOOKUP's daemon work
-/// (`examples/siv_cost.rs`).
+/// pressure or `drop_caches`): an answer from here takes about 0.2 µs where the SIV step takes
+/// 0.7–0.9 µs, and a first question pays about 0.3 µs more for the insert
+/// (`examples/siv_cost.rs`; docs/PERFORMANCE.md, "The name cipher's memo").
 struct Memo {
     /// `iv ‖ name` → `D`.
     d: quick_cache::sync::Cache<Vec<u8>, Vec<u8>>,
