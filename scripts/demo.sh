@@ -11,7 +11,7 @@ V=target/release/veilfs
 D=demo
 if grep -qs " $PWD/$D/plain " /proc/mounts; then $V umount "$D/plain" || fusermount3 -uz "$D/plain"; fi
 rm -rf "$D" && mkdir -p "$D/samples/letters"
-printf 'demo\n' > "$D/passfile"
+(umask 077; printf 'demo\n' > "$D/passfile")
 echo "Dear diary, the launch code is 0000." > "$D/samples/diary.txt"
 printf 'Quarterly numbers: %s\n' 1 2 3 > "$D/samples/letters/report for the board.txt"
 head -c 300000 /dev/urandom > "$D/samples/photo.raw"

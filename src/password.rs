@@ -13,6 +13,7 @@ use anyhow::Result;
 use secrecy::{ExposeSecret, SecretString};
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use veilfs_core::sys::process;
 use veilfs_core::sys::term::Unechoed;
 use zeroize::Zeroize;
@@ -118,6 +119,35 @@ fn from_extpass(cmd: &str) -> Result<SecretString> {
     first_line_of(&out?, "--extpass")
 }
 
+/// Opens a password file as ssh opens a private key: it must be a regular file (a FIFO is
+/// refused at once instead of blocking until someone writes to it, a pipe from `<(…)` is
+/// pointed to --password-stdin or --extpass), and a file that other users may read is
+/// named in a warning, since the password in it is theirs too. Checked on the open file.
+fn open_passfile(f: &std::path::Path, from: &str) -> Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(f)
+        .map_err(|e| source_err(format!("{from}: {e}")))?;
+    let meta = file.metadata().map_err(|e| source_err(format!("{from}: {e}")))?;
+    if !meta.is_file() {
+        return Err(source_err(format!(
+            "{from} is {}, not a regular file; for a password from a program or a pipe use --extpass CMD or \
+             --password-stdin",
+            veilfs_core::sys::type_name(meta.mode())
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o004 != 0 {
+        eprintln!(
+            "veilfs: warning: {from} is readable by every user of this machine (mode {mode:04o}); chmod 600 {}",
+            f.display()
+        );
+    }
+    Ok(file)
+}
+
 /// Longest password typed at the prompt.
 const TYPED_MAX: usize = 4096;
 
@@ -221,8 +251,7 @@ impl PasswordArgs {
     pub fn read(&self, what: &str) -> Result<SecretString> {
         if let Some(f) = &self.passfile {
             let from = format!("--passfile {}", f.display());
-            let file = std::fs::File::open(f).map_err(|e| source_err(format!("{from}: {e}")))?;
-            return first_line_of(&read_secret(file, &from)?, &from);
+            return first_line_of(&read_secret(open_passfile(f, &from)?, &from)?, &from);
         }
         if self.password_stdin {
             return stdin_line();

@@ -53,7 +53,7 @@ impl Fixture {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().to_path_buf();
         let pf = dir.join("pf");
-        std::fs::write(&pf, "hunter2\n").unwrap();
+        common::write_passfile(&pf, "hunter2");
         let vault = dir.join("vault");
         let o = veilfs(&[&["init", vault.to_str().unwrap(), "--passfile", pf.to_str().unwrap()][..], &WEAK].concat());
         assert_eq!(code(&o), 0, "{}", err(&o));
@@ -106,6 +106,32 @@ fn password_sources_and_wrong_password() {
 }
 
 #[test]
+fn a_fifo_planted_as_the_passfile_is_refused_at_once_instead_of_blocking() {
+    let f = Fixture::new();
+    let fifo = f.dir.join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let start = std::time::Instant::now();
+    let o = common::run_timeout(20, BIN, &["ls", f.v(), "--passfile", fifo.to_str().unwrap()])
+        .expect("veilfs blocked on a FIFO passfile");
+    assert_eq!(code(&o), 7, "{}", err(&o));
+    assert!(err(&o).contains("is a FIFO, not a regular file") && err(&o).contains("--extpass"), "{}", err(&o));
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn a_passfile_every_user_can_read_is_used_with_one_warning() {
+    let f = Fixture::new();
+    std::fs::set_permissions(&f.pf, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = f.run(&["ls", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(err(&o).matches("readable by every user").count(), 1, "{}", err(&o));
+    assert!(err(&o).contains("chmod 600"), "{}", err(&o));
+    std::fs::set_permissions(&f.pf, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = f.run(&["ls", f.v()]);
+    assert!(!err(&o).contains("readable"), "{}", err(&o));
+}
+
+#[test]
 fn not_a_vault_and_damaged_config_exit_codes() {
     let f = Fixture::new();
     let o = veilfs(&["info", f.dir.to_str().unwrap()]);
@@ -143,7 +169,7 @@ fn info_json() {
 fn passwd_change_add_remove_and_recover() {
     let f = Fixture::new();
     let newpf = f.dir.join("newpf");
-    std::fs::write(&newpf, "correct horse\n").unwrap();
+    common::write_passfile(&newpf, "correct horse");
     let np = newpf.to_str().unwrap();
     let o =
         veilfs(&[&["passwd", f.v(), "--passfile", f.pf.to_str().unwrap(), "--new-passfile", np][..], &WEAK].concat());
@@ -643,7 +669,7 @@ fn passwd_keeps_slot_numbers_and_guards_the_last_recovery_key() {
     };
     let before = slots();
     let np = f.dir.join("np");
-    std::fs::write(&np, "new one\n").unwrap();
+    common::write_passfile(&np, "new one");
     let o = veilfs(
         &[&["passwd", f.v(), "--passfile", f.pf.to_str().unwrap(), "--new-passfile", np.to_str().unwrap()][..], &WEAK]
             .concat(),
@@ -1239,7 +1265,7 @@ fn ctrl_c_during_import_and_export_leaves_nothing_cut_off_and_a_rerun_completes(
     tree_with_a_big_last_file(&src);
     let v = t.path.join("v");
     let pf = t.path.join("pf");
-    std::fs::write(&pf, "pw\n").unwrap();
+    common::write_passfile(&pf, "pw");
     let o = veilfs(&[&["init", v.to_str().unwrap(), "--passfile", pf.to_str().unwrap()][..], &WEAK].concat());
     assert_eq!(code(&o), 0, "{}", err(&o));
     let (vs, p) = (v.to_str().unwrap(), pf.to_str().unwrap());
@@ -1281,7 +1307,7 @@ fn a_killed_import_or_export_is_cleaned_up_by_the_rerun() {
     tree_with_a_big_last_file(&src);
     let v = t.path.join("v");
     let pf = t.path.join("pf");
-    std::fs::write(&pf, "pw\n").unwrap();
+    common::write_passfile(&pf, "pw");
     let o = veilfs(&[&["init", v.to_str().unwrap(), "--passfile", pf.to_str().unwrap()][..], &WEAK].concat());
     assert_eq!(code(&o), 0, "{}", err(&o));
     let (vs, p) = (v.to_str().unwrap(), pf.to_str().unwrap());

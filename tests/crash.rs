@@ -340,7 +340,7 @@ fn crash_case(point: &str, action: &str) -> Option<Row> {
     m.env = vec![("FAILPOINTS".into(), format!("{point}={action}"))];
     if point == "config.rewrite" {
         let newpass = m.tmpfs.path.join("newpass");
-        fs::write(&newpass, "new password\n").unwrap();
+        common::write_passfile(&newpass, "new password");
         let o = std::process::Command::new(&BIN)
             .args(["passwd", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()])
             .args(["--new-passfile", newpass.to_str().unwrap(), "--kdf-memory", "8", "--kdf-iterations", "1"])

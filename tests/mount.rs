@@ -773,7 +773,7 @@ fn mount_errors_are_clear_and_mount_nothing() {
     let other = m.tmpfs.path.join("mnt2");
     fs::create_dir(&other).unwrap();
     let wrong = m.tmpfs.path.join("wrong");
-    fs::write(&wrong, "nope\n").unwrap();
+    common::write_passfile(&wrong, "nope");
     // A second writer of a mounted vault is refused before any password (the vault lock)...
     let o = run(
         &BIN,

@@ -280,7 +280,7 @@ fn passwd_and_info_on_a_reverse_vault_keep_the_view_and_refuse_the_old_password(
 
     // Change the password while the view is mounted (auto-detected reverse vault).
     let new = t.path.join("newpass");
-    std::fs::write(&new, "a new password\n").unwrap();
+    common::write_passfile(&new, "a new password");
     let weak = ["--kdf-memory", "8", "--kdf-iterations", "1"];
     let o =
         run(&BIN, &[&["passwd", p, "--passfile", &old, "--new-passfile", new.to_str().unwrap()][..], &weak].concat());

@@ -261,6 +261,7 @@ class Runner:
         self.secrets = Secrets(passfile=self.run_dir / "secrets" / "password",
                                keyfile=self.run_dir / "secrets" / "keyfile")
         self.secrets.passfile.write_text("veilbench-not-a-secret\n")
+        os.chmod(self.secrets.passfile, 0o600)
         self.secrets.keyfile.write_bytes(os.urandom(64))
         if args.quick:
             Ext4LoopFs.IMAGE_SIZE = "1G"

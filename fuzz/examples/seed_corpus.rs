@@ -52,7 +52,7 @@ fn fixed_vault(dir: &Path, cipher: ContentCipher) -> Vault {
     let m = master();
     let mut cfg = VaultConfig::new(cipher, BLOCK_SIZE, &ENTRY_IV).unwrap();
     cfg.add_password_slot(&m, &"fuzz".to_string().into(), TINY_KDF).unwrap();
-    cfg.add_recovery_slot(&m, &recovery_key());
+    cfg.add_recovery_slot(&m, &recovery_key()).unwrap();
     cfg.seal(&m);
     cfg.save(dir).unwrap();
     fs::write(dir.join(DIRIV_NAME), ENTRY_IV).unwrap();

@@ -165,7 +165,7 @@ pub fn run(a: Args) -> Result<i32> {
     if a.new_recovery_key {
         let rk = RecoveryKey::generate();
         cfg.slots.retain(|s| s.kind != SlotKind::Recovery);
-        let id = cfg.add_recovery_slot(vault.master_key(), &rk);
+        let id = cfg.add_recovery_slot(vault.master_key(), &rk)?;
         cfg.slots.sort_by_key(|s| s.id);
         vault.save_config(cfg)?;
         eprintln!("veilfs: new recovery key in slot {id} (shown only now; the old one no longer works):");

@@ -472,12 +472,20 @@ pub fn mount_entry(mnt: &Path) -> Option<MountEntry> {
     })
 }
 
+/// Writes `password` as a password file readable by its owner only (a file others may read
+/// is used with a warning, which would stand in the output the tests read).
+pub fn write_passfile(path: &Path, password: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("{password}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 /// A new vault in `dir/cipher` with a cheap KDF, the password in `dir/pass`, an empty
 /// `dir/mnt`. Returns (cipher, mnt, passfile).
 pub fn new_vault(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let (cipher, mnt, pass) = (dir.join("cipher"), dir.join("mnt"), dir.join("pass"));
     std::fs::create_dir_all(&mnt).unwrap();
-    std::fs::write(&pass, format!("{PASSWORD}\n")).unwrap();
+    write_passfile(&pass, PASSWORD);
     let o = run(
         &BIN,
         &[
@@ -641,7 +649,7 @@ impl ReverseMount {
     /// Makes `plain` (existing) a reverse vault with a cheap KDF; `mnt` is created. Not mounted.
     pub fn init(plain: &Path, mnt: &Path, passfile: &Path) -> ReverseMount {
         std::fs::create_dir_all(mnt).unwrap();
-        std::fs::write(passfile, format!("{PASSWORD}\n")).unwrap();
+        write_passfile(passfile, PASSWORD);
         let p = passfile.to_str().unwrap();
         let o = run(
             &BIN,

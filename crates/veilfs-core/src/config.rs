@@ -59,6 +59,11 @@ pub const FEATURE_DETERMINISTIC: &str = "deterministic";
 /// Largest config file we read (a config with many slots is still a few KiB).
 pub const MAX_CONFIG_LEN: usize = 1 << 20;
 
+/// The most key slots a config may hold (cryptsetup's LUKS1 keeps 8 too). With the unlock
+/// order ([`VaultConfig::unlock_order`]) this bounds what a forged config can make an unlock
+/// with the right secret derive: at most this many slots, none costlier than the right one.
+pub const MAX_SLOTS: usize = 8;
+
 /// What kind of secret opens a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -105,6 +110,17 @@ pub struct KeySlot {
     pub kdf: SlotKdf,
     /// base64url(nonce ‖ AES-256-GCM(master key) ‖ tag).
     pub wrapped_key: String,
+}
+
+impl KeySlot {
+    /// What deriving this slot's key costs, in KiB × passes (0 for a recovery slot, whose
+    /// key needs no slow derivation).
+    pub fn kdf_cost(&self) -> u64 {
+        match &self.kdf {
+            SlotKdf::Argon2id { memory_kib, iterations, .. } => u64::from(*memory_kib) * u64::from(*iterations),
+            SlotKdf::HkdfSha256 { .. } => 0,
+        }
+    }
 }
 
 /// The config file.
@@ -280,6 +296,13 @@ impl VaultConfig {
         if self.slots.is_empty() {
             return Err("has no key slots".into());
         }
+        if self.slots.len() > MAX_SLOTS {
+            return Err(format!(
+                "has {} key slots; veilfs makes at most {MAX_SLOTS} (the file was edited or damaged; restore it from a \
+                 backup)",
+                self.slots.len()
+            ));
+        }
         Ok(())
     }
 
@@ -369,7 +392,10 @@ impl VaultConfig {
         };
         let mut tried = 0;
         let mut too_costly = 0;
-        for slot in self.slots.iter().filter(|s| s.kind == want && only_slot.is_none_or(|id| id == s.id)) {
+        let mut spent = 0u64;
+        let order = self.unlock_order(want, only_slot);
+        let candidates = order.len();
+        for slot in order {
             tried += 1;
             let skip = |why: &str| tracing::warn!("{}: key slot {} skipped: {why}", path.display(), slot.id);
             let kek = match (&slot.kdf, secret) {
@@ -387,6 +413,21 @@ impl VaultConfig {
                             ceiling.memory_passes_kib / 1024
                         ));
                         continue;
+                    }
+                    // The whole unlock has a budget too: slots that each stay under the
+                    // ceiling still cannot add up to minutes of work.
+                    spent += p.cost_kib();
+                    if spent > ceiling.unlock_budget_kib() {
+                        return Err(Error::Config {
+                            path: path.to_path_buf(),
+                            detail: format!(
+                                "its key slots ask for more key derivation than a vault veilfs makes ({} of \
+                                 {candidates} slots tried within the budget of {} MiB·passes); the file was edited or \
+                                 damaged: restore it from a backup, or unlock with --allow-slow-kdf to try them all",
+                                tried - 1,
+                                ceiling.unlock_budget_kib() / 1024
+                            ),
+                        });
                     }
                     let Ok(salt) = decode_salt(salt) else {
                         skip("its salt is damaged");
@@ -438,6 +479,28 @@ impl VaultConfig {
         Err(Error::WrongPassword)
     }
 
+    /// The slots an unlock tries for a secret of kind `want` (only `only_slot`, if given), in
+    /// the order it tries them: cheapest key derivation first, file order among equals. So no
+    /// slot order can make the slot that opens come after costlier ones: what an unlock
+    /// derives before the right slot costs at most as much, each, as that slot does.
+    pub fn unlock_order(&self, want: SlotKind, only_slot: Option<u32>) -> Vec<&KeySlot> {
+        let mut v: Vec<&KeySlot> =
+            self.slots.iter().filter(|s| s.kind == want && only_slot.is_none_or(|id| id == s.id)).collect();
+        v.sort_by_key(|s| s.kdf_cost()); // stable: file order among equal costs
+        v
+    }
+
+    /// Refuses a new slot when the config holds [`MAX_SLOTS`] already.
+    fn room_for_slot(&self) -> Result<()> {
+        if self.slots.len() >= MAX_SLOTS {
+            return Err(Error::Invalid(format!(
+                "the vault has {} key slots, the most veilfs keeps; remove one first (veilfs passwd --remove-slot)",
+                self.slots.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// The lowest id no slot has. Ids never change once given, so `--slot N` keeps naming
     /// the same slot; a password changed by removing its slot and then adding one keeps
     /// its number.
@@ -452,6 +515,7 @@ impl VaultConfig {
         password: &SecretString,
         params: Argon2Params,
     ) -> Result<u32> {
+        self.room_for_slot()?;
         let salt: [u8; 32] = crate::random::bytes();
         let kek = params.derive(password.expose_secret().as_bytes(), &salt)?;
         let kdf = SlotKdf::Argon2id {
@@ -464,10 +528,11 @@ impl VaultConfig {
     }
 
     /// Adds a recovery slot for `rk`; returns its id. Call [`seal`](Self::seal) afterwards.
-    pub fn add_recovery_slot(&mut self, master: &MasterKey, rk: &RecoveryKey) -> u32 {
+    pub fn add_recovery_slot(&mut self, master: &MasterKey, rk: &RecoveryKey) -> Result<u32> {
+        self.room_for_slot()?;
         let salt: [u8; 32] = crate::random::bytes();
         let kek = kdf::recovery_kek(rk.bytes(), &salt);
-        self.push_slot(master, SlotKind::Recovery, SlotKdf::HkdfSha256 { salt: b64_encode(&salt) }, &kek)
+        Ok(self.push_slot(master, SlotKind::Recovery, SlotKdf::HkdfSha256 { salt: b64_encode(&salt) }, &kek))
     }
 
     fn push_slot(
@@ -575,6 +640,55 @@ mod tests {
     }
 
     #[test]
+    fn forged_slots_just_under_the_ceiling_placed_first_are_tried_after_the_real_one() {
+        let (mut cfg, master) = config_with_password("right");
+        // Seven slots of 1 GiB × 3 passes each (each under the ceiling; all derived before the
+        // real one, they took 30–54 s and 1 GiB).
+        for id in 10..17 {
+            cfg.slots.insert(0, forged_slot(id, 1024 * 1024, 3));
+        }
+        cfg.seal(&master);
+        let order: Vec<u32> = cfg.unlock_order(SlotKind::Password, None).iter().map(|s| s.id).collect();
+        assert_eq!(order, [0, 16, 15, 14, 13, 12, 11, 10], "the cheapest slot first, file order among equals");
+        let t = Instant::now();
+        assert!(cfg.unlock(&password("right"), None, Path::new("x")).is_ok());
+        assert!(t.elapsed() < Duration::from_secs(5), "forged slots were derived first: {:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_wrong_password_against_forged_slots_derives_no_more_than_the_unlock_budget() {
+        let (mut cfg, master) = config_with_password("right");
+        for id in 10..17 {
+            cfg.slots.push(forged_slot(id, 1024, 4));
+        }
+        cfg.seal(&master);
+        // Each forged slot costs the whole (small) ceiling; the budget is twice that, so after
+        // the real slot (64 KiB) two of them at most are derived.
+        let ceiling = KdfCeiling { memory_kib: 1024, memory_passes_kib: 4096 };
+        assert_eq!(ceiling.unlock_budget_kib(), 8192);
+        let err = cfg.unlock_with(&password("wrong"), None, Path::new("x"), &ceiling).unwrap_err();
+        assert!(matches!(&err, Error::Config { detail, .. } if detail.contains("(2 of 8 slots tried")), "{err}");
+        // With the right password the real slot, the cheapest, opens before the budget matters.
+        assert!(cfg.unlock_with(&password("right"), None, Path::new("x"), &ceiling).is_ok());
+    }
+
+    #[test]
+    fn a_config_holds_at_most_eight_slots() {
+        let (mut cfg, master) = config_with_password("right");
+        for i in 1..MAX_SLOTS {
+            cfg.add_password_slot(&master, &SecretString::from(format!("pw{i}")), WEAK).unwrap();
+        }
+        assert_eq!(cfg.slots.len(), MAX_SLOTS);
+        let e = cfg.add_recovery_slot(&master, &RecoveryKey::from_bytes([5; 32])).unwrap_err();
+        assert!(e.to_string().contains("remove one first"), "{e}");
+        // A ninth slot edited into the file: the config is refused before any derivation.
+        cfg.slots.push(forged_slot(99, 64, 1));
+        cfg.seal(&master);
+        let e = VaultConfig::parse(&cfg.to_file_bytes(), Path::new("veilfs.conf")).unwrap_err();
+        assert!(matches!(&e, Error::Config { detail, .. } if detail.contains("has 9 key slots")), "{e}");
+    }
+
+    #[test]
     fn an_unsealed_forged_slot_is_skipped_and_the_mac_still_catches_the_edit() {
         let (mut cfg, master) = config_with_password("right");
         cfg.seal(&master);
@@ -595,7 +709,7 @@ mod tests {
             kdf: SlotKdf::HkdfSha256 { salt: "not base64 !!".into() },
             wrapped_key: "x".into(),
         });
-        cfg.add_recovery_slot(&master, &rk);
+        cfg.add_recovery_slot(&master, &rk).unwrap();
         let mut bad = forged_slot(21, 64, 1);
         bad.kdf = SlotKdf::Argon2id { memory_kib: 64, iterations: 1, parallelism: 1, salt: "%%".into() };
         cfg.slots.insert(0, bad);

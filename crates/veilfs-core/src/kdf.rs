@@ -47,9 +47,12 @@ impl Argon2Params {
     /// Whether unlocking may spend this much: a slot above `ceiling` is refused before any
     /// derivation (a forged slot must not make unlocking take minutes or gigabytes).
     pub fn within(&self, ceiling: &KdfCeiling) -> bool {
-        self.memory_kib <= ceiling.memory_kib
-            && u64::from(self.memory_kib) * u64::from(self.iterations) <= ceiling.memory_passes_kib
-            && self.parallelism <= 64
+        self.memory_kib <= ceiling.memory_kib && self.cost_kib() <= ceiling.memory_passes_kib && self.parallelism <= 64
+    }
+
+    /// What one derivation costs, in KiB × passes (what [`KdfCeiling`] limits).
+    pub fn cost_kib(&self) -> u64 {
+        u64::from(self.memory_kib) * u64::from(self.iterations)
     }
 
     /// Derives a 32-byte KEK from `password` and `salt`.
@@ -79,6 +82,14 @@ impl KdfCeiling {
     pub const DEFAULT: KdfCeiling = KdfCeiling { memory_kib: 1024 * 1024, memory_passes_kib: 4 * 1024 * 1024 };
     /// What `--allow-slow-kdf` allows: anything Argon2 parameters can say (4 GiB, 100 passes).
     pub const UNLIMITED: KdfCeiling = KdfCeiling { memory_kib: 4 * 1024 * 1024, memory_passes_kib: 400 * 1024 * 1024 };
+
+    /// The most one unlock derives over all the slots it tries, in KiB × passes: twice the
+    /// costliest slot allowed. A wrong password against a forged config costs at most that;
+    /// the right one, at most [`crate::config::MAX_SLOTS`] slots no costlier than its own
+    /// (the unlock order), and never more than that either.
+    pub fn unlock_budget_kib(&self) -> u64 {
+        2 * self.memory_passes_kib
+    }
 }
 
 /// The KEK of a recovery slot.

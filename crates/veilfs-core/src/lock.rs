@@ -1,5 +1,5 @@
-//! The vault lock: one writer at a time, unless the user asks otherwise (issue 12), and a
-//! mount that caches never beside a `--shared-storage` one (issue 15).
+//! The vault lock: one writer at a time, unless the user asks otherwise, and a mount that
+//! caches never beside a `--shared-storage` one.
 //!
 //! Why: a mount keeps each directory's entries in memory, and the kernel caches names,
 //! attributes and pages — for an hour on a mount that holds this lock (`veilfs mount` says
@@ -173,14 +173,18 @@ impl VaultLock {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS)) => {
                     return Self::unwritable(dir, path, me, e);
                 }
+                // A symbolic link or a directory planted under the lock's name.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::EISDIR)) => {
+                    let st = sys::fstatat(dir.as_fd(), LOCK_NAME.as_bytes()).ctx(|| path.display().to_string())?;
+                    return Err(not_a_lock(&path, &st));
+                }
                 Err(e) => return Err(Error::io(path.display().to_string(), e)),
             };
             let st = sys::fstat(fd.as_fd()).ctx(|| path.display().to_string())?;
-            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-                return Err(Error::io(
-                    format!("{} is {}, not a lock file", path.display(), sys::type_name(st.st_mode)),
-                    std::io::Error::from_raw_os_error(libc::EINVAL),
-                ));
+            // Checked on the open file before anything is written through it: a hard link to
+            // another file of the vault (its config) would otherwise be overwritten.
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
+                return Err(not_a_lock(&path, &st));
             }
             let os_lock = sys::try_flock_exclusive(fd.as_fd());
             // The holder may have removed the file between our open and our flock: a lock on
@@ -370,6 +374,23 @@ impl SharedLock {
     }
 }
 
+/// The error for a file under the lock's name that veilfs cannot have made: anything but a
+/// regular file with one link. It is damage (or a planted file), never written through.
+fn not_a_lock(path: &Path, st: &Stat) -> Error {
+    let what = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+        format!("a regular file with {} hard links", st.st_nlink)
+    } else {
+        sys::type_name(st.st_mode).to_string()
+    };
+    Error::Auth {
+        what: path.display().to_string(),
+        detail: format!(
+            "is {what}, not a lock file veilfs made (one link, a regular file); nothing was written to it. \
+             Remove it if you know where it came from"
+        ),
+    }
+}
+
 /// Whether a `flock` error means the filesystem has no OS locks.
 fn no_os_locks(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL))
@@ -443,6 +464,42 @@ mod tests {
         drop(lock);
         assert!(!t.path().join(LOCK_NAME).exists());
         assert!(holder(t.path()).is_none());
+    }
+
+    #[test]
+    fn a_lock_planted_as_a_hard_link_to_the_config_is_refused_and_nothing_is_written_through_it() {
+        let t = tempfile::tempdir().unwrap();
+        let conf = t.path().join("veilfs.conf");
+        std::fs::write(&conf, b"{\"the vault's config\": true}").unwrap();
+        std::fs::hard_link(&conf, t.path().join(LOCK_NAME)).unwrap();
+        for break_lock in [false, true] {
+            let e = VaultLock::acquire(t.path(), "mount", break_lock, &never).unwrap_err();
+            assert!(matches!(&e, Error::Auth { detail, .. } if detail.contains("2 hard links")), "{e}");
+        }
+        assert_eq!(std::fs::read(&conf).unwrap(), b"{\"the vault's config\": true}");
+    }
+
+    #[test]
+    fn a_lock_planted_as_a_fifo_symlink_or_directory_is_refused_as_damage_without_blocking() {
+        use std::os::unix::fs::symlink;
+        for (kind, plant) in [
+            (
+                "a FIFO",
+                &(|p: &Path| {
+                    crate::sys::mknodat(crate::sys::CWD, p.as_os_str().as_encoded_bytes(), libc::S_IFIFO | 0o644, 0)
+                        .unwrap()
+                }) as &dyn Fn(&Path),
+            ),
+            ("a symbolic link", &|p: &Path| symlink("veilfs.conf", p).unwrap()),
+            ("a directory", &|p: &Path| std::fs::create_dir(p).unwrap()),
+        ] {
+            let t = tempfile::tempdir().unwrap();
+            std::fs::write(t.path().join("veilfs.conf"), b"config").unwrap();
+            plant(&t.path().join(LOCK_NAME));
+            let e = VaultLock::acquire(t.path(), "import", true, &never).unwrap_err();
+            assert!(matches!(&e, Error::Auth { detail, .. } if detail.contains(kind)), "{kind}: {e}");
+            assert_eq!(std::fs::read(t.path().join("veilfs.conf")).unwrap(), b"config", "{kind}");
+        }
     }
 
     #[test]

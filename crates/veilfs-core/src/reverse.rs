@@ -210,7 +210,7 @@ impl ReverseVault {
         cfg.add_password_slot(&master, password, opts.kdf)?;
         let rk = opts.recovery_key.then(RecoveryKey::generate);
         if let Some(rk) = &rk {
-            cfg.add_recovery_slot(&master, rk);
+            cfg.add_recovery_slot(&master, rk)?;
         }
         cfg.seal(&master);
         cfg.save_named(plaindir, REVERSE_CONFIG_NAME)?;

@@ -161,7 +161,7 @@ impl Vault {
         cfg.add_password_slot(&master, password, opts.kdf)?;
         let rk = opts.recovery_key.then(RecoveryKey::generate);
         if let Some(rk) = &rk {
-            cfg.add_recovery_slot(&master, rk);
+            cfg.add_recovery_slot(&master, rk)?;
         }
         cfg.seal(&master);
         let dirfd = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
