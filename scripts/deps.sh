@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # Installs the system packages veilfs needs to build, test and benchmark, when missing.
-# Usage: scripts/deps.sh [--bench]   (--bench adds the peer filesystems and tools of bench/)
-# Also the fuzzing tools of scripts/fuzz.sh: a nightly toolchain and cargo-fuzz.
+# Usage: scripts/deps.sh [--bench] [--fuzz]
+#   --bench  also the peer filesystems and tools of bench/
+#   --fuzz   also the fuzzing tools of scripts/fuzz.sh: a nightly toolchain and cargo-fuzz
+#            (the test suite needs them; building and using veilfs does not)
 set -euo pipefail
+bench=false
+fuzz=false
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=true ;;
+    --fuzz) fuzz=true ;;
+    *) echo "usage: scripts/deps.sh [--bench] [--fuzz]" >&2; exit 2 ;;
+  esac
+done
 need=(fuse3 rsync attr python3 python3-matplotlib stress-ng util-linux man-db)
-if [[ "${1:-}" == "--bench" ]]; then
+if $bench; then
   need+=(gocryptfs encfs cryfs securefs fio stress-ng linux-source-6.1 python3-matplotlib e2fsprogs fscryptctl)
 fi
 missing=()
@@ -25,6 +36,9 @@ if [[ ! -e /dev/fuse ]]; then
   modprobe fuse 2>/dev/null || true
 fi
 # The fuzz targets (scripts/fuzz.sh, run by scripts/test.sh) need nightly and cargo-fuzz.
+if ! $fuzz; then
+  exit 0
+fi
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   echo "veilfs: installing the nightly Rust toolchain (for cargo fuzz)" >&2
   rustup toolchain install nightly --profile minimal >/dev/null

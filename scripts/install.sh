@@ -27,15 +27,27 @@ if [ -z "${SBINDIR+set}" ]; then
 fi
 helper=${SBINDIR:+$DESTDIR$SBINDIR/mount.fuse.veilfs}
 
+# The helper is this install's only when it links to this install's binary: the Debian
+# package's /usr/sbin/mount.fuse.veilfs (the same file as /sbin/... on a merged /usr) links to
+# /usr/bin/veilfs and belongs to dpkg.
+ours() { [ -L "$1" ] && [ "$(readlink "$1")" = "$PREFIX/bin/veilfs" ]; }
+
 if [ "${1:-}" = "--uninstall" ]; then
     rm -f "$bindir/veilfs" "$mandir"/veilfs.1 "$mandir"/veilfs-*.1 \
         "$bashdir/veilfs" "$zshdir/_veilfs" "$fishdir/veilfs.fish"
-    # The helper only if it is ours (a link to a veilfs binary).
-    if [ -n "$helper" ] && [ -L "$helper" ] && [ "$(basename "$(readlink "$helper")")" = veilfs ]; then
+    if [ -n "$helper" ] && ours "$helper"; then
         rm -f "$helper"
     fi
     echo "veilfs: removed from $root"
     exit 0
+fi
+
+# One install story at a time: a system-wide install beside the Debian package would put a
+# second veilfs first in PATH and take over the package's mount helper.
+if [ -z "$DESTDIR" ] && [ -n "$helper" ] && [ -e "$helper" ] && ! ours "$helper"; then
+    echo "veilfs: $helper belongs to another install ($(readlink "$helper" 2>/dev/null || echo 'not a link'));" \
+        "remove that first (the package: sudo dpkg -r veilfs), or install without the helper: SBINDIR= $0" >&2
+    exit 1
 fi
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -46,7 +58,9 @@ if [ ! -x "$bin" ]; then
 fi
 
 install -d "$bindir" "$mandir" "$bashdir" "$zshdir" "$fishdir"
+# Installed without debug information (the release build keeps it for profiling).
 install -m 0755 "$bin" "$bindir/veilfs"
+strip --strip-debug "$bindir/veilfs" 2>/dev/null || true
 if [ -n "$helper" ]; then
     # mount -t fuse.veilfs and fstab lines run /sbin/mount.fuse.veilfs; veilfs knows the name.
     install -d "$(dirname "$helper")"

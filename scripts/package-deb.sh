@@ -66,6 +66,22 @@ Description: encrypted overlay filesystem (FUSE) with offline tools
  export, list and read vaults without mounting. Mounts work from the command line,
  fstab (type fuse.veilfs) and systemd units, as root or as an ordinary user.
 EOF
+# A manual install (scripts/install.sh) of the mount helper would be replaced without a word:
+# refuse, and say how to remove it.
+cat > "$root/DEBIAN/preinst" <<'EOF'
+#!/bin/sh
+set -e
+if [ "$1" = install ]; then
+    for h in /usr/sbin/mount.fuse.veilfs /sbin/mount.fuse.veilfs; do
+        if [ -L "$h" ] && [ "$(readlink "$h")" != /usr/bin/veilfs ]; then
+            echo "veilfs: $h links to $(readlink "$h"), a manual install (scripts/install.sh);" \
+                "remove it first: sudo scripts/install.sh --uninstall" >&2
+            exit 1
+        fi
+    done
+fi
+EOF
+chmod 0755 "$root/DEBIAN/preinst"
 find "$root" -type d -exec chmod 0755 {} +
 
 mkdir -p "$out"

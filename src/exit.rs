@@ -133,7 +133,27 @@ pub fn message(e: &anyhow::Error) -> String {
         }
         msg.push_str(&text);
     }
-    msg
+    without_os_error_numbers(&msg)
+}
+
+/// `text` without Rust's " (os error N)" after each system error: the message says
+/// "No such file or directory", as coreutils do, not the number too.
+fn without_os_error_numbers(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(" (os error ") {
+        let tail = &rest[i + " (os error ".len()..];
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && tail[digits..].starts_with(')') {
+            out.push_str(&rest[..i]);
+            rest = &tail[digits + 1..];
+        } else {
+            out.push_str(&rest[..i + 1]);
+            rest = &rest[i + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 impl std::fmt::Display for Exit {
@@ -159,7 +179,9 @@ mod tests {
     fn an_os_error_is_printed_once() {
         let e: anyhow::Error = Error::io("x/y", io::Error::from_raw_os_error(libc::ENOENT)).into();
         let m = message(&e.context("cannot open"));
-        assert_eq!(m.matches("os error 2").count(), 1, "{m}");
+        assert_eq!(m.matches("No such file or directory").count(), 1, "{m}");
+        assert!(!m.contains("os error"), "{m}");
+        assert_eq!(without_os_error_numbers("a (os error 13): b (os error x)"), "a: b (os error x)");
         assert_eq!(classify(&anyhow::anyhow!(Error::io("x", io::Error::from_raw_os_error(libc::ENOSPC)))), OTHER);
     }
 }

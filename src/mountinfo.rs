@@ -66,7 +66,6 @@ pub fn parse(text: &str) -> Vec<Mount> {
         .collect()
 }
 
-/// The topmost mount at `mount_point` (an absolute path), if any.
 /// Every mount of this process's mount namespace.
 pub fn all() -> Vec<Mount> {
     std::fs::read_to_string("/proc/self/mountinfo").map(|t| parse(&t)).unwrap_or_default()

@@ -78,9 +78,29 @@ impl Fixture {
 fn init_prints_a_recovery_key_and_refuses_a_non_empty_dir() {
     let f = Fixture::new();
     assert_eq!(f.recovery.len(), 14 * 4 + 13, "recovery key on stdout: {:?}", f.recovery);
+    // An existing vault is named as one, not as "not empty".
     let o = veilfs(&[&["init", f.v(), "--passfile", f.pf.to_str().unwrap()][..], &WEAK].concat());
-    assert_ne!(code(&o), 0);
+    assert_eq!(code(&o), 4, "{}", err(&o));
+    assert!(err(&o).contains("is already a veilfs vault"), "{}", err(&o));
+    let other = f.dir.join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("x"), "x").unwrap();
+    let o = veilfs(&[&["init", other.to_str().unwrap(), "--passfile", f.pf.to_str().unwrap()][..], &WEAK].concat());
+    assert_eq!(code(&o), 4, "{}", err(&o));
     assert!(err(&o).contains("not empty"), "{}", err(&o));
+}
+
+#[test]
+fn init_refuses_a_key_derivation_that_every_unlock_would_refuse() {
+    let f = Fixture::new();
+    let new = f.dir.join("heavy");
+    // 1100 MiB is above the ceiling an unlock applies without --allow-slow-kdf.
+    let o = veilfs(&["init", new.to_str().unwrap(), "--passfile", f.pf.to_str().unwrap(), "--kdf-memory", "1100"]);
+    assert_eq!(code(&o), 2, "{}", err(&o));
+    assert!(err(&o).contains("--allow-slow-kdf"), "{}", err(&o));
+    assert!(!new.join("veilfs.conf").exists(), "nothing was made");
+    let o = f.run(&["passwd", f.v(), "--add", "--new-passfile", f.pf.to_str().unwrap(), "--kdf-memory", "1100"]);
+    assert_eq!(code(&o), 2, "{}", err(&o));
 }
 
 #[test]
@@ -129,6 +149,24 @@ fn a_passfile_every_user_can_read_is_used_with_one_warning() {
     std::fs::set_permissions(&f.pf, std::fs::Permissions::from_mode(0o600)).unwrap();
     let o = f.run(&["ls", f.v()]);
     assert!(!err(&o).contains("readable"), "{}", err(&o));
+}
+
+#[test]
+fn ls_recursive_lists_every_directory_as_ls_dash_capital_r_does() {
+    let f = Fixture::new();
+    let src = f.dir.join("tree");
+    for d in ["a/b/c", "a/empty", "z"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for file in ["top.txt", "a/one", "a/b/two", "a/b/c/three", "z/last"] {
+        std::fs::write(src.join(file), file).unwrap();
+    }
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let o = f.run(&["ls", "-R", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let ls = Command::new("ls").arg("-R").arg(&src).env("LC_ALL", "C").output().unwrap();
+    let want = out(&ls).replace(&src.display().to_string(), f.v());
+    assert_eq!(out(&o), want);
 }
 
 #[test]
@@ -509,7 +547,7 @@ fn one_message_per_error_naming_the_plaintext_path() {
     let missing = format!("{}/a/nope.txt", f.v());
     let o = f.run(&["cat", &missing]);
     assert_eq!(code(&o), 4, "{}", err(&o));
-    assert_eq!(err(&o), format!("veilfs: error: {missing}: No such file or directory (os error 2)\n"));
+    assert_eq!(err(&o), format!("veilfs: error: {missing}: No such file or directory\n"));
     let o = f.run(&["ls", &format!("{}/nodir", f.v())]);
     assert_eq!(err(&o).matches("No such file or directory").count(), 1, "{}", err(&o));
     assert!(err(&o).contains(&format!("{}/nodir", f.v())), "{}", err(&o));
@@ -623,9 +661,9 @@ fn invalid_options_fail_before_any_prompt_and_create_nothing() {
         let o = veilfs(&args);
         assert_eq!(code(&o), 2, "{args:?}: {}", err(&o));
     }
-    // `--idle 1h30m` is accepted: the mount then fails on the missing mount point (8), not on the option.
+    // `--idle 1h30m` is accepted: the mount then fails on the missing mount point (4), not on the option.
     let o = veilfs(&["mount", f.v(), d, "--idle", "1h30m"]);
-    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert_eq!(code(&o), 4, "{}", err(&o));
     assert!(err(&o).contains("mount point"), "{}", err(&o));
 }
 
@@ -751,7 +789,7 @@ fn mount_refuses_to_hide_its_own_cipherdir() {
     assert_eq!(code(&veilfs(&[&["init", v.to_str().unwrap(), "--extpass", "echo pw"][..], &WEAK].concat())), 0);
     for mnt in [t.path(), v.as_path()] {
         let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--nonempty", "--extpass", "echo pw"]);
-        assert_eq!(code(&o), 8, "{}", err(&o));
+        assert_eq!(code(&o), 4, "{}", err(&o));
         let e = err(&o);
         assert!(e.contains("hide CIPHERDIR") || e.contains("inside CIPHERDIR"), "{e}");
     }
@@ -881,6 +919,30 @@ fn umount_finds_a_mount_point_with_a_space_and_leaves_other_filesystems_alone() 
 }
 
 #[test]
+fn a_mount_stacks_on_a_directory_that_is_already_a_mount_point_as_the_kernel_allows() {
+    if !common::root_only("the lower mount is the test's own tmpfs, which a user cannot mount")
+        || !common::fuse_available()
+    {
+        return;
+    }
+    let (_t, v) = vault_on_tmpfs();
+    // The mount point is itself a (second, empty) tmpfs: xfstests' generic/604 mounts so.
+    let lower = common::Tmpfs::new("1m");
+    let mnt = lower.path.clone();
+    let _guard = Unmount(mnt.clone());
+    let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let top = Command::new("findmnt").args(["-n", "-o", "FSTYPE", "--mountpoint"]).arg(&mnt).output().unwrap();
+    assert_eq!(out(&top).lines().last(), Some("fuse.veilfs"), "{}", out(&top));
+    std::fs::write(mnt.join("f"), b"on the veilfs mount").unwrap();
+    let o = veilfs(&["umount", mnt.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    // The tmpfs below is still mounted, and the file went to the vault, not into it.
+    assert!(mounted(&mnt), "the lower mount must stay");
+    assert!(!mnt.join("f").exists());
+}
+
+#[test]
 fn mount_names_a_stale_mount_and_how_to_clear_it() {
     if !common::fuse_available() {
         return;
@@ -907,7 +969,7 @@ fn mount_names_a_stale_mount_and_how_to_clear_it() {
     let e = std::fs::metadata(&mnt).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
     let o = veilfs(&["mount", v.to_str().unwrap(), mnt.to_str().unwrap(), "--extpass", "echo pw"]);
-    assert_eq!(code(&o), 8, "{}", err(&o));
+    assert_eq!(code(&o), 4, "{}", err(&o));
     assert!(err(&o).contains("stale mount"), "{}", err(&o));
     assert!(err(&o).contains(&format!("fusermount3 -u {}", mnt.display())), "{}", err(&o));
     assert!(!err(&o).contains("not a directory"), "{}", err(&o));
@@ -1057,11 +1119,7 @@ fn a_mount_locks_its_vault_against_other_writers() {
     let src = m.tmpfs.path.join("new-file");
     std::fs::write(&src, "imported").unwrap();
     let holder = format!("{v} is mounted by pid {pid} on host ");
-    let refused = [
-        with_pass(&m, &["import", src.to_str().unwrap(), &v]),
-        with_pass(&m, &["passwd", &v, "--new-passfile", m.passfile.to_str().unwrap()]),
-        with_pass(&m, &["fsck", "--repair", &v]),
-    ];
+    let refused = [with_pass(&m, &["import", src.to_str().unwrap(), &v]), with_pass(&m, &["fsck", "--repair", &v])];
     for o in &refused {
         assert_eq!(code(o), 9, "{}", err(o));
         assert!(err(o).contains(&holder) && err(o).contains("unmount it first, or use --shared-storage"), "{}", err(o));
@@ -1073,6 +1131,13 @@ fn a_mount_locks_its_vault_against_other_writers() {
     let o = m.mount_cmd(&second);
     assert_eq!(code(&o), 9, "a second mount: {}", err(&o));
     assert!(err(&o).contains(&format!("is mounted by pid {pid} on host ")), "{}", err(&o));
+    // passwd works while mounted (it changes only the key slots, which the mount does not
+    // read again), and the mount goes on serving.
+    let conf = std::fs::read(m.cipher.join("veilfs.conf")).unwrap();
+    let o = with_pass(&m, &["passwd", &v, "--new-passfile", m.passfile.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "passwd while mounted: {}", err(&o));
+    assert_ne!(std::fs::read(m.cipher.join("veilfs.conf")).unwrap(), conf, "a new slot was written");
+    std::fs::write(m.m("after-passwd"), "still served").unwrap();
     // Reading works while mounted.
     assert_eq!(out(&with_pass(&m, &["cat", &format!("{v}/inside")])), "written through the mount");
     assert!(out(&with_pass(&m, &["ls", &v])).contains("inside"));
@@ -1199,7 +1264,7 @@ fn another_machines_lock_is_refused_until_broken() {
     let e = err(&o);
     assert!(e.contains("is mounted by pid 4242 on host laptop.example since 2023-11-14 22:13:20 UTC"), "{e}");
     assert!(e.contains("--break-lock") && e.contains("veilfs.lock"), "{e}");
-    let o = f.run(&["passwd", f.v(), "--new-passfile", f.pf.to_str().unwrap(), "--break-lock"]);
+    let o = f.run(&["import", src.to_str().unwrap(), f.v(), "--break-lock"]);
     assert_eq!(code(&o), 0, "{}", err(&o));
     assert!(err(&o).contains("taking over the lock of a mount (pid 4242 on host laptop.example"), "{}", err(&o));
     assert!(!f.vault.join("veilfs.lock").exists());

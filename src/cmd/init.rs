@@ -1,11 +1,12 @@
 //! `veilfs init`.
 
+use crate::exit::{Exit, BAD_PATH};
 use crate::password::PasswordArgs;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use veilfs_core::content::ContentCipher;
-use veilfs_core::{Error, InitOptions, Vault};
+use veilfs_core::{Error, InitOptions, Vault, VaultConfig};
 
 /// Arguments of `veilfs init`.
 #[derive(clap::Args, Debug)]
@@ -36,6 +37,10 @@ pub struct Args {
     /// Do not create a recovery key.
     #[arg(long)]
     pub no_recovery_key: bool,
+    /// Allow a key derivation above the ceiling unlocking applies (1 GiB of memory,
+    /// 4 GiB·passes); every unlock of such a vault then needs --allow-slow-kdf too.
+    #[arg(long)]
+    pub allow_slow_kdf: bool,
 }
 
 fn parse_cipher(s: &str) -> Result<ContentCipher, String> {
@@ -60,6 +65,15 @@ fn parse_block_size(s: &str) -> Result<u32, String> {
 /// non-directory, or a directory that is not empty. (A missing one is created later.)
 fn check_cipherdir(dir: &Path) -> Result<()> {
     match std::fs::read_dir(dir).map(|mut it| it.next().is_some()) {
+        Ok(true) if VaultConfig::path_in(dir).exists() => Err(Exit::new(
+            BAD_PATH,
+            anyhow::anyhow!(
+                "{} is already a veilfs vault (`veilfs info {}` describes it); a new vault needs an empty directory",
+                dir.display(),
+                dir.display()
+            ),
+        )
+        .into()),
         Ok(true) => Err(Error::NotEmpty(dir.to_path_buf()).into()),
         Ok(false) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -69,7 +83,7 @@ fn check_cipherdir(dir: &Path) -> Result<()> {
 
 /// Runs `veilfs init`.
 pub fn run(a: Args) -> Result<i32> {
-    let kdf = a.kdf.params()?;
+    let kdf = a.kdf.params(a.allow_slow_kdf)?;
     if a.reverse {
         return run_reverse(a, kdf);
     }

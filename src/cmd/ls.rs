@@ -2,6 +2,7 @@
 
 use super::UnlockArgs;
 use anyhow::Result;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use veilfs_core::EntryKind;
 
@@ -29,6 +30,10 @@ pub struct Args {
     /// Show each entry's ciphertext name too.
     #[arg(short = 'c', long)]
     pub cipher_names: bool,
+    /// List subdirectories recursively, as `ls -R` does: each directory under a
+    /// `PATH:` line, a blank line between them.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
 }
@@ -97,27 +102,61 @@ pub fn run(a: Args) -> Result<i32> {
         None if inner.as_os_str().is_empty() => parent,
         None => return Err(super::not_found(&a.dir).into()),
     };
-    let (mut entries, bad) = vault.list(&dir).map_err(plain_err)?;
-    entries.sort_by(|x, y| x.name.cmp(&y.name));
     let mut damaged = 0;
+    list_dir(&a, &vault, &dir, &a.dir, true, &mut damaged).map_err(plain_err)?;
+    Ok(if damaged == 0 { crate::exit::OK } else { crate::exit::INTEGRITY })
+}
+
+/// Lists directory `dir` (named `label` in messages and `-R` headers), then with `-R` each
+/// subdirectory in name order; counts entries that failed authentication in `damaged`.
+fn list_dir(
+    a: &Args,
+    vault: &veilfs_core::Vault,
+    dir: &veilfs_core::CipherDir,
+    label: &std::path::Path,
+    first: bool,
+    damaged: &mut usize,
+) -> veilfs_core::Result<()> {
+    let (mut entries, bad) = vault.list(dir)?;
+    entries.sort_by(|x, y| x.name.cmp(&y.name));
+    if a.recursive {
+        if !first {
+            println!();
+        }
+        println!("{}:", label.display());
+    }
     for e in &entries {
-        if let Some(err) = print_entry(&a, &vault, &dir, e) {
-            damaged += 1;
-            eprintln!("veilfs: ls: {}/{}: {err}", a.dir.display(), String::from_utf8_lossy(&e.name));
+        if let Some(err) = print_entry(a, vault, dir, e) {
+            *damaged += 1;
+            eprintln!("veilfs: ls: {}/{}: {err}", label.display(), String::from_utf8_lossy(&e.name));
         }
     }
     for b in &bad {
+        *damaged += 1;
         let why = match &b.error {
             veilfs_core::Error::Auth { detail, .. } => detail.clone(),
             other => other.to_string(),
         };
         eprintln!(
             "veilfs: ls: {}: integrity error in the entry with ciphertext name {}: {why}",
-            a.dir.display(),
+            label.display(),
             String::from_utf8_lossy(&b.on_disk)
         );
     }
-    Ok(if bad.is_empty() && damaged == 0 { crate::exit::OK } else { crate::exit::INTEGRITY })
+    if a.recursive {
+        for e in entries.iter().filter(|e| e.kind == EntryKind::Dir) {
+            let sub_label = label.join(std::ffi::OsStr::from_bytes(&e.name));
+            match vault.open_dir(dir, e) {
+                Ok(sub) => list_dir(a, vault, &sub, &sub_label, false, damaged)?,
+                Err(err @ veilfs_core::Error::Auth { .. }) => {
+                    *damaged += 1;
+                    eprintln!("veilfs: ls: {}: {err}", sub_label.display());
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Prints one entry; returns the integrity error of a symlink whose target fails to decrypt

@@ -203,14 +203,32 @@ pub struct KdfArgs {
 }
 
 impl KdfArgs {
-    /// The parameters, validated (a usage error otherwise). Call before any prompt.
-    pub fn params(&self) -> Result<Argon2Params> {
+    /// The parameters, validated (a usage error otherwise). Call before any prompt. A slot
+    /// above the ceiling every unlock applies is made only with `allow_slow` (the command's
+    /// `--allow-slow-kdf`): otherwise no unlock without that flag could open it.
+    pub fn params(&self, allow_slow: bool) -> Result<Argon2Params> {
         let p = Argon2Params {
             memory_kib: self.kdf_memory.saturating_mul(1024),
             iterations: self.kdf_iterations,
             parallelism: self.kdf_parallelism,
         };
         p.validate().map_err(|e| Exit::new(USAGE, e))?;
+        let ceiling = KdfCeiling::DEFAULT;
+        if !allow_slow && !p.within(&ceiling) {
+            return Err(Exit::new(
+                USAGE,
+                anyhow::anyhow!(
+                    "--kdf-memory {} MiB × --kdf-iterations {} is above what an unlock tries without \
+                     --allow-slow-kdf ({} MiB, {} MiB·passes): every unlock of that slot would need that flag; give \
+                     --allow-slow-kdf here too to make it anyway",
+                    self.kdf_memory,
+                    self.kdf_iterations,
+                    ceiling.memory_kib / 1024,
+                    ceiling.memory_passes_kib / 1024
+                ),
+            )
+            .into());
+        }
         if p.memory_kib < 64 * 1024 || p.iterations < 2 {
             eprintln!("veilfs: warning: weak key derivation settings; only use them for tests");
         }

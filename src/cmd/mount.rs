@@ -11,7 +11,7 @@
 //! `mountopts`) and the `mount.fuse.veilfs` helper (see `helper`).
 
 use super::UnlockArgs;
-use crate::exit::{Exit, MOUNT};
+use crate::exit::{Exit, BAD_PATH, MOUNT};
 use anyhow::Result;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -165,9 +165,9 @@ fn mount_err(msg: impl std::fmt::Display) -> anyhow::Error {
     Exit::new(MOUNT, anyhow::anyhow!("{msg}")).into()
 }
 
-/// True when `path` (absolute) is a mount point.
-fn is_mounted(path: &Path) -> bool {
-    crate::mountinfo::find(path).is_some()
+/// A mount point that is wrong (missing, not a directory, not empty, stale): exit code 4.
+fn path_err(msg: impl std::fmt::Display) -> anyhow::Error {
+    Exit::new(BAD_PATH, anyhow::anyhow!("{msg}")).into()
 }
 
 /// `path` made absolute: resolved when it can be; otherwise (a stale mount answers stat with
@@ -185,7 +185,7 @@ fn absolute(path: &Path) -> PathBuf {
 
 /// The message for a mount point left behind by a daemon that died.
 fn stale_mount(mp: &Path) -> anyhow::Error {
-    mount_err(format!(
+    path_err(format!(
         "{} is a stale mount: the veilfs process serving it is gone (Transport endpoint is not connected); \
          clear it with `fusermount3 -u {}` (as root: `umount -l {}`), then mount again",
         mp.display(),
@@ -210,33 +210,39 @@ fn check_dev_fuse() -> Result<()> {
 }
 
 /// Checks the mount point before any password is asked for: it exists, is a directory, is
-/// not already a mount (or a stale one), is empty unless `--nonempty`, and the mount would
-/// not hide CIPHERDIR.
+/// not a stale mount, is empty unless `--nonempty`, and the mount would not hide CIPHERDIR.
+/// Each problem is the path being wrong (exit code 4), named absolute. A directory that is
+/// already a mount point is fine: the kernel stacks the new mount on top, as for any
+/// filesystem (`veilfs umount` then removes the top one).
 fn check_mount_point(a: &Args, cipherdir: &Path) -> Result<PathBuf> {
     let mountpoint = absolute(&a.mountpoint);
     match std::fs::metadata(&mountpoint) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(stale_mount(&mountpoint)),
-        Err(e) => return Err(mount_err(format!("mount point {}: {e}", a.mountpoint.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(path_err(format!(
+                "mount point {} does not exist (create it with mkdir -p {})",
+                mountpoint.display(),
+                mountpoint.display()
+            )))
+        }
+        Err(e) => return Err(path_err(format!("mount point {}: {e}", mountpoint.display()))),
         Ok(m) if !m.is_dir() => {
-            return Err(mount_err(format!("mount point {} is not a directory", mountpoint.display())))
+            return Err(path_err(format!("mount point {} is not a directory", mountpoint.display())))
         }
         Ok(_) => {}
     }
-    if is_mounted(&mountpoint) {
-        return Err(mount_err(format!("{} is already a mount point", mountpoint.display())));
-    }
     if mountpoint.starts_with(cipherdir) {
-        return Err(mount_err("the mount point must not be inside CIPHERDIR"));
+        return Err(path_err("the mount point must not be inside CIPHERDIR"));
     }
     if cipherdir.starts_with(&mountpoint) {
-        return Err(mount_err(format!(
+        return Err(path_err(format!(
             "mounting on {} would hide CIPHERDIR {} under the mount; choose another mount point",
             mountpoint.display(),
             cipherdir.display()
         )));
     }
     if !a.nonempty && std::fs::read_dir(&mountpoint).map(|mut d| d.next().is_some()).unwrap_or(false) {
-        return Err(mount_err(format!(
+        return Err(path_err(format!(
             "mount point {} is not empty (use --nonempty to mount over it)",
             mountpoint.display()
         )));

@@ -24,7 +24,8 @@ veilfs passwd VAULT --new-recovery-key   replace the recovery key (the old one s
 Slot numbers never change: a changed password keeps its slot number, a new slot gets the lowest free one. \
 Removing the last recovery key asks for confirmation (or needs --yes without a terminal).\n\n\
 With --password-stdin, the first line is the current secret and the second the new password.\n\n\
-passwd takes the vault lock: while the vault is mounted it is refused (exit code 9).\n\n\
+passwd works while the vault is mounted: it changes only the key slots in veilfs.conf (replaced at once, by a \
+rename), and a mount needs them only when it unlocks. Two passwd commands on one vault wait for each other.\n\n\
 A reverse vault (PLAINDIR made by `veilfs init --reverse`) is found by its .veilfs.reverse.conf, or named with \
 --reverse; only that file changes, and so does veilfs.conf in its view (a live reverse mount shows the new one at \
 once): the keys stay, so the rest of the view and of its backups stays byte for byte the same, and the next backup \
@@ -58,8 +59,6 @@ pub struct Args {
     pub new_extpass: Option<String>,
     #[command(flatten)]
     pub kdf: super::KdfArgs,
-    #[command(flatten)]
-    pub lock: super::LockArgs,
 }
 
 /// Asks on the terminal whether to remove the last recovery key; without a terminal the
@@ -140,13 +139,14 @@ pub fn run(a: Args) -> Result<i32> {
     let reverse = super::is_reverse(&a.cipherdir, a.reverse);
     let on_disk = VaultConfig::load_named(&a.cipherdir, super::config_name(reverse))?;
     let changes_password = a.remove_slot.is_none() && !a.new_recovery_key;
-    let params = if changes_password { Some(a.kdf.params()?) } else { None };
+    let params = if changes_password { Some(a.kdf.params(a.unlock.allow_slow_kdf)?) } else { None };
     if let Some(id) = a.remove_slot {
         check_removal(&on_disk, id, a.yes)?;
     }
-    // A reverse vault has no lock: its view writes nothing, and a lock file in PLAINDIR
+    // Not the vault lock: a mount keeps working (it needs the slots only to unlock); only
+    // another config change waits. A reverse vault has no lock file: a file in PLAINDIR
     // would be an entry of the view.
-    let _lock = if reverse { None } else { Some(a.lock.take(&a.cipherdir, "passwd")?) };
+    let _lock = if reverse { None } else { Some(veilfs_core::lock::ConfigLock::acquire(&a.cipherdir)?) };
     let mut vault = if reverse {
         Unlocked::Reverse(Box::new(a.unlock.open_reverse(&a.cipherdir)?))
     } else {

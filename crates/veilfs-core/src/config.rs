@@ -236,7 +236,8 @@ impl VaultConfig {
             Err(e @ (MetaError::NotRegular(_) | MetaError::TooLarge(_))) => {
                 return Err(cfg_err(format!("{e}; it is not a veilfs config")))
             }
-            Err(e) => return Err(cfg_err(format!("cannot be read: {e}"))),
+            // Unreadable (permissions, an I/O error): not damage, and said as it is.
+            Err(MetaError::Io(e)) => return Err(Error::io(path.display().to_string(), e)),
         };
         Self::parse(&bytes, &path)
     }

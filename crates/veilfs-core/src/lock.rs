@@ -6,8 +6,9 @@
 //! why), trusting that nothing but the mount changes CIPHERDIR. So a file that `veilfs
 //! import` writes into a mounted vault would never appear in the mount, and two writers could
 //! undo each other's renames. So a mount, and every offline command that writes the vault
-//! (`import`, `passwd`, `fsck --repair`), first takes the lock; the others (`cat`, `ls`,
-//! `export`, `info`, `fsck`) only read and take none.
+//! (`import`, `fsck --repair`), first takes the lock; the others (`cat`, `ls`, `export`,
+//! `info`, `fsck`) only read and take none. `passwd` changes only the config's key slots,
+//! which a mount does not read again: it takes [`ConfigLock`] instead.
 //!
 //! The lock is the file `veilfs.lock` in CIPHERDIR (a reserved name, F§2 and F§6.5) holding
 //! who took it (`key=value` lines: `pid`, `host`, `since` in Unix seconds, `command`), plus
@@ -374,6 +375,44 @@ impl SharedLock {
     }
 }
 
+/// An exclusive `flock` on the vault's config file, held by a command that rewrites it
+/// (`passwd`) so that two of them never interleave. It is not the vault lock: a config change
+/// touches only the key slots, which a mount read once at unlock and never again, so passwd
+/// works while the vault is mounted. The config is replaced by a rename, so the lock is taken
+/// on the file now at the name, and taken again if it was replaced while this waited.
+#[derive(Debug)]
+pub struct ConfigLock {
+    _fd: Option<OwnedFd>,
+}
+
+impl ConfigLock {
+    /// Waits (up to 30 s) for the config of the vault in `cipherdir` to be free, then holds it.
+    pub fn acquire(cipherdir: &Path) -> Result<Self> {
+        let path = crate::config::VaultConfig::path_in(cipherdir);
+        let what = || path.display().to_string();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let dir = sys::open_dir_path(cipherdir).ctx(what)?;
+            let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+            let fd = sys::openat(dir.as_fd(), crate::names::CONFIG_NAME.as_bytes(), flags, 0).ctx(what)?;
+            let st = sys::fstat(fd.as_fd()).ctx(what)?;
+            match sys::try_flock_exclusive(fd.as_fd()) {
+                Ok(true) if same_name(&dir, crate::names::CONFIG_NAME, &st) => return Ok(ConfigLock { _fd: Some(fd) }),
+                Ok(true) => continue, // replaced while we opened it: lock the new one
+                Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Ok(false) => {
+                    return Err(Error::io(
+                        format!("{}: another veilfs command is changing it", path.display()),
+                        std::io::Error::from_raw_os_error(libc::EWOULDBLOCK),
+                    ))
+                }
+                Err(e) if no_os_locks(&e) => return Ok(ConfigLock { _fd: None }),
+                Err(e) => return Err(Error::io(format!("locking {}", path.display()), e)),
+            }
+        }
+    }
+}
+
 /// The error for a file under the lock's name that veilfs cannot have made: anything but a
 /// regular file with one link. It is damage (or a planted file), never written through.
 fn not_a_lock(path: &Path, st: &Stat) -> Error {
@@ -413,7 +452,12 @@ impl Drop for VaultLock {
 
 /// Whether `st` (of an open lock file) is the file now named `veilfs.lock` in `dir`.
 fn same_file(dir: &OwnedFd, st: &Stat) -> bool {
-    sys::fstatat(dir.as_fd(), LOCK_NAME.as_bytes()).is_ok_and(|now| (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
+    same_name(dir, LOCK_NAME, st)
+}
+
+/// Whether `st` (of an open file) is the file now named `name` in `dir`.
+fn same_name(dir: &OwnedFd, name: &str, st: &Stat) -> bool {
+    sys::fstatat(dir.as_fd(), name.as_bytes()).is_ok_and(|now| (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
 }
 
 fn read_holder(fd: &OwnedFd) -> Option<Holder> {
@@ -500,6 +544,26 @@ mod tests {
             assert!(matches!(&e, Error::Auth { detail, .. } if detail.contains(kind)), "{kind}: {e}");
             assert_eq!(std::fs::read(t.path().join("veilfs.conf")).unwrap(), b"config", "{kind}");
         }
+    }
+
+    #[test]
+    fn the_config_lock_is_exclusive_and_follows_a_config_replaced_while_waiting() {
+        let t = tempfile::tempdir().unwrap();
+        let conf = crate::config::VaultConfig::path_in(t.path());
+        std::fs::write(&conf, b"one").unwrap();
+        let first = ConfigLock::acquire(t.path()).unwrap();
+        let dir = t.path().to_path_buf();
+        let waiter = std::thread::spawn(move || {
+            let _second = ConfigLock::acquire(&dir).unwrap();
+            std::fs::read(crate::config::VaultConfig::path_in(&dir)).unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!waiter.is_finished(), "a second holder must wait");
+        // The holder replaces the config by rename, as saving does, then lets go.
+        std::fs::write(t.path().join("new"), b"two").unwrap();
+        std::fs::rename(t.path().join("new"), &conf).unwrap();
+        drop(first);
+        assert_eq!(waiter.join().unwrap(), b"two", "the waiter holds the new file, not the replaced one");
     }
 
     #[test]
