@@ -3,8 +3,24 @@
 # integration tests (the mount tests need /dev/fuse, and root or /dev/fuse open to the user;
 # under CI=true they fail instead of skipping when it is missing), the mount group once more
 # as an ordinary user (scripts/test-nonroot.sh), then a short run of every fuzz target.
+#
+#   scripts/test.sh            the whole suite (what CI runs)
+#   scripts/test.sh --quick    the inner loop, a few minutes: formatting, lints, the core
+#                              crate's tests, the CLI's unit tests and a mount smoke test
+#   scripts/test.sh ARGS...    the whole suite, ARGS passed to `cargo test` (a filter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "--quick" ]]; then
+  bash scripts/deps.sh
+  cargo fmt --all -- --check
+  cargo clippy --workspace --all-targets --release -- -D warnings
+  cargo test --release -p veilfs-core
+  cargo test --release --bin veilfs
+  cargo test --release --test mount -- operations_behave_like_a_plain_directory \
+    ciphertext_reveals_no_names_or_content_and_data_survives_remount
+  echo "quick tier passed (the whole suite: scripts/test.sh)"
+  exit 0
+fi
 bash scripts/deps.sh --fuzz
 # The benchmark harness draws its chart with matplotlib: the Debian package serves the system
 # Python; a python3 of its own (pyenv, a venv) first on PATH gets it from PyPI.

@@ -169,6 +169,73 @@ fn ls_recursive_lists_every_directory_as_ls_dash_capital_r_does() {
     assert_eq!(out(&o), want);
 }
 
+/// What Syncthing, Dropbox, Nextcloud, rclone, Resilio, Google Drive and desktops leave in a
+/// synced folder: named by fsck as foreign with exit code 0, left out of ls and export, never
+/// touched by fsck --repair, and a sync tool's directory (Syncthing's version store) is not
+/// walked. (One name per tool here; crates/veilfs-core/src/foreign.rs tests every pattern.)
+#[test]
+fn sync_tools_files_in_the_vault_are_foreign_not_damage_and_never_repaired() {
+    let f = Fixture::new();
+    let src = f.dir.join("tree");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/file"), "data").unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let sub = std::fs::read_dir(&f.vault)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_type().unwrap().is_dir())
+        .expect("the ciphertext of sub")
+        .path();
+    let planted = [
+        (f.vault.join(".stfolder"), "Syncthing"),
+        (f.vault.join(".stignore"), "Syncthing"),
+        (sub.join(".syncthing.veilfs.diriv.a3f0.tmp"), "Syncthing"),
+        (f.vault.join("~syncthing~Zm9vYmFy.tmp"), "Syncthing"),
+        (f.vault.join(".dropbox.cache"), "Dropbox"),
+        (f.vault.join(".sync_1a2b3c.db-wal"), "Nextcloud/ownCloud"),
+        (sub.join(".Zm9vYmFy.~1a2b"), "Nextcloud/ownCloud"),
+        (sub.join("Zm9vYmFyYmF6.1a2b.partial"), "rclone"),
+        (f.vault.join("Zm9vYmFyYmF6.!sync"), "Resilio Sync"),
+        (f.vault.join("desktop.ini"), "Windows (OneDrive, Explorer)"),
+        (sub.join(".DS_Store"), "macOS Finder"),
+        (f.vault.join(".directory"), "KDE Dolphin"),
+    ];
+    for (p, _) in &planted {
+        std::fs::write(p, "a sync tool's bytes").unwrap();
+    }
+    // Syncthing's version store: old ciphertext under changed names, never walked.
+    let versions = f.vault.join(".stversions");
+    std::fs::create_dir(&versions).unwrap();
+    std::fs::write(versions.join("Zm9vYmFyYmF6cXV4cXV1eA.AAAAAAAAAAAAAAAAAAAAAA~20261127-101010"), "old").unwrap();
+    for args in [vec!["ls", "-R", f.v()], vec!["cat", &format!("{}/sub/file", f.v())]] {
+        let o = f.run(&args);
+        assert_eq!(code(&o), 0, "{args:?}: {}", err(&o));
+        assert!(!err(&o).contains("not a veilfs"), "{}", err(&o));
+    }
+    let dest = f.dir.join("out");
+    let o = f.run(&["export", f.v(), dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let mut exported: Vec<String> =
+        std::fs::read_dir(&dest).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    exported.sort();
+    assert_eq!(exported, ["sub"]);
+    for repair in [false, true] {
+        let o = if repair { f.run(&["fsck", "--repair", f.v()]) } else { f.run(&["fsck", f.v()]) };
+        assert_eq!(code(&o), 0, "fsck (repair {repair}): {}", err(&o));
+        for (p, tool) in &planted {
+            let line = format!("foreign (sync tool: {tool}): {}", p.display());
+            assert!(err(&o).contains(&line), "{line} in: {}", err(&o));
+            assert_eq!(std::fs::read_to_string(p).unwrap(), "a sync tool's bytes", "{} was touched", p.display());
+        }
+        assert!(err(&o).contains(&format!("foreign (sync tool: Syncthing): {}", versions.display())));
+        assert!(versions.join("Zm9vYmFyYmF6cXV4cXV1eA.AAAAAAAAAAAAAAAAAAAAAA~20261127-101010").exists());
+        assert!(!err(&o).contains("20261127-101010"), "the version store was walked: {}", err(&o));
+    }
+    // Anything else unknown is still an integrity finding.
+    std::fs::write(f.vault.join("stray-file"), "x").unwrap();
+    assert_eq!(code(&f.run(&["fsck", f.v()])), 6);
+}
+
 #[test]
 fn not_a_vault_and_damaged_config_exit_codes() {
     let f = Fixture::new();

@@ -87,6 +87,9 @@ fn print_report(a: &Args, r: &Report) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    for f in &r.sync_files {
+        eprintln!("veilfs: fsck: foreign (sync tool: {}): {}: left alone", f.tool, f.cipher_path.display());
+    }
     for p in &r.problems {
         let plain = p.plain_path.as_ref().map(|p| format!(" (/{})", p.display())).unwrap_or_default();
         let fixed = p.repaired.as_ref().map(|w| format!("; repaired: {w}")).unwrap_or_default();

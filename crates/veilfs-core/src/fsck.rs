@@ -97,6 +97,18 @@ pub struct Report {
     pub bytes: u64,
     /// Everything found.
     pub problems: Vec<Problem>,
+    /// Files a sync tool or desktop left ([`crate::foreign`]): named, never a problem, never
+    /// touched by `--repair`.
+    pub sync_files: Vec<SyncFile>,
+}
+
+/// A file a sync tool or desktop left in the vault's folder.
+#[derive(Clone, Debug, Serialize)]
+pub struct SyncFile {
+    /// Its ciphertext path.
+    pub cipher_path: PathBuf,
+    /// The tool that leaves such files.
+    pub tool: &'static str,
 }
 
 impl Report {
@@ -241,6 +253,12 @@ impl<'a> Checker<'a> {
                 continue;
             }
             if top && (r.name == CONFIG_NAME.as_bytes() || is_lock_file(&name)) {
+                continue;
+            }
+            // A sync tool's file is named and left alone (and its directories, such as
+            // Syncthing's version store, are not walked).
+            if let ParsedEntry::SyncTool(tool) = ParsedEntry::parse(&r.name) {
+                self.report.sync_files.push(SyncFile { cipher_path: dir.path.join(&name), tool });
                 continue;
             }
             if top && name.starts_with(crate::stash::STASH_PREFIX) {

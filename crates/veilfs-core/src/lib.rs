@@ -11,6 +11,7 @@ pub mod content;
 pub mod crash;
 pub mod diriv;
 pub mod error;
+pub mod foreign;
 pub mod keys;
 pub mod names;
 pub mod random;

@@ -202,12 +202,24 @@ pub enum ParsedEntry<'a> {
     },
     /// Not a name this format produces (e.g. a sync tool's conflict copy).
     Foreign,
+    /// A file a sync tool or desktop leaves in folders (`.stfolder`, a Syncthing temporary
+    /// file, `.DS_Store`; [`crate::foreign`]): not an entry, not damage, never touched.
+    SyncTool(&'static str),
 }
 
 impl<'a> ParsedEntry<'a> {
     /// Classifies an on-disk name. Called for every entry of every listing, so it works on
-    /// bytes and checks each byte once against a table.
+    /// bytes and checks each byte once against a table. A name veilfs cannot have written is
+    /// looked up in the list of sync tools' files ([`crate::foreign`]) last, so that list can
+    /// never hide an entry.
     pub fn parse(name: &'a [u8]) -> Self {
+        match Self::parse_format(name) {
+            ParsedEntry::Foreign => crate::foreign::sync_tool(name).map_or(ParsedEntry::Foreign, ParsedEntry::SyncTool),
+            p => p,
+        }
+    }
+
+    fn parse_format(name: &'a [u8]) -> Self {
         if name == b"." || name == b".." {
             return ParsedEntry::Internal;
         }
@@ -806,7 +818,8 @@ mod tests {
                     prop_assert_eq!(key, format!("{LONG_PREFIX}{hash}"));
                 }
                 ParsedEntry::Internal => prop_assert!(name.starts_with(b"veilfs.") || name == b"." || name == b".."),
-                ParsedEntry::Foreign => {}
+                ParsedEntry::Foreign => prop_assert!(crate::foreign::sync_tool(&name).is_none()),
+                ParsedEntry::SyncTool(_) => prop_assert!(crate::foreign::sync_tool(&name).is_some()),
             }
         }
 

@@ -461,7 +461,7 @@ impl ReverseVault {
             ParsedEntry::Long { .. } | ParsedEntry::Internal => {
                 Ok(self.list(dir)?.into_iter().find(|i| i.on_disk.as_bytes() == on_disk))
             }
-            ParsedEntry::Foreign => Ok(None),
+            ParsedEntry::Foreign | ParsedEntry::SyncTool(_) => Ok(None),
         }
     }
 

@@ -54,7 +54,8 @@ fn sweep(vault: &Vault, root: BorrowedFd<'_>, dir: BorrowedFd<'_>, path: &Path, 
             }
             continue;
         }
-        if matches!(ParsedEntry::parse(&e.name), ParsedEntry::Internal) {
+        // Never into a sync tool's own files: Syncthing's version store holds old ciphertext.
+        if matches!(ParsedEntry::parse(&e.name), ParsedEntry::Internal | ParsedEntry::SyncTool(_)) {
             continue;
         }
         let Ok(st) = sys::fstatat(dir, &e.name) else { continue };

@@ -323,7 +323,7 @@ impl Vault {
         let parsed = ParsedEntry::parse(on_disk);
         let what = || dir.child_path(&String::from_utf8_lossy(on_disk));
         match parsed {
-            ParsedEntry::Internal => return Ok(None),
+            ParsedEntry::Internal | ParsedEntry::SyncTool(_) => return Ok(None),
             ParsedEntry::Foreign => return Err(Error::auth(what(), "is not a veilfs entry name")),
             _ => {}
         }
@@ -338,8 +338,8 @@ impl Vault {
 
     /// The user entries of `dir` by lookup key, without decrypting anything: (key, on-disk
     /// name, `d_type`) for each, in listing order. Names that are not veilfs entries (a sync
-    /// tool's conflict copy) are left out with a warning naming them. For callers that keep
-    /// their own index (the mount).
+    /// tool's conflict copy) are left out with a warning naming them; a sync tool's own files
+    /// ([`crate::foreign`]) silently. For callers that keep their own index (the mount).
     pub fn keyed_entries(dir: &CipherDir) -> Result<Vec<(String, String, u8)>> {
         let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
         let mut out = Vec::with_capacity(raw.len());
@@ -382,7 +382,7 @@ impl Vault {
         let (mut good, mut bad): (Vec<Entry>, Vec<BadEntry>) = (Vec::new(), Vec::new());
         let mut seen: HashMap<String, usize> = HashMap::new();
         for r in raw {
-            if matches!(ParsedEntry::parse(&r.name), ParsedEntry::Internal) {
+            if matches!(ParsedEntry::parse(&r.name), ParsedEntry::Internal | ParsedEntry::SyncTool(_)) {
                 continue;
             }
             let st = match Self::stat_entry(dir, &r.name) {
