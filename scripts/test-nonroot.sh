@@ -11,6 +11,10 @@
 # name, default: mount)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# It makes a user and opens /dev/fuse to everyone: only in a throwaway view of the machine.
+if [[ $(id -u) -eq 0 && ${VEILFS_TEST_SANDBOX:-} != 1 ]]; then
+  exec bash scripts/sandbox.sh bash "$0" "$@"
+fi
 targets=()
 while (($#)) && [[ $1 != -- ]]; do targets+=("$1"); shift; done
 [[ ${1:-} == -- ]] && shift

@@ -30,11 +30,14 @@ cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 # The reference reader (tests/vectors/reference_reader.py) runs inside `tests/vectors.rs` too.
 python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install -q cryptography
-cargo test --workspace --release "$@"
+# Run as root, in a throwaway view of the machine (scripts/sandbox.sh): the tests that make
+# users, edit /etc/fstab or install the package change only that view, and two runs at once
+# do not meet.
+bash scripts/sandbox.sh cargo test --workspace --release "$@"
 # The mount and POSIX test groups again as an ordinary user, through fusermount3 (as root only: it makes
 # the user; run as a user, the cargo test above already mounted as one).
 if [[ $(id -u) -eq 0 ]]; then
-  bash scripts/test-nonroot.sh mount posix
+  bash scripts/sandbox.sh bash scripts/test-nonroot.sh mount posix
 fi
 # The crash matrix (issue 12) needs a build with crash points compiled in (tests/crash.rs):
 # the daemon dies at every named point and at random moments under load. Its table (point,
@@ -42,10 +45,13 @@ fi
 # It builds in a target directory of its own, so the veilfs binary of target/release stays the
 # one without crash points; the first time it starts from a copy of the normal build's
 # dependencies instead of building them all again.
-if [[ ! -d target/failpoints/release && -d target/release ]]; then
-  mkdir -p target/failpoints
-  cp -a target/release target/failpoints/release
-fi
+mkdir -p target/failpoints
+(
+  flock 9 # two runs at once copy it once
+  if [[ ! -d target/failpoints/release && -d target/release ]]; then
+    cp -a target/release "target/failpoints/release.$$" && mv "target/failpoints/release.$$" target/failpoints/release
+  fi
+) 9>target/failpoints/.seed.lock
 CARGO_TARGET_DIR=target/failpoints cargo test --release --features failpoints --test crash -- --nocapture --test-threads=1
 # A few seconds of each fuzz target (fuzz/README.md), seeded with the committed corpus;
 # a crash, hang or OOM fails the suite.

@@ -3,8 +3,10 @@
 //! fusermount3, systemd's readiness protocol, and the Debian package.
 //!
 //! These tests change machine-wide state — /etc/fstab, /etc/fuse.conf, /dev/fuse's mode,
-//! /usr/sbin/mount.fuse.veilfs, a test user, an installed package — so they take one lock,
-//! and every change is undone in a `Drop` (also when a test fails). /dev/fuse is needed;
+//! /usr/sbin/mount.fuse.veilfs, a test user, an installed package — so they run only inside
+//! `scripts/sandbox.sh` (throwaway overlays over /etc, /usr and /var, and namespaces of their
+//! own; `require_sandbox` fails them elsewhere), take one lock, and undo every change in a
+//! `Drop` as well (also when a test fails). /dev/fuse is needed;
 //! without it they skip (fail under CI=true). Those that change the machine need root and,
 //! run as an ordinary user, report themselves not run (`root_only`).
 
@@ -28,6 +30,7 @@ struct Link {
 
 impl Link {
     fn set(path: &str, target: Option<&str>) -> Link {
+        require_sandbox(path);
         let path = PathBuf::from(path);
         let backup = path.symlink_metadata().is_ok().then(|| {
             let b = PathBuf::from(format!("{}.veilfs-test-backup", path.display()));
@@ -504,6 +507,7 @@ fn daemon_logs_to_the_journal_when_there() {
     if !fuse_available() || path.symlink_metadata().is_ok() {
         return;
     }
+    require_sandbox("/run/systemd/journal/socket");
     let fs = Tmpfs::new("64m");
     let (cipher, mnt, pass) = new_vault(&fs.path);
     let _u = UnmountOnDrop(mnt.clone());
@@ -579,6 +583,7 @@ fn debian_package_installs_works_and_removes_cleanly() {
     if !fuse_available() || !which("dpkg-deb") {
         return;
     }
+    require_sandbox("the installed packages (dpkg -i)");
     let _l = machine_lock();
     if run("dpkg-query", &["-W", "-f=${Status}", "veilfs"]).stdout.starts_with(b"install ok") {
         eprintln!("SKIPPED: a veilfs package is installed on this machine; not touching it");

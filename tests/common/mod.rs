@@ -286,6 +286,7 @@ pub struct TestUser {
 
 impl TestUser {
     pub fn new(prefix: &str) -> TestUser {
+        require_sandbox("the machine's users (useradd)");
         let name = format!("{prefix}{}", std::process::id() % 100_000);
         let _ = run("userdel", &[&name]);
         let o = run("useradd", &["--no-create-home", "--user-group", "--shell", "/bin/sh", &name]);
@@ -355,8 +356,23 @@ pub fn daemon_pid(mnt: &Path) -> Option<u32> {
     })
 }
 
+/// Fails the calling test unless it runs inside `scripts/sandbox.sh` (as `scripts/test.sh`
+/// runs the suite): `what` is the machine-wide state it is about to change (a user, an /etc
+/// file, the mount helper in /usr/sbin, a package, /dev/fuse's mode). In the sandbox those
+/// changes go to a throwaway overlay and namespace; outside it they would change the machine
+/// of whoever runs `cargo test` as root, which a test must never do.
+pub fn require_sandbox(what: &str) {
+    if std::env::var_os("VEILFS_TEST_SANDBOX").is_none_or(|v| v != "1") {
+        panic!(
+            "this test changes {what} and runs only in a throwaway view of the machine: run it as \
+             `scripts/sandbox.sh cargo test --release --test NAME` (scripts/test.sh does)"
+        );
+    }
+}
+
 /// Serialises the tests of one binary that change machine-wide files (/etc/fstab,
-/// /etc/fuse.conf, /dev/fuse's mode, /usr/sbin helpers, installed packages).
+/// /etc/fuse.conf, /dev/fuse's mode, /usr/sbin helpers, installed packages). Inside
+/// `scripts/sandbox.sh` they change its overlay only.
 pub fn machine_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
@@ -372,6 +388,7 @@ pub struct FileGuard {
 impl FileGuard {
     /// Replaces `path`'s content with `content` (`None`: removes it).
     pub fn set(path: &str, content: Option<&str>) -> FileGuard {
+        require_sandbox(path);
         let path = PathBuf::from(path);
         let old = std::fs::read(&path).ok();
         let g = FileGuard { path, old };
@@ -414,6 +431,7 @@ pub struct DevFuseOpen {
 impl DevFuseOpen {
     pub fn new() -> DevFuseOpen {
         use std::os::unix::fs::PermissionsExt;
+        require_sandbox("/dev/fuse's mode");
         let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
         std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
         DevFuseOpen { mode }
