@@ -39,7 +39,7 @@ bash scripts/sandbox.sh cargo test --workspace --release "$@"
 if [[ $(id -u) -eq 0 ]]; then
   bash scripts/sandbox.sh bash scripts/test-nonroot.sh mount posix
 fi
-# The crash matrix (issue 12) needs a build with crash points compiled in (tests/crash.rs):
+# The crash matrix needs a build with crash points compiled in (tests/crash.rs):
 # the daemon dies at every named point and at random moments under load. Its table (point,
 # what was checked, result) and the count of points x runs are printed into the log.
 # It builds in a target directory of its own, so the veilfs binary of target/release stays the

@@ -510,7 +510,7 @@ fn xchacha_vault_round_trip() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The rough edges of issue 13, each with the command from the issue where it names one.
+// Rough edges a new user hit, each with the command that showed it.
 // ---------------------------------------------------------------------------------------
 
 /// Runs a bash command line (for pipes, exactly as a user types them).

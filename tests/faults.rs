@@ -3,7 +3,7 @@
 //! authenticate completely (read whole, `veilfs export` exit 0) and hold at least what its
 //! writer was told was stored — every acknowledged `write` without the write-back cache, what
 //! an `fsync` or `close` confirmed with it — and the writer must have been told ENOSPC, never
-//! EIO (issue 12).
+//! EIO.
 //!
 //! The backing tmpfs is first filled to a few hundred KiB of free space with a plain file
 //! beside the vault, so the writers reach the limit quickly (a full disk, not a big one).

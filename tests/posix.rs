@@ -1,6 +1,6 @@
 //! POSIX behaviour the standard suites check, each compared with a kernel filesystem: the
 //! same operations run on the mount and on a tmpfs (the `plain` directory beside the vault,
-//! or a tmpfs mounted with the same option), and both must answer alike (issue 12).
+//! or a tmpfs mounted with the same option), and both must answer alike.
 
 mod common;
 use common::*;

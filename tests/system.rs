@@ -570,7 +570,7 @@ fn daemon_logs_to_the_journal_when_there() {
     assert!(found, "no journal entry from the foreground mount");
 }
 
-/// The fresh-machine test of issue 13: scripts/package-deb.sh builds the .deb (with the
+/// The fresh-machine test: scripts/package-deb.sh builds the .deb (with the
 /// binary under test), `dpkg -i` installs it, `man veilfs` renders, the bash completion
 /// loads, mount(8) finds mount.fuse.veilfs, an ordinary user mounts a vault from an fstab
 /// line with `mount MNT`, works in it, `umount MNT`; `dpkg -r` then leaves none of the

@@ -1,4 +1,4 @@
-//! What the content block size would trade (issue 15, docs/PERFORMANCE.md "Block size"):
+//! What the content block size would trade (docs/PERFORMANCE.md "Block size"):
 //! AES-256-GCM through veilfs's own [`BlockCodec`] (fresh nonce, in-place, the copies the
 //! mount makes) at 4, 16 and 32 KiB plaintext blocks, on one core:
 //! - streaming: MB/s sealed and opened, and the on-disk overhead per block;

@@ -28,8 +28,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// Name of the directory that receives damaged and stray objects.
-pub const LOST_FOUND: &[u8] = b"lost+found";
+pub use crate::names::LOST_FOUND;
 pub use crate::names::TEMP_PREFIX;
 
 /// What kind of problem was found.

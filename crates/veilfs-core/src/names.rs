@@ -303,6 +303,10 @@ pub const PART_PREFIX: &str = "veilfs.part.";
 /// The vault lock (top directory only; see [`crate::lock`]).
 pub const LOCK_NAME: &str = "veilfs.lock";
 
+/// The plaintext name of the directory in the vault's top directory that receives damaged
+/// and stray objects (`fsck --repair`).
+pub const LOST_FOUND: &[u8] = b"lost+found";
+
 /// Prefix of an exchange's intent record (F§10): `veilfs.xchg.<r>` next to the object it
 /// moved aside as `veilfs.tmp.<r>`, read by the crash sweep to finish the exchange.
 pub const XCHG_PREFIX: &str = "veilfs.xchg.";

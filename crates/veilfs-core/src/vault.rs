@@ -299,9 +299,9 @@ impl Vault {
     /// The vault's `lost+found` directory (made on first use).
     pub fn lost_found(&self) -> Result<CipherDir> {
         let root = self.root()?;
-        match self.lookup(&root, crate::fsck::LOST_FOUND)? {
+        match self.lookup(&root, crate::names::LOST_FOUND)? {
             Some(e) => self.open_dir(&root, &e),
-            None => Ok(self.mkdir_unchecked(&root, crate::fsck::LOST_FOUND, 0o700)?.1),
+            None => Ok(self.mkdir_unchecked(&root, crate::names::LOST_FOUND, 0o700)?.1),
         }
     }
 

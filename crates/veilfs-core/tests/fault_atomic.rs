@@ -4,7 +4,7 @@
 //! writes up to it and returns short, the next one fails (EFBIG, like ENOSPC on a full
 //! disk), and so does an `ftruncate` or `fallocate` beyond it. For every way a file can
 //! grow, the limit is put at every byte offset (or a dense sample) of the growth, and after
-//! the failed call the file must read back whole and unchanged (issue 12). Holes inside a
+//! the failed call the file must read back whole and unchanged. Holes inside a
 //! file, which a full disk also refuses, cannot be modelled by a size limit: tests/faults.rs
 //! covers them on a real tmpfs. The limit is per process, so this file holds a single test.
 

@@ -6,13 +6,27 @@
 //! kept current by this mount's own changes. In shared-storage mode the index is rebuilt
 //! whenever the backing directory's change time moved since it was built.
 
-use crate::handles::SnapEntry;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use veilfs_core::{sys, CipherDir, Vault};
+
+/// One entry of a directory listing snapshot.
+#[derive(Debug, Clone)]
+pub struct SnapEntry {
+    /// Plaintext name.
+    pub name: Vec<u8>,
+    /// On-disk name.
+    pub on_disk: String,
+    /// `D` of the name (verified).
+    pub d: Vec<u8>,
+    /// `d_type` from the backing listing.
+    pub d_type: u8,
+    /// The READDIR offset of the entry after this one (see `VeilFs::listing`).
+    pub cookie: u64,
+}
 
 /// One entry of a directory index.
 #[derive(Debug)]

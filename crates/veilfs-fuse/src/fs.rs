@@ -1,5 +1,6 @@
-//! fuser's `Filesystem` trait: unpack each request, call the operation in `ops.rs`, send
-//! exactly one reply.
+//! fuser's `Filesystem` trait: unpack each request, call the operation in `ops/` (one file
+//! per family: lookup, entries, data, attrs, xattrs, readdir, rename, …), send exactly one
+//! reply.
 
 use crate::attr;
 use crate::ops::{Caller, SetAttr, VeilFs};

@@ -1,5 +1,6 @@
 //! Open file and directory handles.
 
+use crate::dirs::SnapEntry;
 use crate::inodes::Node;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -15,21 +16,6 @@ pub struct OpenFile {
     pub node: Arc<Node>,
     /// The inode's shared open file.
     pub crypt: Arc<CryptFile>,
-}
-
-/// One entry of a directory listing snapshot.
-#[derive(Debug, Clone)]
-pub struct SnapEntry {
-    /// Plaintext name.
-    pub name: Vec<u8>,
-    /// On-disk name.
-    pub on_disk: String,
-    /// `D` of the name (verified).
-    pub d: Vec<u8>,
-    /// `d_type` from the backing listing.
-    pub d_type: u8,
-    /// The READDIR offset of the entry after this one (see `VeilFs::listing`).
-    pub cookie: u64,
 }
 
 /// An open directory (shared storage only; elsewhere there is no OPENDIR): the listing is

@@ -7,8 +7,8 @@
 //! drive these methods without /dev/fuse (`tests.rs`).
 
 use crate::attr;
-use crate::dirs::{Decoded, DirState, IndexEntry};
-use crate::handles::{Handles, OpenFile, SnapEntry};
+use crate::dirs::{Decoded, DirState, IndexEntry, SnapEntry};
+use crate::handles::{Handles, OpenFile};
 use crate::inodes::{Node, NodeTable, ROOT};
 use fuser::FileAttr;
 use std::io;
