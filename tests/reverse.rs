@@ -662,10 +662,8 @@ fn directory_sizes_and_link_counts_do_not_reveal_excluded_entries() {
         std::fs::create_dir_all(plain.join(dir).join("cache/inner")).unwrap();
     }
     let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
-    rm.extra = ["--exclude", "*.log", "--exclude", "cache/", "--attr-timeout", "0"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    rm.extra =
+        ["--exclude", "*.log", "--exclude", "cache/", "--attr-timeout", "0"].iter().map(|s| s.to_string()).collect();
     rm.mount();
     let d_view = view_path(&rm, "d");
     let seen = |p: &Path| {

@@ -620,7 +620,9 @@ impl ReverseVault {
             }
             let is_dir = match r.d_type {
                 libc::DT_DIR => true,
-                libc::DT_UNKNOWN => sys::fstatat(dir.fd(), &r.name).is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR),
+                libc::DT_UNKNOWN => {
+                    sys::fstatat(dir.fd(), &r.name).is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                }
                 _ => false,
             };
             if is_dir && !self.hidden(dir, &r.name, true) {
@@ -884,5 +886,52 @@ mod tests {
         assert!(names.contains(&"veilfs.conf".to_string()) && names.contains(&"veilfs.diriv".to_string()));
         assert_eq!(names.len(), 3, "{names:?}");
         assert!(!names.iter().any(|n| n.starts_with(".veilfs")));
+    }
+
+    #[test]
+    fn with_excludes_a_file_with_several_links_is_left_out_at_lookup_open_and_read() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), vec![1u8; 10_000]).unwrap();
+        std::fs::write(t.path().join("secret.key"), b"secret").unwrap();
+        std::fs::hard_link(t.path().join("secret.key"), t.path().join("linked")).unwrap();
+        let mut rv = reverse(t.path());
+        let root = rv.root().unwrap();
+        // Without excludes nothing is left out.
+        assert!(rv.entry(&root, b"linked").unwrap().is_some());
+        rv.set_excludes(Excludes::new(t.path(), &["*.key".into()], &[]).unwrap());
+        assert!(rv.entry(&root, b"linked").unwrap().is_none(), "a link to an excluded file is shown");
+        // A file opened with one link stops reading once it has a second one.
+        let e = rv.entry(&root, b"f").unwrap().unwrap();
+        let f = rv.open_file(&root, &e).unwrap();
+        assert!(f.read_at(0, &mut [0u8; 100]).is_ok());
+        std::fs::hard_link(t.path().join("f"), t.path().join("g.key")).unwrap();
+        let err = f.read_at(0, &mut [0u8; 100]).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
+        assert!(rv
+            .refreshed(&root, &ViewItem { on_disk: String::new(), kind: ViewKind::Entry(Box::new(e.clone())) })
+            .unwrap()
+            .is_none());
+        let err = rv.open_file(&root, &e).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
+    }
+
+    #[test]
+    fn a_file_swapped_for_a_fifo_or_another_file_after_its_lstat_is_refused_at_open() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), b"data").unwrap();
+        let rv = reverse(t.path());
+        let root = rv.root().unwrap();
+        let e = rv.entry(&root, b"f").unwrap().unwrap();
+        // Another regular file under the name: ESTALE.
+        std::fs::remove_file(t.path().join("f")).unwrap();
+        std::fs::write(t.path().join("f"), b"other").unwrap();
+        let err = rv.open_file(&root, &e).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ESTALE)), "{err}");
+        // A FIFO: refused at once (the open does not wait for a writer).
+        std::fs::remove_file(t.path().join("f")).unwrap();
+        let o = std::process::Command::new("mkfifo").arg(t.path().join("f")).status().unwrap();
+        assert!(o.success());
+        let err = rv.open_file(&root, &e).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
     }
 }
