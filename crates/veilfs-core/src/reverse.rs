@@ -610,7 +610,11 @@ impl ReverseVault {
     /// The link count of view directory `dir`: 2 and one for each subdirectory the view
     /// shows, so that an excluded subdirectory is not counted. Without excludes the
     /// plaintext's own count is shown (no entry that counts is hidden then: the reverse
-    /// config is a file).
+    /// config is a file). The count lists the directory at each `stat` of it: measured with
+    /// `ls -lR` of 4,000 files in 160 directories (tmpfs, `--attr-timeout 0`, 2 vCPUs under
+    /// a load of 5 builds), the daemon's CPU per run with an exclude that matches nothing
+    /// went from 170–490 ms to 580–940 ms (7 runs each, twice); without excludes it is
+    /// unchanged. A listing kept by the front end could serve the count (not done yet).
     fn view_dir_links(&self, dir: &PlainDir) -> Result<u64> {
         let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", self.plain_path(dir, b"")))?;
         let mut n = 2;
