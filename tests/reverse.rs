@@ -222,7 +222,12 @@ fn a_copy_of_plaindir_gives_the_same_view_and_excludes_hide_entries() {
         assert!(!restored.contains(&PathBuf::from(gone)), "{gone} was not excluded: {restored:?}");
     }
     assert!(restored.contains(&PathBuf::from("deep/a/b/c/d/e/f/g/h/leaf.txt")));
-    assert!(restored.contains(&PathBuf::from("small.txt")));
+    assert!(restored.contains(&PathBuf::from("empty")));
+    // With excludes active, a file with more than one link is left out under every name
+    // (small.txt is also deep/hardlink): see a_hard_link_to_an_excluded_file_does_not_show_its_content.
+    for linked in ["small.txt", "deep/hardlink"] {
+        assert!(!restored.contains(&PathBuf::from(linked)), "{linked}, hard-linked, is in the view: {restored:?}");
+    }
 }
 
 /// The top entries of a view with their contents (directories dumped whole), `veilfs.conf`
@@ -461,4 +466,219 @@ fn exclude_patterns_follow_gitignore_rules() {
         "files in the view"
     );
     assert!(!out.join("excluded").exists() && !out.join("build").exists(), "excluded directories are absent");
+}
+
+/// The view path of the plaintext path `rel` (as `veilfs encrypt-path --reverse` gives it).
+fn view_path(rm: &ReverseMount, rel: &str) -> PathBuf {
+    let o = run(
+        &BIN,
+        &["encrypt-path", "--reverse", rm.plain.to_str().unwrap(), rel, "--passfile", rm.passfile.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "encrypt-path --reverse {rel}: {}", text(&o));
+    rm.mnt.join(String::from_utf8(o.stdout).unwrap().trim())
+}
+
+/// Stops the threads of the FIFO test and wakes whatever still waits on the FIFO (an
+/// `O_RDWR` open counts as a writer, so every blocked reader's `open` returns), even when the
+/// test fails: a daemon worker stuck in `open` would otherwise keep the unmount waiting.
+struct FifoRelease {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    fifo: PathBuf,
+}
+
+impl Drop for FifoRelease {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for _ in 0..20 {
+            let _ = std::fs::OpenOptions::new().read(true).write(true).open(&self.fifo);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// A user swaps her file for a FIFO between the view's LOOKUP and OPEN, atomically and in a
+/// loop, while readers open and read it. No worker may block opening the FIFO: the view
+/// keeps answering, and another file reads within 2 s throughout.
+#[test]
+fn a_file_swapped_for_a_fifo_between_lookup_and_open_does_not_hang_the_view() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    if !fuse_available() {
+        return;
+    }
+    let t = Tmpfs::new("50m");
+    let plain = t.path.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    std::fs::write(plain.join("f"), vec![5u8; 64 << 10]).unwrap();
+    std::fs::write(plain.join("other"), b"another file").unwrap();
+    // Second names outside PLAINDIR of the regular file and of the FIFO: each swap links one
+    // of them to a temporary name and renames that over `f` (so `f` always exists).
+    let (reg, fifo) = (t.path.join("reg"), t.path.join("fifo"));
+    std::fs::hard_link(plain.join("f"), &reg).unwrap();
+    assert!(sh(&format!("mkfifo {}", fifo.display())).status.success());
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    rm.extra = ["--attr-timeout", "0", "--threads", "2"].iter().map(|s| s.to_string()).collect();
+    rm.mount();
+    let (f_view, other_view) = (view_path(&rm, "f"), view_path(&rm, "other"));
+    let other_bytes = std::fs::read(&other_view).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let _release = FifoRelease { stop: stop.clone(), fifo: fifo.clone() };
+
+    let swapper = {
+        let (stop, f, tmp) = (stop.clone(), plain.join("f"), t.path.join("tmp"));
+        let (reg, fifo) = (reg.clone(), fifo.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for src in [&fifo, &reg] {
+                    let _ = std::fs::remove_file(&tmp);
+                    std::fs::hard_link(src, &tmp).unwrap();
+                    std::fs::rename(&tmp, &f).unwrap();
+                }
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (opened, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, path, opened, failed) = (stop.clone(), f_view.clone(), opened.clone(), failed.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // O_NONBLOCK: the test's own open never waits on anything but the daemon.
+                    let f = std::os::unix::fs::OpenOptionsExt::custom_flags(
+                        std::fs::OpenOptions::new().read(true),
+                        libc::O_NONBLOCK,
+                    )
+                    .open(&path);
+                    match f.and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut Vec::new())) {
+                        Ok(_) => opened.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect();
+
+    // For 4 s, every 250 ms: another file of the view reads within 2 s.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = other_view.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(std::fs::read(&p).ok());
+        });
+        let got = rx.recv_timeout(Duration::from_secs(2));
+        assert!(
+            got.as_ref().is_ok_and(|b| b.as_ref() == Some(&other_bytes)),
+            "the view stopped answering after {:?} ({} opens of the swapped file read, {} failed): {got:?}",
+            start.elapsed(),
+            opened.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Every reader gets its answer: none sits waiting on a worker stuck in the FIFO's open.
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    let until = Instant::now() + Duration::from_secs(3);
+    while readers.iter().any(|r| !r.is_finished()) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stuck = readers.iter().filter(|r| !r.is_finished()).count();
+    assert_eq!(stuck, 0, "readers of the swapped file still waiting for the view 3 s after the last swap");
+    for r in readers {
+        r.join().unwrap();
+    }
+    let (ok, bad) = (opened.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    assert!(swaps > 100 && ok + bad > 100, "too little happened: {swaps} swaps, {ok} reads, {bad} failures");
+    // Still the same file once the swapping is over.
+    std::fs::rename(&reg, plain.join("f")).unwrap();
+    assert_eq!(std::fs::read(&f_view).unwrap().len() as u64, std::fs::metadata(&f_view).unwrap().len());
+}
+
+/// A user who may not read an excluded file's content in a backup links it under a name no
+/// pattern excludes — before the mount or while it runs. The view must not show the
+/// content under any name: with excludes active, a non-directory with more than one link is
+/// left out of the view.
+#[test]
+fn a_hard_link_to_an_excluded_file_does_not_show_its_content() {
+    if !fuse_available() {
+        return;
+    }
+    let t = Tmpfs::new("50m");
+    let plain = t.path.join("plain");
+    std::fs::create_dir_all(plain.join("d")).unwrap();
+    let secret = b"excluded secret content";
+    std::fs::write(plain.join("id.key"), secret).unwrap();
+    std::fs::write(plain.join("d/visible.txt"), b"visible").unwrap();
+    std::fs::hard_link(plain.join("id.key"), plain.join("innocent.txt")).unwrap();
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    rm.extra = ["--exclude", "*.key", "--attr-timeout", "0"].iter().map(|s| s.to_string()).collect();
+    rm.mount();
+    // The view path the link would have: absent.
+    let linked = view_path(&rm, "innocent.txt");
+    assert!(std::fs::symlink_metadata(&linked).is_err(), "the hard link to an excluded file is in the view");
+    // A link made while the view is mounted, after its directory was looked at.
+    let later = view_path(&rm, "d/visible.txt");
+    assert!(std::fs::read_dir(later.parent().unwrap()).unwrap().count() >= 2);
+    std::fs::hard_link(plain.join("id.key"), plain.join("d/later.txt")).unwrap();
+
+    let backup = t.path.join("backup");
+    assert!(run("cp", &["-a", &format!("{}/.", rm.mnt.display()), backup.to_str().unwrap()]).status.success());
+    let out = t.path.join("out");
+    let o = export(&backup, &out, &rm.passfile);
+    assert!(o.status.success(), "export: {}", text(&o));
+    let restored = walk(&out);
+    assert_eq!(restored, [PathBuf::from("d"), PathBuf::from("d/visible.txt")], "restored tree");
+    for rel in &restored {
+        let p = out.join(rel);
+        if p.is_file() {
+            assert!(!contains(&std::fs::read(&p).unwrap(), secret), "{} holds the excluded content", rel.display());
+        }
+    }
+}
+
+/// A directory's size and link count in the view must not tell how many excluded entries
+/// (files, subdirectories) it holds: removing every excluded entry from the plaintext
+/// changes neither, at the top or below, and the link count is 2 plus the visible
+/// subdirectories.
+#[test]
+fn directory_sizes_and_link_counts_do_not_reveal_excluded_entries() {
+    if !fuse_available() {
+        return;
+    }
+    let t = Tmpfs::new("50m");
+    let plain = t.path.join("plain");
+    std::fs::create_dir_all(plain.join("d/sub")).unwrap();
+    std::fs::write(plain.join("d/visible.txt"), b"visible").unwrap();
+    std::fs::write(plain.join("top.txt"), b"top").unwrap();
+    for dir in ["", "d"] {
+        for i in 0..40 {
+            std::fs::write(plain.join(dir).join(format!("excluded-{i:02}-with-a-long-name.log")), b"x").unwrap();
+        }
+        std::fs::create_dir_all(plain.join(dir).join("cache/inner")).unwrap();
+    }
+    let mut rm = ReverseMount::init(&plain, &t.path.join("mnt"), &t.path.join("pass"));
+    rm.extra =
+        ["--exclude", "*.log", "--exclude", "cache/", "--attr-timeout", "0"].iter().map(|s| s.to_string()).collect();
+    rm.mount();
+    let d_view = view_path(&rm, "d");
+    let seen = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.size(), m.nlink(), m.blocks())
+    };
+    let (top, d) = (seen(&rm.mnt), seen(&d_view));
+    assert_eq!(top.1, 3, "top: 2 + its one visible subdirectory (d)");
+    assert_eq!(d.1, 3, "d: 2 + its one visible subdirectory (sub)");
+    for dir in ["", "d"] {
+        for i in 0..40 {
+            std::fs::remove_file(plain.join(dir).join(format!("excluded-{i:02}-with-a-long-name.log"))).unwrap();
+        }
+        std::fs::remove_dir_all(plain.join(dir).join("cache")).unwrap();
+    }
+    assert_eq!(seen(&rm.mnt), top, "the top's (size, links, blocks) told of excluded entries");
+    assert_eq!(seen(&d_view), d, "d's (size, links, blocks) told of excluded entries");
 }

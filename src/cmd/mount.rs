@@ -38,7 +38,9 @@ veilfs mount --reverse ~/data ~/data-encrypted --exclude '*.tmp' --exclude 'cach
 at the top, `cache/` directories only, `**` across directories (`a/**/b`), `!keep.log` takes back an earlier \
 exclude. An excluded directory is absent with everything in it: as in git, `!` cannot bring back an entry inside \
 an excluded directory (exclude `dir/*` and then `!dir/keep` instead). Later patterns win; --exclude-from files \
-come before --exclude patterns.\n\n\
+come before --exclude patterns. Excludes go by path and a hard link is another path to the same content, so while \
+any exclude is active, files with more than one link are left out of the view under every name (each named once \
+in the log): break the links or back them up from a view without excludes.\n\n\
 A mount locks its vault (the file veilfs.lock in CIPHERDIR, removed at unmount): a second mount and \
 the commands that write it (import, passwd, fsck --repair) are refused with exit code 9, naming the process that \
 holds it; reading commands (cat, ls, export, info, fsck) work. The lock of a daemon that died is taken over with a \
@@ -107,7 +109,8 @@ pub struct Args {
     pub reverse: bool,
     /// With --reverse: leave out plaintext paths matching PATTERN (gitignore syntax, relative
     /// to PLAINDIR; repeatable; `!PATTERN` takes one back, but never inside an excluded
-    /// directory: see below).
+    /// directory: see below). While any pattern excludes, files with more than one link
+    /// are left out too (a link could show an excluded file's content).
     #[arg(long, value_name = "PATTERN")]
     pub exclude: Vec<String>,
     /// With --reverse: read exclude patterns from FILE (one a line, gitignore syntax).

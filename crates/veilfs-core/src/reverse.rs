@@ -95,7 +95,20 @@ impl Excludes {
     pub fn excluded(&self, rel: &Path, is_dir: bool) -> bool {
         self.set.as_ref().is_some_and(|s| s.matched(rel, is_dir).is_ignore())
     }
+
+    /// Whether any pattern excludes anything (`!` patterns alone exclude nothing).
+    pub fn active(&self) -> bool {
+        self.set.as_ref().is_some_and(|s| s.num_ignores() > 0)
+    }
 }
+
+/// `st_size` of every directory of the view (and `st_blocks` to match): a constant, so that
+/// a directory's size tells nothing of the excluded entries it holds, nor of its entries at
+/// all (the names are there to count).
+pub const VIEW_DIR_SIZE: i64 = 4096;
+
+/// Inodes left out for their links and named in the log; past this many, no more are named.
+const LINKED_LOG_MAX: usize = 4096;
 
 /// An open plaintext directory and the IV its view has.
 #[derive(Debug)]
@@ -178,6 +191,8 @@ pub struct ReverseVault {
     /// they stay the same for rsync while the mount lives.
     base_stat: Stat,
     excludes: Excludes,
+    /// (device, inode) of the multiply linked objects already named in the log as left out.
+    linked_logged: std::sync::Mutex<std::collections::HashSet<(u64, u64)>>,
 }
 
 impl std::fmt::Debug for ReverseVault {
@@ -257,6 +272,7 @@ impl ReverseVault {
             shown: std::sync::Mutex::new(shown),
             base_stat: config_stat,
             excludes: Excludes::default(),
+            linked_logged: Default::default(),
         }
     }
 
@@ -365,6 +381,31 @@ impl ReverseVault {
         self.excludes.excluded(&dir.rel.join(std::ffi::OsStr::from_bytes(name)), is_dir)
     }
 
+    /// Whether the object `st` (a name of `dir`) is left out for its links. Excludes go by
+    /// path, and a hard link gives the same content a second path: a file excluded as
+    /// `secret.key` would show in full as `innocent.txt`, a link its owner (or, without
+    /// `fs.protected_hardlinks`, anyone) made before or after the mount. Which other names an
+    /// inode has cannot be found without walking the file system, so while any exclude
+    /// pattern is active every non-directory with more than one link is left out of the
+    /// view, and named once in the log. Checked on each `lstat` the view takes (LOOKUP,
+    /// listing, GETATTR, OPEN), on the opened fd and at every read of it, so a link made while
+    /// the view is mounted takes the file out at once.
+    fn linked(&self, dir: &PlainDir, name: &[u8], st: &Stat) -> bool {
+        if !self.excludes.active() || st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return false;
+        }
+        let mut seen = self.linked_logged.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() < LINKED_LOG_MAX && seen.insert((st.st_dev, st.st_ino)) {
+            tracing::warn!(
+                "{}: left out of the view: it has {} hard links and excludes are active (another name may be excluded){}",
+                self.plain_path(dir, name),
+                st.st_nlink,
+                if seen.len() == LINKED_LOG_MAX { "; further such files are not named" } else { "" }
+            );
+        }
+        true
+    }
+
     /// The view entry of the plaintext object `name` in `dir`, `None` if it does not exist or
     /// is excluded.
     pub fn entry(&self, dir: &PlainDir, name: &[u8]) -> Result<Option<ViewEntry>> {
@@ -374,7 +415,7 @@ impl ReverseVault {
             Err(e) => return Err(Error::io(self.plain_path(dir, name), e)),
         };
         let kind = EntryKind::from_mode(st.st_mode);
-        if self.hidden(dir, name, kind == EntryKind::Dir) {
+        if self.hidden(dir, name, kind == EntryKind::Dir) || self.linked(dir, name, &st) {
             return Ok(None);
         }
         let identity = self.identity(&dir.iv, name, kind);
@@ -392,7 +433,7 @@ impl ReverseVault {
             Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
             Err(err) => return Err(Error::io(self.plain_path(dir, &e.name), err)),
         };
-        if EntryKind::from_mode(st.st_mode) != e.kind {
+        if EntryKind::from_mode(st.st_mode) != e.kind || self.linked(dir, &e.name, &st) {
             return Ok(None);
         }
         let mut now = e.clone();
@@ -471,14 +512,26 @@ impl ReverseVault {
         Ok(PlainDir { fd, iv: e.identity, rel: dir.rel.join(std::ffi::OsStr::from_bytes(&e.name)) })
     }
 
-    /// Opens the ciphertext view of the regular file `e` of `dir`.
+    /// Opens the ciphertext view of the regular file `e` of `dir` (`e.stat` is the `lstat`
+    /// the caller just checked). The owner of PLAINDIR's files can swap the file for a FIFO,
+    /// device or another file between that `lstat` and the open: the open never follows a
+    /// link and never blocks (`O_NONBLOCK`: a FIFO opens at once instead of waiting for a
+    /// writer), and the fd must be the very regular file `e.stat` describes. Anything else
+    /// is ENOENT (the name is now another kind of object, as [`Self::refreshed`] answers) or
+    /// ESTALE (another regular file: the kernel looks the name up again and retries once).
+    /// `O_NONBLOCK` stays on the fd: it changes nothing for a regular file.
     pub fn open_file(&self, dir: &PlainDir, e: &ViewEntry) -> Result<ViewFile> {
         let what = self.plain_path(dir, &e.name);
-        let fd = sys::openat(dir.fd(), &e.name, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NOCTTY, 0)
-            .ctx(|| what.clone())?;
-        let st = sys::fstat(fd.as_fd()).ctx(|| what.clone())?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::EISDIR)));
+        let (fd, st) = match sys::open_regular_at(dir.fd(), &e.name, libc::O_RDONLY) {
+            Ok(opened) => opened,
+            Err(Ok(_other_type)) => return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOENT))),
+            Err(Err(err)) => return Err(Error::io(what, err)),
+        };
+        if (st.st_dev, st.st_ino) != (e.stat.st_dev, e.stat.st_ino) {
+            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ESTALE)));
+        }
+        if self.linked(dir, &e.name, &st) {
+            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOENT)));
         }
         let ctx = self.vault.content();
         Ok(ViewFile {
@@ -488,6 +541,7 @@ impl ReverseVault {
             plain_size: st.st_size as u64,
             layout: ctx.layout,
             what,
+            single_link: self.excludes.active(),
         })
     }
 
@@ -533,8 +587,53 @@ impl ReverseVault {
                 st
             }
             ViewKind::SideFile(c) => synthetic(c.len()),
+            ViewKind::Entry(e) if e.kind == EntryKind::Dir && self.excludes.active() => {
+                let sub = self.open_subdir(dir, e)?;
+                let mut st = self.entry_stat(e);
+                st.st_nlink = self.view_dir_links(&sub)?;
+                st
+            }
             ViewKind::Entry(e) => self.entry_stat(e),
         })
+    }
+
+    /// The view `stat` of the directory `dir` itself (the top of the view).
+    pub fn dir_stat(&self, dir: &PlainDir) -> Result<Stat> {
+        let mut st = sys::fstat(dir.fd()).ctx(|| self.plain_path(dir, b""))?;
+        view_dir_size(&mut st);
+        if self.excludes.active() {
+            st.st_nlink = self.view_dir_links(dir)?;
+        }
+        Ok(st)
+    }
+
+    /// The link count of view directory `dir`: 2 and one for each subdirectory the view
+    /// shows, so that an excluded subdirectory is not counted. Without excludes the
+    /// plaintext's own count is shown (no entry that counts is hidden then: the reverse
+    /// config is a file). The count lists the directory at each `stat` of it: measured with
+    /// `ls -lR` of 4,000 files in 160 directories (tmpfs, `--attr-timeout 0`, 2 vCPUs under
+    /// a load of 5 builds), the daemon's CPU per run with an exclude that matches nothing
+    /// went from 170–490 ms to 580–940 ms (7 runs each, twice); without excludes it is
+    /// unchanged. A listing kept by the front end could serve the count (not done yet).
+    fn view_dir_links(&self, dir: &PlainDir) -> Result<u64> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", self.plain_path(dir, b"")))?;
+        let mut n = 2;
+        for r in raw {
+            if r.name == b"." || r.name == b".." {
+                continue;
+            }
+            let is_dir = match r.d_type {
+                libc::DT_DIR => true,
+                libc::DT_UNKNOWN => {
+                    sys::fstatat(dir.fd(), &r.name).is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                }
+                _ => false,
+            };
+            if is_dir && !self.hidden(dir, &r.name, true) {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// The view `stat` of a user entry, from its plaintext `lstat`.
@@ -552,7 +651,8 @@ impl ReverseVault {
                 let o = self.vault.content().cipher.overhead();
                 st.st_size = b64_len(16 + st.st_size as usize + o) as i64;
             }
-            EntryKind::Dir | EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {}
+            EntryKind::Dir => view_dir_size(&mut st),
+            EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {}
         }
         st
     }
@@ -619,6 +719,12 @@ impl ReverseVault {
     }
 }
 
+/// Sets a view directory's size ([`VIEW_DIR_SIZE`]).
+fn view_dir_size(st: &mut Stat) {
+    st.st_size = VIEW_DIR_SIZE;
+    st.st_blocks = VIEW_DIR_SIZE / 512;
+}
+
 fn not_found(path: &Path) -> Error {
     Error::io(path.display().to_string(), std::io::Error::from_raw_os_error(libc::ENOENT))
 }
@@ -632,6 +738,9 @@ pub struct ViewFile {
     plain_size: u64,
     layout: Layout,
     what: String,
+    /// Excludes are active: every read first checks on the fd that the file still has one
+    /// link (a link made under an excluded name after the open takes it out of the view).
+    single_link: bool,
 }
 
 impl ViewFile {
@@ -659,6 +768,9 @@ impl ViewFile {
             return Ok(0);
         }
         let end = csize.min(off + buf.len() as u64);
+        if self.single_link && sys::fstat(self.file.as_fd()).ctx(|| self.what.clone())?.st_nlink > 1 {
+            return Err(Error::io(self.what.clone(), std::io::Error::from_raw_os_error(libc::ENOENT)));
+        }
         let h = HEADER_LEN as u64;
         if off < h {
             let stop = end.min(h);
@@ -778,5 +890,52 @@ mod tests {
         assert!(names.contains(&"veilfs.conf".to_string()) && names.contains(&"veilfs.diriv".to_string()));
         assert_eq!(names.len(), 3, "{names:?}");
         assert!(!names.iter().any(|n| n.starts_with(".veilfs")));
+    }
+
+    #[test]
+    fn with_excludes_a_file_with_several_links_is_left_out_at_lookup_open_and_read() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), vec![1u8; 10_000]).unwrap();
+        std::fs::write(t.path().join("secret.key"), b"secret").unwrap();
+        std::fs::hard_link(t.path().join("secret.key"), t.path().join("linked")).unwrap();
+        let mut rv = reverse(t.path());
+        let root = rv.root().unwrap();
+        // Without excludes nothing is left out.
+        assert!(rv.entry(&root, b"linked").unwrap().is_some());
+        rv.set_excludes(Excludes::new(t.path(), &["*.key".into()], &[]).unwrap());
+        assert!(rv.entry(&root, b"linked").unwrap().is_none(), "a link to an excluded file is shown");
+        // A file opened with one link stops reading once it has a second one.
+        let e = rv.entry(&root, b"f").unwrap().unwrap();
+        let f = rv.open_file(&root, &e).unwrap();
+        assert!(f.read_at(0, &mut [0u8; 100]).is_ok());
+        std::fs::hard_link(t.path().join("f"), t.path().join("g.key")).unwrap();
+        let err = f.read_at(0, &mut [0u8; 100]).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
+        assert!(rv
+            .refreshed(&root, &ViewItem { on_disk: String::new(), kind: ViewKind::Entry(Box::new(e.clone())) })
+            .unwrap()
+            .is_none());
+        let err = rv.open_file(&root, &e).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
+    }
+
+    #[test]
+    fn a_file_swapped_for_a_fifo_or_another_file_after_its_lstat_is_refused_at_open() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), b"data").unwrap();
+        let rv = reverse(t.path());
+        let root = rv.root().unwrap();
+        let e = rv.entry(&root, b"f").unwrap().unwrap();
+        // Another regular file under the name: ESTALE.
+        std::fs::remove_file(t.path().join("f")).unwrap();
+        std::fs::write(t.path().join("f"), b"other").unwrap();
+        let err = rv.open_file(&root, &e).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ESTALE)), "{err}");
+        // A FIFO: refused at once (the open does not wait for a writer).
+        std::fs::remove_file(t.path().join("f")).unwrap();
+        let o = std::process::Command::new("mkfifo").arg(t.path().join("f")).status().unwrap();
+        assert!(o.success());
+        let err = rv.open_file(&root, &e).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
     }
 }

@@ -250,7 +250,7 @@ impl ReverseFs {
     pub(crate) fn do_getattr(&self, ino: u64) -> io::Result<Stat> {
         if ino == ROOT {
             let root = self.dir_of(ROOT)?;
-            return sys::fstat(root.fd());
+            return self.rv.dir_stat(&root).map_err(cerr);
         }
         let (dir, item) = self.fresh(ino)?;
         self.rv.view_stat(&dir, &item).map_err(cerr)
