@@ -168,9 +168,12 @@ fn the_stash_is_a_ring_and_a_shrink_starts_it_again() {
     let stash_len = || stash_files(&v).first().map_or(0, |n| std::fs::metadata(v.root_path().join(n)).unwrap().len());
     f.write_at(&data(3 * B, 2), B as u64, size).unwrap();
     assert_eq!(stash_len(), 3 * rec);
-    // Appends and the final block are the tail's business (§5.8), not logged here.
-    f.write_at(&data(B, 4), size - 100, size).unwrap();
+    // A rewrite of the final block alone is the tail's business (§5.8), not logged here; an
+    // append past it logs the old final block's new inner ciphertext ("ordered-growth", §5.7).
+    f.write_at(&data(50, 3), size - 100, size).unwrap();
     assert_eq!(stash_len(), 3 * rec);
+    f.write_at(&data(B, 4), size - 100, size).unwrap();
+    assert_eq!(stash_len(), 4 * rec);
     let size = size + B as u64 - 100;
     // 24 MiB of overwrites: the stash stays within its ring.
     for i in 0..(24 << 20) / (8 * B) {
@@ -215,7 +218,9 @@ fn torn_fill_of_a_hole_this_session_made_reads_as_zeros_from_one_hole_record() {
     f.write_at(&data(2 * B, 2), B as u64, 5 * B as u64).unwrap();
     let name = stash_files(&v).pop().expect("a hole record");
     let len = std::fs::metadata(v.root_path().join(&name)).unwrap().len();
-    assert_eq!(len, record_len(&v), "one record for the run of holes");
+    // One record for block 0, the old final block the growing write re-sealed ("ordered-growth",
+    // §5.7), and one for the run of holes.
+    assert_eq!(len, 2 * record_len(&v), "one record for the run of holes");
     // Torn: the slot's second half is still the hole's zeros.
     let torn = second_half(&v, 1);
     overwrite(&cipher_path(&v, &root, "f"), torn.start as u64, &vec![0; torn.len()]);
