@@ -653,6 +653,22 @@ mod tests {
     }
 
     #[test]
+    fn new_vaults_have_ordered_growth_and_it_needs_unsettled_tails() {
+        let p = Path::new("veilfs.conf");
+        let (mut cfg, master) = config_with_password("pw");
+        assert!(cfg.has_feature(FEATURE_ORDERED_GROWTH) && cfg.has_feature(FEATURE_UNSETTLED_TAILS));
+        // A vault made before it keeps opening.
+        let mut old = cfg.clone();
+        old.features.retain(|f| f != FEATURE_ORDERED_GROWTH);
+        old.seal(&master);
+        assert!(VaultConfig::parse(&serde_json::to_vec(&old).unwrap(), p).is_ok());
+        // Without "unsettled-tails" it means nothing: refused.
+        cfg.features.retain(|f| f != FEATURE_UNSETTLED_TAILS);
+        cfg.seal(&master);
+        assert!(matches!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p), Err(Error::Config { .. })));
+    }
+
+    #[test]
     fn parse_refuses_oversized_and_malformed_configs() {
         let p = Path::new("veilfs.conf");
         assert!(matches!(VaultConfig::parse(&vec![b' '; MAX_CONFIG_LEN + 1], p), Err(Error::Config { .. })));
