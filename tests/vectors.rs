@@ -225,15 +225,25 @@ fn ordered_growth_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> 
     };
     let mut old_end = seal(0, true, b"old end");
     old_end.resize(4124, 0);
-    let cases: Vec<(&str, Vec<u8>, Option<Vec<u8>>)> = vec![
+    // (rule, ciphertext, plaintext or None for an integrity error)
+    type Case<'a> = (&'a str, Vec<u8>, Option<Vec<u8>>);
+    let cases: Vec<Case> = vec![
         ("a full inner block does not end the file", file(&head, &[&seal(0, false, &a), &seal(1, false, &b)]), None),
         (
             "torn growth: the walk passes complete inner blocks to the old last block",
             file(&head, &[&old_end, &seal(1, false, &a), &seal(2, false, &b), &[0x55; 2000]]),
             Some(b"old end".to_vec()),
         ),
-        ("nothing sealed as last: passing block 0 is an error", file(&head, &[&seal(0, false, &a), &[0x55; 1000]]), None),
-        ("all-zero header: a first write before its header", file(&[0; 36], &[&seal(0, true, b"x"), &[0x55; 900]]), Some(Vec::new())),
+        (
+            "nothing sealed as last: passing block 0 is an error",
+            file(&head, &[&seal(0, false, &a), &[0x55; 1000]]),
+            None,
+        ),
+        (
+            "all-zero header: a first write before its header",
+            file(&[0; 36], &[&seal(0, true, b"x"), &[0x55; 900]]),
+            Some(Vec::new()),
+        ),
     ];
     let files: Vec<Value> = cases
         .into_iter()
