@@ -235,3 +235,29 @@ fn torn_fill_of_a_hole_this_session_made_reads_as_zeros_from_one_hole_record() {
     assert!(stash_files(&v).is_empty());
     assert_eq!(read_file(&v, &root, "f").unwrap(), want);
 }
+
+#[test]
+fn a_growing_write_that_cannot_log_the_old_final_block_fails_before_writing_anything() {
+    // With "ordered-growth" (FORMAT.md §5.7) the old final block of a growing write is
+    // written in place only after the new blocks, and read from its record if a crash comes
+    // between: without the record, the write must not happen at all. (A directory at the
+    // stash's name: the stash cannot be made, as on a full disk.)
+    let (_d, v, root) = setup();
+    let old = data(2 * B + 100, 1);
+    let f = settled_file(&v, &root, "f", &old);
+    let path = cipher_path(&v, &root, "f");
+    let before = std::fs::read(&path).unwrap();
+    let blocker = v.root_path().join(veilfs_core::stash::stash_name(f.id()));
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), b"x").unwrap();
+    let size = old.len() as u64;
+    assert!(f.write_at(&data(3 * B, 2), size - 50, size).is_err(), "a growing write without its record");
+    assert_eq!(std::fs::read(&path).unwrap()[36..], before[36..], "no block was written");
+    // An overwrite inside the file goes on without its record (a full disk never refuses it).
+    f.write_at(&data(10, 3), 0, size).unwrap();
+    f.settle().unwrap();
+    drop(f);
+    let mut want = old.clone();
+    want[..10].copy_from_slice(&data(10, 3));
+    assert_eq!(read_file(&v, &root, "f").unwrap(), want);
+}
