@@ -32,6 +32,11 @@ const LONG: &str = "llllllllllllllllllllllllllllllllllllllllllllllllllllllllllll
 /// reason (the format's own gap, docs/FORMAT.md §15 Q2); fsck --repair salvages them.
 const KNOWN_TORN: &[(&str, &str)] = &[];
 
+/// Points only a writer without `"ordered-growth"` passes (a first write's header alone,
+/// before its blocks): these run in a vault made before that feature, which keeps the older
+/// order and crash rules (docs/FORMAT.md §5.7, §5.8).
+const OLD_VAULT_POINTS: &[&str] = &["file.header_alone"];
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
@@ -94,8 +99,12 @@ fn operate(point: &str, mnt: &Path) {
     };
     let _ = match point {
         "file.header_alone" => write_at("h", 100_000, &added()[..5_000], true),
+        "file.before_header" => write_at("h", 0, &added()[..5_000], true),
         "file.reseal_alone" | "file.settle_sparse" => write_at("old", 200_000, &added()[..5_000], false),
-        "file.torn_write" | "file.after_write" | "file.tail_stashed" => write_at("old", 20_000, &added(), false),
+        "file.torn_write" | "file.after_write" | "file.growth_logged" | "file.grown" | "file.torn_reseal" => {
+            write_at("old", 20_000, &added(), false)
+        }
+        "file.tail_stashed" => write_at("old", 19_000, &added()[..500], false),
         "file.inner_stashed" | "file.torn_inner" => write_at("old", 2_000, &added()[..10_000], false),
         "file.shrink_resealed" => fs::OpenOptions::new().write(true).open(p("old")).and_then(|f| f.set_len(10_001)),
         "vault.create" => fs::File::create(p("c1")).map(drop),
@@ -170,10 +179,25 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
             new.extend_from_slice(&added()[..5_000]);
             old_new_or_prefix(&read(&p("old"))?, &old(), &new)
         }
-        "file.torn_write" | "file.after_write" | "file.tail_stashed" => {
+        "file.before_header" => match fs::symlink_metadata(p("h")) {
+            Err(_) => Ok("old"),
+            Ok(_) => old_new_or_prefix(&read(&p("h"))?, &[], &added()[..5_000]),
+        },
+        "file.torn_write" | "file.after_write" | "file.growth_logged" | "file.grown" | "file.torn_reseal" => {
             let mut new = old();
             new.extend_from_slice(&added());
             old_new_or_prefix(&read(&p("old"))?, &old(), &new)
+        }
+        "file.tail_stashed" => {
+            // A rewrite of the final block that does not grow the file: old or new.
+            let mut new = old();
+            new[19_000..19_500].copy_from_slice(&added()[..500]);
+            let got = read(&p("old"))?;
+            match () {
+                _ if got == old() => Ok("old"),
+                _ if got == new => Ok("new"),
+                _ => Err(format!("old: {} B, neither old nor new", got.len())),
+            }
         }
         "file.inner_stashed" | "file.torn_inner" => {
             // An overwrite inside the file, not fsynced: each block old or new, as on a
@@ -337,6 +361,9 @@ struct Row {
 fn crash_case(point: &str, action: &str) -> Option<Row> {
     let mut m = Mounted::new("64m", &[])?;
     baseline(&mut m);
+    if OLD_VAULT_POINTS.contains(&point) {
+        without_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_ORDERED_GROWTH);
+    }
     m.env = vec![("FAILPOINTS".into(), format!("{point}={action}"))];
     if point == "config.rewrite" {
         let newpass = m.tmpfs.path.join("newpass");

@@ -106,6 +106,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
     });
     let overflow = overflow_vectors(&k);
     let unsettled = unsettled_vectors(&k, file_id);
+    let ordered_growth = ordered_growth_vectors(&k, file_id);
     let inner_stash = inner_stash_vectors(&k, file_id);
     // Feature `iv-in-name` (docs/FORMAT.md §7.1): the IV names of the two directory IVs above.
     let iv_in_name: Vec<Value> =
@@ -130,6 +131,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
         "deterministic": deterministic,
         "overflow": overflow,
         "unsettled": unsettled,
+        "ordered_growth": ordered_growth,
         "inner_stash": inner_stash,
         "iv_in_name": iv_in_name,
     })
@@ -206,6 +208,48 @@ fn unsettled_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value
         .map(|(rule, ct, plain)| json!({"rule": rule, "cipher": "AES-256-GCM", "block_size": 4096, "file_id": hex(&file_id), "ciphertext": hex(&ct), "plaintext": hex(&plain)}))
         .collect();
     json!({"headers": headers, "files": files})
+}
+
+/// Unsettled files read by the rules of FORMAT.md §5.8 with `"ordered-growth"` (GCM,
+/// 4096-byte blocks, fixed nonces): the plaintext they give, or `null` for an integrity error.
+fn ordered_growth_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value {
+    let codec = BlockCodec::new(ContentCipher::Aes256Gcm, k, file_id);
+    let seal = |n: u64, last: bool, plain: &[u8]| codec.seal_with_nonce(n, last, &[0x40 + n as u8; 12], plain);
+    let (a, b) = (vec![0x61u8; 4096], vec![0x62u8; 4096]);
+    let head = FileHeader { flags: FLAG_UNSETTLED, id: file_id }.encode(k).to_vec();
+    let file = |head: &[u8], parts: &[&[u8]]| {
+        parts.iter().fold(head.to_vec(), |mut f, p| {
+            f.extend_from_slice(p);
+            f
+        })
+    };
+    let mut old_end = seal(0, true, b"old end");
+    old_end.resize(4124, 0);
+    // (rule, ciphertext, plaintext or None for an integrity error)
+    type Case<'a> = (&'a str, Vec<u8>, Option<Vec<u8>>);
+    let cases: Vec<Case> = vec![
+        ("a full inner block does not end the file", file(&head, &[&seal(0, false, &a), &seal(1, false, &b)]), None),
+        (
+            "torn growth: the walk passes complete inner blocks to the old last block",
+            file(&head, &[&old_end, &seal(1, false, &a), &seal(2, false, &b), &[0x55; 2000]]),
+            Some(b"old end".to_vec()),
+        ),
+        (
+            "nothing sealed as last: passing block 0 is an error",
+            file(&head, &[&seal(0, false, &a), &[0x55; 1000]]),
+            None,
+        ),
+        (
+            "all-zero header: a first write before its header",
+            file(&[0; 36], &[&seal(0, true, b"x"), &[0x55; 900]]),
+            Some(Vec::new()),
+        ),
+    ];
+    let files: Vec<Value> = cases
+        .into_iter()
+        .map(|(rule, ct, plain)| json!({"rule": rule, "cipher": "AES-256-GCM", "block_size": 4096, "file_id": hex(&file_id), "ciphertext": hex(&ct), "plaintext": plain.map(|p| hex(&p))}))
+        .collect();
+    json!({"files": files})
 }
 
 /// Files whose inner block 1 a crash tore, with their stashes (FORMAT.md §5.9). The first:
@@ -334,6 +378,7 @@ fn format_v1_known_answers() {
         "deterministic",
         "overflow",
         "unsettled",
+        "ordered_growth",
         "inner_stash",
         "iv_in_name",
     ] {
@@ -391,6 +436,28 @@ fn format_v1_known_answers() {
         };
         open(true).unwrap().stream(sink).unwrap();
         assert_eq!(hex(&got), f["plaintext"].as_str().unwrap(), "{rule}");
+    }
+    // With "ordered-growth" (FORMAT.md §5.8): no full inner block ends a file, and an all-zero
+    // header is an empty file.
+    for f in committed["ordered_growth"]["files"].as_array().unwrap() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("f");
+        std::fs::write(&p, unhex(f["ciphertext"].as_str().unwrap())).unwrap();
+        let id = arr::<16>(f["file_id"].as_str().unwrap());
+        let rule = f["rule"].as_str().unwrap();
+        let file = std::fs::File::open(&p).unwrap();
+        let c = ctx.clone().with_unsettled_tails(true).with_ordered_growth(true);
+        let mut got = Vec::new();
+        let r = veilfs_core::CryptFile::open(file, c, id, rule.into()).and_then(|f| {
+            f.stream(|p: &[u8]| {
+                got.extend_from_slice(p);
+                Ok::<(), veilfs_core::Error>(())
+            })
+        });
+        match f["plaintext"].as_str() {
+            Some(want) => assert_eq!((r.is_ok(), hex(&got)), (true, want.to_string()), "{rule}: {r:?}"),
+            None => assert!(matches!(r, Err(veilfs_core::Error::Auth { .. })), "{rule}: {r:?}"),
+        }
     }
     // A torn inner block reads from its stash as FORMAT.md §5.9 says, and not without it.
     for f in committed["inner_stash"]["files"].as_array().unwrap() {

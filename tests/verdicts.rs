@@ -51,6 +51,10 @@ struct Objects {
     fifo: PathBuf,
     null: PathBuf,
     zero: PathBuf,
+    /// A file grown in a second write session, and its header as it stood during that session
+    /// (UNSETTLED: what a sync peer saw then).
+    g: PathBuf,
+    g_unsettled_header: Vec<u8>,
 }
 
 /// Special files of the vault: probed by `lstat` through the mount and `veilfs ls -l`.
@@ -93,6 +97,18 @@ fn continuations(p: &Path) -> Vec<String> {
 
 fn cases() -> Vec<Case> {
     vec![
+        Case {
+            name: "a header copied during a write session put back, the file cut at a block boundary",
+            probe: "g",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            tamper: |o| {
+                patch(&o.g, |c| {
+                    c[..HEADER as usize].copy_from_slice(&o.g_unsettled_header);
+                    c.truncate((HEADER + 2 * BLOCK) as usize);
+                })
+            },
+        },
         Case {
             name: "bit flip in a block",
             probe: "a",
@@ -339,6 +355,7 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         let o = run("mknod", &[&[path.to_str().unwrap()], &args[1..]].concat());
         assert!(o.status.success(), "mknod {args:?} through the mount: {}", text(&o));
     }
+    fs::write(m.m("g"), vec![b'g'; 12_288]).unwrap();
     let null = fs::symlink_metadata(m.m("null")).unwrap();
     assert!(null.file_type().is_char_device() && null.rdev() == libc::makedev(1, 3), "{null:?}");
     assert!(fs::symlink_metadata(m.m("fifo")).unwrap().file_type().is_fifo());
@@ -358,7 +375,24 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         fifo: encrypt_path(&m, "fifo"),
         null: encrypt_path(&m, "null"),
         zero: encrypt_path(&m, "zero"),
+        g: encrypt_path(&m, "g"),
+        g_unsettled_header: Vec::new(),
     };
+    // A second write session grows g; its header is copied while the session is open. (No
+    // write-back cache, so the write reaches the daemon at once.)
+    m.extra = vec!["--no-writeback".into()];
+    m.mount();
+    let mut o = o;
+    {
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new().append(true).open(m.m("g")).unwrap();
+        f.write_all(&[b'h'; 10_000]).unwrap();
+        o.g_unsettled_header = fs::read(&o.g).unwrap()[..HEADER as usize].to_vec();
+    }
+    m.umount();
+    m.extra.clear();
+    assert_eq!(o.g_unsettled_header[3] & 2, 2, "the growing session set UNSETTLED");
+    assert_eq!(fs::read(&o.g).unwrap()[3] & 2, 0, "the last close settled g");
     // Untouched, every front end accepts them: the verdicts below are about the tampering.
     let (c, pf) = (m.cipher.to_str().unwrap(), m.passfile.to_str().unwrap());
     for p in SPECIALS {

@@ -810,6 +810,17 @@ pub fn without_iv_in_name(cipher: &Path, passfile: &Path) {
     IvCopy::File.write(root.fd(), &root.iv).unwrap();
 }
 
+/// Turns the unmounted vault in `cipher` into one made before `feature` existed (its config
+/// without it), for a feature that changes nothing already on disk (e.g. `ordered-growth`).
+pub fn without_feature(cipher: &Path, passfile: &Path, feature: &str) {
+    let pw = std::fs::read_to_string(passfile).unwrap();
+    let secret = veilfs_core::Secret::Password(secrecy::SecretString::from(pw.trim_end().to_string()));
+    let mut v = veilfs_core::Vault::open(cipher, &secret, None).unwrap();
+    let mut cfg = v.config().clone();
+    cfg.features.retain(|f| f != feature);
+    v.save_config(cfg).unwrap();
+}
+
 /// Every backing directory under `cipher` with the names (and sizes) of its directory IV
 /// copies (`veilfs.diriv` or `veilfs.diriv.*`).
 pub fn iv_copies(cipher: &Path) -> Vec<(PathBuf, Vec<(String, u64)>)> {

@@ -181,6 +181,9 @@ HEADER_LEN = 36
 FLAG_SPARSE = 0x0001
 FLAG_UNSETTLED = 0x0002  # §5.8, only with the feature "unsettled-tails"
 UNSETTLED_TAILS = "unsettled-tails"
+# §5.8 with "ordered-growth": a full inner block does not end an unsettled file, the walk back
+# passes complete inner blocks, passing slot 0 is an error, and an all-zero header is empty.
+ORDERED_GROWTH = "ordered-growth"
 
 
 def block_aad(file_id: bytes, n: int, last: bool) -> bytes:
@@ -248,7 +251,8 @@ def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
                     stash = f.read()
         except OSError:
             pass
-    return decrypt_content(vault.aead, vault.keys, vault.block_size, data, identity, vault.unsettled_tails, stash)
+    return decrypt_content(vault.aead, vault.keys, vault.block_size, data, identity, vault.unsettled_tails, stash,
+                           vault.ordered_growth)
 
 
 def stash_block(aead, key, fid: bytes, stash: bytes, n: int, B: int, O: int, sparse: bool) -> bytes | None:
@@ -277,10 +281,12 @@ def stash_block(aead, key, fid: bytes, stash: bytes, n: int, B: int, O: int, spa
 
 
 def decrypt_content(aead, keys, B: int, data: bytes, identity: bytes, unsettled_tails: bool,
-                    stash: bytes | None = None) -> bytes:
+                    stash: bytes | None = None, ordered: bool = False) -> bytes:
     O = aead.overhead
     if len(data) == 0:
         return b""
+    if ordered and len(data) >= HEADER_LEN and data[:HEADER_LEN].count(0) == HEADER_LEN:
+        return b""  # §5.8 rule 4: a first write cut before its header
     flags, fid = header_decode(keys, data, unsettled_tails)
     if fid != identity:
         raise IntegrityError("header file ID differs from the entry's identity (content of another file)")
@@ -289,7 +295,7 @@ def decrypt_content(aead, keys, B: int, data: bytes, identity: bytes, unsettled_
     if flags & FLAG_UNSETTLED:
         if len(data) == HEADER_LEN:
             return b""
-        end, last_plain = unsettled_end(aead, key, fid, data, B, O, sparse)
+        end, last_plain = unsettled_end(aead, key, fid, data, B, O, sparse, ordered)
         if end is None:
             return b""
         return inner_blocks(aead, key, fid, data, B, O, sparse, end, stash) + last_plain
@@ -325,11 +331,12 @@ def inner_blocks(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: boo
     return bytes(out)
 
 
-def _opens_as_end(aead, key, fid: bytes, j: int, b: bytes, B: int, O: int) -> bytes | None:
-    """§5.8: the plaintext if slot j's bytes b open as an end of the file, else None."""
+def _opens_as_end(aead, key, fid: bytes, j: int, b: bytes, B: int, O: int, ordered: bool = False) -> bytes | None:
+    """§5.8: the plaintext if slot j's bytes b open as an end of the file, else None (case (b),
+    a full inner block, only without "ordered-growth")."""
     if len(b) <= O or b.count(0) == len(b):
         return None
-    tries = [(b, True)] + ([(b, False)] if len(b) == B + O else [])
+    tries = [(b, True)] + ([(b, False)] if len(b) == B + O and not ordered else [])
     z = len(b.rstrip(b"\0"))
     tries += [(b[:n], True) for n in range(max(z, O + 1), len(b))]
     for blk, last in tries:
@@ -340,13 +347,13 @@ def _opens_as_end(aead, key, fid: bytes, j: int, b: bytes, B: int, O: int) -> by
     return None
 
 
-def unsettled_end(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: bool):
+def unsettled_end(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: bool, ordered: bool = False):
     """§5.8: (j, plaintext of block j that ends the file), or (None, b"") for an empty file."""
     S, c = B + O, len(data)
     body = c - HEADER_LEN
     F = -(-body // S) - 1
     slot = lambda j: data[HEADER_LEN + j * S : HEADER_LEN + (j + 1) * S]
-    pt = _opens_as_end(aead, key, fid, F, slot(F), B, O)
+    pt = _opens_as_end(aead, key, fid, F, slot(F), B, O, ordered)
     if pt is not None:
         return F, pt  # rule 1
     if body > O + 8:
@@ -365,12 +372,20 @@ def unsettled_end(aead, key, fid: bytes, data: bytes, B: int, O: int, sparse: bo
             if sparse:
                 continue
         else:
-            pt = _opens_as_end(aead, key, fid, j, b, B, O)
+            pt = _opens_as_end(aead, key, fid, j, b, B, O, ordered)
             if pt is not None:
                 return j, pt
+            if ordered and len(b) == B + O:
+                try:
+                    aead.open(key, block_aad(fid, j, False), b)
+                    continue  # a complete new inner block of a growing write torn further on
+                except IntegrityError:
+                    pass
         if skipped:
             raise IntegrityError(f"unsettled file: slot {j} does not open and one was skipped already")
         skipped = True
+    if ordered:
+        raise IntegrityError("unsettled file: no block sealed as last ends it (walked past block 0)")
     return None, b""
 
 
@@ -470,7 +485,7 @@ KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism
 FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
 OVERFLOW = "overflow"
 IV_IN_NAME = "iv-in-name"
-OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS, IV_IN_NAME}
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS, IV_IN_NAME, ORDERED_GROWTH}
 
 
 def canonical_json(obj) -> bytes:
@@ -552,6 +567,8 @@ def parse_config(text: bytes) -> dict:
     feats = cfg["features"]
     if len(set(feats)) != len(feats) or not FEATURES_V1 <= set(feats) <= FEATURES_V1 | OPTIONAL_FEATURES:
         raise ConfigError(f"feature set {feats} is not a v1 set")
+    if ORDERED_GROWTH in feats and UNSETTLED_TAILS not in feats:
+        raise ConfigError(f"feature {ORDERED_GROWTH} without {UNSETTLED_TAILS}")
     # §17: "deterministic" goes with AES-256-GCM-SIV, and only with it.
     if ("deterministic" in feats) != (cfg["cipher"] == "AES-256-GCM-SIV"):
         raise ConfigError("cipher AES-256-GCM-SIV and feature deterministic must go together")
@@ -726,6 +743,7 @@ class Vault:
         self.overflow = OVERFLOW in cfg["features"]
         self.unsettled_tails = UNSETTLED_TAILS in cfg["features"]
         self.iv_in_name = IV_IN_NAME in cfg["features"]
+        self.ordered_growth = ORDERED_GROWTH in cfg["features"]
         self.errors: list[tuple[bytes, str]] = []
 
     @classmethod
@@ -927,6 +945,14 @@ def run_vectors(path: str, t: Tally):
         what = f"unsettled file ({f['rule']})"
         got = decrypt_content(ContentAead(f["cipher"]), keys, f["block_size"], hx(f["ciphertext"]), hx(f["file_id"]), True)
         t.check(got.hex() == f["plaintext"], what, f"{len(got)} bytes")
+    for f in v.get("ordered_growth", {}).get("files", []):
+        what = f"ordered-growth file ({f['rule']})"
+        try:
+            got = decrypt_content(ContentAead(f["cipher"]), keys, f["block_size"], hx(f["ciphertext"]),
+                                  hx(f["file_id"]), True, None, True)
+            t.check(f["plaintext"] is not None and got.hex() == f["plaintext"], what, f"{len(got)} bytes")
+        except IntegrityError as e:
+            t.check(f["plaintext"] is None, what, str(e))
     for f in v.get("inner_stash", {}).get("files", []):
         what = f"inner stash ({f['rule']})"
         aead, ct, fid = ContentAead(f["cipher"]), hx(f["ciphertext"]), hx(f["file_id"])

@@ -49,9 +49,22 @@ pub const FEATURE_UNSETTLED_TAILS: &str = "unsettled-tails";
 /// of veilfs's disk overhead on a source tree was those blocks) and checking it is one
 /// `fstatat`. Every new forward vault names it; vaults made before it keep the file.
 pub const FEATURE_IV_IN_NAME: &str = "iv-in-name";
+/// With [`FEATURE_UNSETTLED_TAILS`]: an unsettled file ends only at a block sealed as last,
+/// never at a full inner block, and a writer that grows a file logs the old final block's new
+/// inner ciphertext in the inner-block stash and writes it in place only after the new blocks
+/// (docs/FORMAT.md §5.7, §5.8). Without it a header copied while a file was UNSETTLED and put
+/// back later lets the settled file be cut at any block boundary undetected. Every new forward
+/// vault names it; vaults made before it keep the older, weaker crash rules.
+pub const FEATURE_ORDERED_GROWTH: &str = "ordered-growth";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
-pub const OPTIONAL_FEATURES: &[&str] =
-    &[FEATURE_SPECIAL_KINDS, FEATURE_DETERMINISTIC, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS, FEATURE_IV_IN_NAME];
+pub const OPTIONAL_FEATURES: &[&str] = &[
+    FEATURE_SPECIAL_KINDS,
+    FEATURE_DETERMINISTIC,
+    FEATURE_OVERFLOW,
+    FEATURE_UNSETTLED_TAILS,
+    FEATURE_IV_IN_NAME,
+    FEATURE_ORDERED_GROWTH,
+];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
 /// this feature requires and which needs it (docs/FORMAT.md §17). Readers need nothing else.
@@ -190,7 +203,13 @@ impl VaultConfig {
                 .chain(if cipher == ContentCipher::Aes256GcmSiv {
                     vec![FEATURE_DETERMINISTIC]
                 } else {
-                    vec![FEATURE_SPECIAL_KINDS, FEATURE_OVERFLOW, FEATURE_UNSETTLED_TAILS, FEATURE_IV_IN_NAME]
+                    vec![
+                        FEATURE_SPECIAL_KINDS,
+                        FEATURE_OVERFLOW,
+                        FEATURE_UNSETTLED_TAILS,
+                        FEATURE_IV_IN_NAME,
+                        FEATURE_ORDERED_GROWTH,
+                    ]
                 })
                 .map(String::from)
                 .collect(),
@@ -287,6 +306,9 @@ impl VaultConfig {
                  vault veilfs makes)",
                 self.cipher.name()
             ));
+        }
+        if self.has_feature(FEATURE_ORDERED_GROWTH) && !self.has_feature(FEATURE_UNSETTLED_TAILS) {
+            return Err(format!("names feature {FEATURE_ORDERED_GROWTH:?} without {FEATURE_UNSETTLED_TAILS:?}"));
         }
         if !(512..=(1 << 20)).contains(&self.block_size) || !self.block_size.is_power_of_two() {
             return Err(format!("block size {} is invalid", self.block_size));
@@ -743,6 +765,22 @@ mod tests {
             let r = VaultConfig::parse(&serde_json::to_vec(&c).unwrap(), p);
             assert!(matches!(r, Err(Error::Config { .. })), "{:?}", c.features);
         }
+    }
+
+    #[test]
+    fn new_vaults_have_ordered_growth_and_it_needs_unsettled_tails() {
+        let p = Path::new("veilfs.conf");
+        let (mut cfg, master) = config_with_password("pw");
+        assert!(cfg.has_feature(FEATURE_ORDERED_GROWTH) && cfg.has_feature(FEATURE_UNSETTLED_TAILS));
+        // A vault made before it keeps opening.
+        let mut old = cfg.clone();
+        old.features.retain(|f| f != FEATURE_ORDERED_GROWTH);
+        old.seal(&master);
+        assert!(VaultConfig::parse(&serde_json::to_vec(&old).unwrap(), p).is_ok());
+        // Without "unsettled-tails" it means nothing: refused.
+        cfg.features.retain(|f| f != FEATURE_UNSETTLED_TAILS);
+        cfg.seal(&master);
+        assert!(matches!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p), Err(Error::Config { .. })));
     }
 
     #[test]

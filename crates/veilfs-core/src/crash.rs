@@ -14,11 +14,15 @@
 /// so a point added to the code without an entry here is never exercised.
 pub const POINTS: &[&str] = &[
     "file.header_alone",
+    "file.before_header",
     "file.tail_stashed",
     "file.reseal_alone",
     "file.inner_stashed",
     "file.torn_inner",
+    "file.growth_logged",
     "file.torn_write",
+    "file.grown",
+    "file.torn_reseal",
     "file.after_write",
     "file.shrink_resealed",
     "file.settle_sparse",

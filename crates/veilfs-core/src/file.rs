@@ -35,13 +35,30 @@ pub struct ContentCtx {
     /// Where inner-block stashes go (docs/FORMAT.md §5.9): the vault's top directory, in a
     /// vault with `"unsettled-tails"`.
     pub stashes: Option<Arc<StashDir>>,
+    /// Feature `"ordered-growth"` (with `"unsettled-tails"`): an unsettled file ends only at a
+    /// block sealed as last, an all-zero header reads as an empty file, and the writer grows a
+    /// file in the order that keeps such an end (docs/FORMAT.md §5.7, §5.8). A writer needs
+    /// `stashes` for it.
+    pub ordered_growth: bool,
 }
 
 impl ContentCtx {
     /// A context for `cipher` with `block_size`-byte blocks (without `"unsettled-tails"`).
     pub fn new(cipher: ContentCipher, block_size: u32, keys: Arc<SubKeys>) -> Self {
         let layout = Layout::new(block_size.into(), cipher.overhead() as u64);
-        ContentCtx { cipher, layout, keys, unsettled_tails: false, stashes: None }
+        ContentCtx { cipher, layout, keys, unsettled_tails: false, stashes: None, ordered_growth: false }
+    }
+
+    /// The same context with feature `"ordered-growth"` on or off (it counts only with
+    /// `"unsettled-tails"`).
+    pub fn with_ordered_growth(mut self, on: bool) -> Self {
+        self.ordered_growth = on;
+        self
+    }
+
+    /// Whether the crash rules of `"ordered-growth"` apply (docs/FORMAT.md §5.8).
+    pub fn ordered(&self) -> bool {
+        self.unsettled_tails && self.ordered_growth
     }
 
     /// The same context with feature `"unsettled-tails"` on or off.
@@ -85,6 +102,9 @@ const HDR_UNKNOWN: u8 = 0;
 const HDR_ABSENT: u8 = 1;
 const HDR_PLAIN: u8 = 2;
 const HDR_SPARSE: u8 = 3;
+/// What [`CryptFile::load_header`] returns (never stored) for an all-zero header in a vault
+/// with `"ordered-growth"`: a first write cut before its header, an empty file.
+const HDR_ZERO: u8 = 4;
 
 /// An open plaintext view of one ciphertext file.
 #[derive(Debug)]
@@ -169,8 +189,9 @@ impl CryptFile {
             has_found: AtomicBool::new(false),
             epoch: RwLock::new(()),
         };
-        f.load_header()?;
-        if f.unsettled.load(Ordering::Acquire) {
+        if f.load_header()? == HDR_ZERO {
+            f.load_zero_view()?;
+        } else if f.unsettled.load(Ordering::Acquire) {
             f.load_view()?;
         }
         let st = sys::fstat(f.fd()).ctx(|| format!("stat {}", f.what))?;
@@ -193,7 +214,7 @@ impl CryptFile {
                 sys::pread_full(self.fd(), buf, off).ctx(|| format!("reading {}", self.what))
             };
             let sparse = self.header_state() == HDR_SPARSE;
-            tail::resolve(&l, &self.codec, c, sparse, &read, &self.what)?.ok_or_else(|| {
+            tail::resolve(&l, &self.codec, c, sparse, self.ctx.ordered(), &read, &self.what)?.ok_or_else(|| {
                 let e = Error::auth(&self.what, "unsettled file: no block at its end authenticates (damaged tail)");
                 tracing::error!("{e}");
                 e
@@ -208,6 +229,19 @@ impl CryptFile {
             );
         }
         *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(tail);
+        self.has_view.store(true, Ordering::Release);
+        self.load_found(c);
+        Ok(())
+    }
+
+    /// Reads a file whose header is all zeros (`"ordered-growth"`: a first write's blocks go
+    /// out before its header, docs/FORMAT.md §5.8 rule 4) as empty until
+    /// [`recover_tail`](Self::recover_tail) cuts it to 0 bytes.
+    fn load_zero_view(&self) -> Result<()> {
+        let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
+        let rule = TailRule::NoHeader;
+        tracing::warn!("{}: recovered crash state ({}): reads as 0 bytes", self.what, rule.describe());
+        *self.view.lock().unwrap_or_else(|e| e.into_inner()) = Some(Tail { size: 0, last: None, rule });
         self.has_view.store(true, Ordering::Release);
         self.load_found(c);
         Ok(())
@@ -346,9 +380,17 @@ impl CryptFile {
     /// session made gets a hole record per run instead (a write-back flush filling a
     /// stream's holes out of order: one record per write, no copy). One `pwrite` to the
     /// stash, outside the lock (which only hands out the place and sequence numbers). A full
-    /// disk is no reason to refuse the write: it goes on without the record (logged).
-    fn log_inner(&self, first: u64, upto: u64, cts: &[u8]) -> Result<()> {
-        let Some(dir) = &self.ctx.stashes else { return Ok(()) };
+    /// disk is no reason to refuse the write: it goes on without the record (logged) — except
+    /// when `strict` (the old final block of a growing write with `"ordered-growth"`, which a
+    /// crash could otherwise lose, fsynced bytes and all): then any failure to log is the
+    /// write's error, before a byte of the file is written.
+    fn log_inner(&self, first: u64, upto: u64, cts: &[u8], strict: bool) -> Result<()> {
+        let Some(dir) = &self.ctx.stashes else {
+            return match strict {
+                true => Err(Error::io(&self.what, std::io::Error::from_raw_os_error(libc::EIO))),
+                false => Ok(()),
+            };
+        };
         let cb = self.ctx.layout.cipher_block() as usize;
         let rec = stash::RECORD_HEAD + cb;
         let mut recs = Vec::with_capacity((upto - first + 1) as usize * rec);
@@ -372,6 +414,9 @@ impl CryptFile {
             if g.fd.is_none() {
                 match dir.create(self.id()) {
                     Ok(fd) => g.fd = Some(Arc::new(fd)),
+                    Err(e) if strict => {
+                        return Err(Error::io(format!("creating {}", dir.path_of(self.id()).display()), e))
+                    }
                     Err(e) => {
                         tracing::warn!("{}: cannot create ({e}); writing without it", dir.path_of(self.id()).display());
                         return Ok(());
@@ -380,6 +425,10 @@ impl CryptFile {
                 g.pos = 0;
             }
             if g.pos + recs.len() as u64 > stash::READ_LIMIT {
+                if strict {
+                    let e = std::io::Error::from_raw_os_error(libc::ENOSPC);
+                    return Err(Error::io(format!("writing {}", dir.path_of(self.id()).display()), e));
+                }
                 // Only with dozens of writes in flight at once: no reader would look there.
                 tracing::warn!("{}: stash full; writing blocks {first}..={upto} without it", self.what);
                 return Ok(());
@@ -394,7 +443,7 @@ impl CryptFile {
         // (it does not authenticate).
         match sys::pwrite_all(fd.as_fd(), &recs, at) {
             Ok(()) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) => {
+            Err(e) if !strict && matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)) => {
                 tracing::debug!("{}: no room to stash blocks {first}..={upto} ({e}); going on without", self.what);
                 return Ok(());
             }
@@ -646,7 +695,9 @@ impl CryptFile {
     fn load_header(&self) -> Result<u8> {
         let mut buf = [0u8; HEADER_LEN];
         let n = sys::pread_full(self.fd(), &mut buf, 0).ctx(|| format!("reading header of {}", self.what))?;
-        let state = if n == 0 {
+        let zero = n == HEADER_LEN && self.ctx.ordered() && buf.iter().all(|&b| b == 0);
+        let state = if n == 0 || zero {
+            self.unsettled.store(false, Ordering::Release);
             HDR_ABSENT
         } else {
             let h = FileHeader::decode(&buf[..n], &self.ctx.keys, &self.what)?;
@@ -673,7 +724,7 @@ impl CryptFile {
             }
         };
         self.header.store(state, Ordering::Release);
-        Ok(state)
+        Ok(if zero { HDR_ZERO } else { state })
     }
 
     /// Authenticates the header (and that it carries this file's ID) without reading any
@@ -788,10 +839,9 @@ impl CryptFile {
         let l = self.ctx.layout;
         let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         let mut out = Salvaged::default();
-        if c <= l.header() {
+        if c <= l.header() || self.load_header()? == HDR_ZERO {
             return Ok(out);
         }
-        self.load_header()?;
         let blocks = (c - l.header()).div_ceil(l.cipher_block());
         let (bs, cb, o) = (l.block_size as usize, l.cipher_block() as usize, l.overhead as usize);
         let mut ct = vec![0u8; cb];
@@ -1021,21 +1071,32 @@ impl CryptFile {
         let csize = l.cipher_size(size);
         let old_last = size.saturating_sub(1) / l.block_size;
         let touches_tail = size == 0 || end > size || last >= old_last;
+        let ordered = self.ordered_writer();
+        // The write reaches past the old final block (which becomes an inner block).
+        let grows = size > 0 && last > old_last;
         // Inner blocks overwritten in place are logged first (docs/FORMAT.md §5.9), and the
-        // session is not settled until they are written.
+        // session is not settled until they are written. With "ordered-growth" a growing
+        // write logs the old final block's new inner ciphertext as well, and must.
         let inner = self.unsettled_ok() && self.ctx.stashes.is_some() && size > 0 && first < old_last;
+        let log = if ordered && grows {
+            Some((first.min(old_last), old_last, true))
+        } else {
+            inner.then(|| (first, last.min(old_last - 1), false))
+        };
         if touches_tail || inner {
             self.ensure_unsettled()?;
         }
-        if inner {
-            self.ring_room(last.min(old_last - 1) - first + 1);
+        if let Some((from, upto, _)) = log {
+            self.ring_room(upto - from + 1);
         }
-        let _epoch = inner.then(|| self.epoch.read().unwrap_or_else(|e| e.into_inner()));
-        let log = inner.then_some(old_last);
+        let _epoch = log.is_some().then(|| self.epoch.read().unwrap_or_else(|e| e.into_inner()));
+        // The final block rewritten in place is stashed first: always with "ordered-growth"
+        // (a torn rewrite has no other end to fall back to), else when it may hold fsynced
+        // bytes. A growing write needs no stash with "ordered-growth": its record covers it.
         let stash = self.unsettled_ok()
             && size > 0
             && touches_tail
-            && old_last * l.block_size < self.durable.load(Ordering::Acquire);
+            && if ordered { !grows } else { old_last * l.block_size < self.durable.load(Ordering::Acquire) };
         // Holes inside the old size that a full disk refused part-way are zeroed again.
         let holes = self.may_have_holes();
         let repair = |e: &Error| {
@@ -1059,10 +1120,22 @@ impl CryptFile {
         })
     }
 
+    /// Whether this writer grows files in the order of `"ordered-growth"` (docs/FORMAT.md
+    /// §5.7): the vault has it, this writer marks tail changes with UNSETTLED, and it has the
+    /// stash the old final block's record goes to.
+    fn ordered_writer(&self) -> bool {
+        self.unsettled_ok() && self.ctx.ordered() && self.ctx.stashes.is_some()
+    }
+
     /// [`write_at`](Self::write_at) without the undo; `old` is the old last block and its
     /// ciphertext when the write grows the file (or stashes it); `stash`: write a stash of it
-    /// first, and remove it once the block is rewritten; `log`: log the blocks below this
-    /// one (the old last block) in the inner-block stash before they are written.
+    /// first, and remove it once the block is rewritten; `log`: log blocks `from..=upto` in
+    /// the inner-block stash before they are written (`strict`: or fail the write).
+    ///
+    /// With `"ordered-growth"` (docs/FORMAT.md §5.7) a first write goes out before the header,
+    /// and a growing write logs the old final block's new inner ciphertext, writes the new
+    /// blocks, and only then that block (with any inner blocks before it) in place: at every
+    /// step a block sealed as last ends the file.
     fn write_blocks(
         &self,
         data: &[u8],
@@ -1070,7 +1143,7 @@ impl CryptFile {
         size: u64,
         old: Option<&(u64, Vec<u8>)>,
         stash: bool,
-        log: Option<u64>,
+        log: Option<(u64, u64, bool)>,
     ) -> Result<u64> {
         let l = self.ctx.layout;
         // Block `n` of the old file, decrypted from the copy kept for undo when it is the old
@@ -1089,12 +1162,26 @@ impl CryptFile {
         // A new file's header goes out with its first block in one write when they are
         // adjacent, so a crash cannot leave a header without data.
         let mut header_with_data = None;
+        // With "ordered-growth" it goes out after the blocks (a crash before it leaves an
+        // all-zero header: an empty file); the SPARSE it carries.
+        let mut header_after = None;
+        let ordered = self.ordered_writer();
         // With UNSETTLED, SPARSE goes out before the hole is made (provisionally: settle
         // clears it if the hole is filled first); without, only when not deferred.
         let unsettled = self.unsettled_ok();
         let eager_sparse = leaves_holes && (!self.deferring() || unsettled);
+        if ordered && size == 0 && matches!(self.header_state(), HDR_PLAIN | HDR_SPARSE) {
+            // A header alone (an empty file): gone first, so that the header is written last.
+            sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
+            self.header.store(HDR_ABSENT, Ordering::Release);
+            self.unsettled.store(false, Ordering::Release);
+        }
         let settled_sparse = self.header_state() == HDR_SPARSE && !self.provisional_sparse.load(Ordering::Acquire);
         match self.header_state() {
+            HDR_ABSENT | HDR_UNKNOWN if size == 0 && ordered => {
+                self.provisional_sparse.store(eager_sparse && unsettled, Ordering::Release);
+                header_after = Some(eager_sparse);
+            }
             HDR_ABSENT | HDR_UNKNOWN if size == 0 && first == 0 => {
                 header_with_data = Some(self.header_bytes(false, unsettled))
             }
@@ -1119,8 +1206,9 @@ impl CryptFile {
         };
         // The old last block loses its "last" flag (and is zero-extended: inner blocks are
         // full) when the write starts beyond it. Next to the write it goes out in the same
-        // system call; beyond a hole, on its own.
+        // system call; beyond a hole, on its own (with "ordered-growth", after the write).
         let mut prefix: Vec<u8> = Vec::new();
+        let mut reseal_after: Option<Vec<u8>> = None;
         let mut write_off = l.block_offset(first);
         if let Some(h) = header_with_data {
             prefix.extend_from_slice(&h);
@@ -1135,6 +1223,8 @@ impl CryptFile {
                 if old_last + 1 == first {
                     prefix = old;
                     write_off = l.block_offset(old_last);
+                } else if ordered {
+                    reseal_after = Some(old);
                 } else {
                     sys::pwrite_all(self.fd(), &old, l.block_offset(old_last))
                         .ctx(|| format!("writing {}", self.what))?;
@@ -1192,16 +1282,50 @@ impl CryptFile {
                 self.codec.seal_into_prefilled(*n, *n == new_last, &data[src..src + len], out);
             };
             whole.iter_mut().for_each(seal);
-            if let Some(below) = log {
-                self.log_inner(first, last.min(below - 1), &buf[prefix.len()..])?;
+            if let Some((from, upto, strict)) = log {
+                let at = l.block_offset(from);
+                let cts = match at.checked_sub(write_off) {
+                    Some(i) => &buf[i as usize..],
+                    None => reseal_after.as_deref().expect("the old last block, re-sealed"),
+                };
+                self.log_inner(from, upto, cts, strict)?;
+                if strict {
+                    crash::point!("file.growth_logged");
+                }
+            }
+            let writing =
+                |b: &[u8], at: u64| sys::pwrite_all(self.fd(), b, at).ctx(|| format!("writing {}", self.what));
+            if ordered && size > 0 && last >= old_blocks {
+                // The new blocks first (the old final block, still sealed as last, ends the
+                // file until they are all written), then the blocks before them in place.
+                let split = (l.block_offset(old_blocks).max(write_off) - write_off) as usize;
+                let (before, new) = buf.split_at(split);
+                crash::torn!("file.torn_write", self.fd(), new, write_off + split as u64);
+                writing(new, write_off + split as u64)?;
+                crash::point!("file.grown");
+                if !before.is_empty() {
+                    crash::torn!("file.torn_reseal", self.fd(), before, write_off);
+                    writing(before, write_off)?;
+                }
+                return Ok(());
             }
             if first + 1 < l.block_count(size) {
                 crash::torn!("file.torn_inner", self.fd(), buf, write_off);
             }
             crash::torn!("file.torn_write", self.fd(), buf, write_off);
-            sys::pwrite_all(self.fd(), buf, write_off).ctx(|| format!("writing {}", self.what))
+            writing(buf, write_off)
         })?;
+        if let Some(old) = &reseal_after {
+            let at = l.block_offset((size - 1) / bs);
+            crash::torn!("file.torn_reseal", self.fd(), old, at);
+            sys::pwrite_all(self.fd(), old, at).ctx(|| format!("writing {}", self.what))?;
+            crash::point!("file.reseal_alone");
+        }
         crash::point!("file.after_write");
+        if let Some(sparse) = header_after {
+            crash::point!("file.before_header");
+            self.write_header(sparse, unsettled)?;
+        }
         if header_with_data.is_some() {
             self.header.store(HDR_PLAIN, Ordering::Release);
             self.unsettled.store(unsettled, Ordering::Release);

@@ -86,6 +86,12 @@ fn settle_one(vault: &Vault, dir: BorrowedFd<'_>, name: &[u8], path: &Path) -> R
     };
     let mut buf = [0u8; HEADER_LEN];
     let got = sys::pread_full(fd.as_fd(), &mut buf, 0).ctx(|| what.clone())?;
+    if got == HEADER_LEN && vault.content().ordered() && buf.iter().all(|&b| b == 0) {
+        // A first write cut before its header (docs/FORMAT.md §5.8 rule 4): an empty file.
+        tracing::warn!("{what}: recovered crash state (a first write cut before its header): emptied");
+        sys::ftruncate(fd.as_fd(), 0).ctx(|| format!("truncating {what}"))?;
+        return Ok(true);
+    }
     let Ok(h) = FileHeader::decode(&buf[..got], &vault.content().keys, &what) else { return Ok(false) };
     if !h.is_unsettled() {
         return Ok(false);

@@ -194,7 +194,12 @@ impl Vault {
         let keys: SubKeys = master.subkeys();
         let names = Arc::new(NameCipher::new(&keys, config.special_binding()));
         let unsettled = config.has_feature(crate::config::FEATURE_UNSETTLED_TAILS);
-        let mut ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys)).with_unsettled_tails(unsettled);
+        let ordered = config.has_feature(crate::config::FEATURE_ORDERED_GROWTH);
+        let mut ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys))
+            .with_unsettled_tails(unsettled)
+            .with_ordered_growth(ordered);
+        // Every writer of a vault with the feature keeps stashes: the writer of
+        // "ordered-growth" cannot grow a file without its record (docs/FORMAT.md §5.7).
         if unsettled {
             ctx = ctx.with_stashes(cipherdir);
         }

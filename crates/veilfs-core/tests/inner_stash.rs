@@ -168,9 +168,12 @@ fn the_stash_is_a_ring_and_a_shrink_starts_it_again() {
     let stash_len = || stash_files(&v).first().map_or(0, |n| std::fs::metadata(v.root_path().join(n)).unwrap().len());
     f.write_at(&data(3 * B, 2), B as u64, size).unwrap();
     assert_eq!(stash_len(), 3 * rec);
-    // Appends and the final block are the tail's business (§5.8), not logged here.
-    f.write_at(&data(B, 4), size - 100, size).unwrap();
+    // A rewrite of the final block alone is the tail's business (§5.8), not logged here; an
+    // append past it logs the old final block's new inner ciphertext ("ordered-growth", §5.7).
+    f.write_at(&data(50, 3), size - 100, size).unwrap();
     assert_eq!(stash_len(), 3 * rec);
+    f.write_at(&data(B, 4), size - 100, size).unwrap();
+    assert_eq!(stash_len(), 4 * rec);
     let size = size + B as u64 - 100;
     // 24 MiB of overwrites: the stash stays within its ring.
     for i in 0..(24 << 20) / (8 * B) {
@@ -215,7 +218,9 @@ fn torn_fill_of_a_hole_this_session_made_reads_as_zeros_from_one_hole_record() {
     f.write_at(&data(2 * B, 2), B as u64, 5 * B as u64).unwrap();
     let name = stash_files(&v).pop().expect("a hole record");
     let len = std::fs::metadata(v.root_path().join(&name)).unwrap().len();
-    assert_eq!(len, record_len(&v), "one record for the run of holes");
+    // One record for block 0, the old final block the growing write re-sealed ("ordered-growth",
+    // §5.7), and one for the run of holes.
+    assert_eq!(len, 2 * record_len(&v), "one record for the run of holes");
     // Torn: the slot's second half is still the hole's zeros.
     let torn = second_half(&v, 1);
     overwrite(&cipher_path(&v, &root, "f"), torn.start as u64, &vec![0; torn.len()]);
@@ -228,5 +233,31 @@ fn torn_fill_of_a_hole_this_session_made_reads_as_zeros_from_one_hole_record() {
     assert_eq!(read_file(&v, &root, "f").unwrap(), want);
     assert!(Checker::new(&v, true, &|_| {}).run().unwrap().is_clean());
     assert!(stash_files(&v).is_empty());
+    assert_eq!(read_file(&v, &root, "f").unwrap(), want);
+}
+
+#[test]
+fn a_growing_write_that_cannot_log_the_old_final_block_fails_before_writing_anything() {
+    // With "ordered-growth" (FORMAT.md §5.7) the old final block of a growing write is
+    // written in place only after the new blocks, and read from its record if a crash comes
+    // between: without the record, the write must not happen at all. (A directory at the
+    // stash's name: the stash cannot be made, as on a full disk.)
+    let (_d, v, root) = setup();
+    let old = data(2 * B + 100, 1);
+    let f = settled_file(&v, &root, "f", &old);
+    let path = cipher_path(&v, &root, "f");
+    let before = std::fs::read(&path).unwrap();
+    let blocker = v.root_path().join(veilfs_core::stash::stash_name(f.id()));
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), b"x").unwrap();
+    let size = old.len() as u64;
+    assert!(f.write_at(&data(3 * B, 2), size - 50, size).is_err(), "a growing write without its record");
+    assert_eq!(std::fs::read(&path).unwrap()[36..], before[36..], "no block was written");
+    // An overwrite inside the file goes on without its record (a full disk never refuses it).
+    f.write_at(&data(10, 3), 0, size).unwrap();
+    f.settle().unwrap();
+    drop(f);
+    let mut want = old.clone();
+    want[..10].copy_from_slice(&data(10, 3));
     assert_eq!(read_file(&v, &root, "f").unwrap(), want);
 }

@@ -568,3 +568,70 @@ fn file_written_by_a_mount_session_and_settled_is_cut_at_a_block_boundary_detect
         assert_auth(read_file(&v, &root, "f"), "");
     }
 }
+
+/// A file of 6 full blocks and 10 bytes written in two write sessions of the mount's kind:
+/// the first writes 2 blocks, the second grows the file to its size. Returns the data, the
+/// header as it stood during the second session (UNSETTLED: what a sync peer saw then) and
+/// the settled ciphertext.
+fn grown_in_a_session(v: &Vault, root: &veilfs_core::CipherDir) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let (_e, f) = v.create_file(root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    let d = data(6 * B + 10, 12);
+    f.write_at(&d[..2 * B], 0, 0).unwrap();
+    f.settle().unwrap();
+    f.write_at(&d[2 * B..], 2 * B as u64, 2 * B as u64).unwrap();
+    let p = cipher_path(v, root, "f");
+    let during = std::fs::read(&p).unwrap()[..H as usize].to_vec();
+    assert_eq!(during[3] & 2, 2, "a growing write session sets UNSETTLED");
+    f.settle().unwrap();
+    drop(f);
+    let settled = std::fs::read(&p).unwrap();
+    assert_eq!(settled[3] & 2, 0, "settle clears UNSETTLED");
+    (d, during, settled)
+}
+
+#[test]
+fn a_header_copied_during_a_write_session_and_put_back_cannot_cut_the_settled_file() {
+    // The attack: the UNSETTLED header of a past write session put back on the settled file,
+    // and the file cut at a block boundary. Every block left authenticates as an inner block;
+    // with "ordered-growth" none of them ends a file (FORMAT.md §5.8), so no cut reads as a
+    // shorter file: an integrity error, for a reader and for a writer's settling alike.
+    let (_t, v) = setup();
+    let root = v.root().unwrap();
+    let (_, during, settled) = grown_in_a_session(&v, &root);
+    let p = cipher_path(&v, &root, "f");
+    for blocks in 1..=6u64 {
+        let mut c = during.clone();
+        c.extend_from_slice(&settled[H as usize..(H + blocks * CB) as usize]);
+        std::fs::write(&p, &c).unwrap();
+        assert_auth(read_file(&v, &root, "f"), "no block at its end authenticates");
+        let e = v.lookup(&root, b"f").unwrap().unwrap();
+        assert_auth(v.open_file(&root, &e, libc::O_RDWR).map(drop), "no block at its end authenticates");
+        assert_eq!(std::fs::read(&p).unwrap(), c, "nothing settled the cut file");
+    }
+    // The replayed header on the whole file reads the whole file.
+    let mut c = during.clone();
+    c.extend_from_slice(&settled[H as usize..]);
+    std::fs::write(&p, &c).unwrap();
+    assert_eq!(read_file(&v, &root, "f").unwrap().len(), 6 * B + 10);
+}
+
+#[test]
+fn vault_without_ordered_growth_opens_and_keeps_the_old_crash_rules() {
+    // A vault made before "ordered-growth": it opens, its writer keeps the old order, and
+    // its reader the old rules, under which a full inner block ends an unsettled file. So
+    // there, the replayed header still cuts the file (the weakness docs/SECURITY.md §4.1a
+    // names for such vaults).
+    let t = tempfile::tempdir().unwrap();
+    let v = vault_without(t.path(), veilfs_core::config::FEATURE_ORDERED_GROWTH);
+    assert!(!v.content().ordered());
+    let root = v.root().unwrap();
+    let (d, during, settled) = grown_in_a_session(&v, &root);
+    let v = reopen(t.path());
+    assert_eq!(read_file(&v, &root, "f").unwrap(), d);
+    let p = cipher_path(&v, &root, "f");
+    let mut c = during.clone();
+    c.extend_from_slice(&settled[H as usize..(H + 3 * CB) as usize]);
+    std::fs::write(&p, &c).unwrap();
+    assert_eq!(read_file(&v, &root, "f").unwrap(), d[..3 * B], "the old rules read the cut as a prefix");
+}
