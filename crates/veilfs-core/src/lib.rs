@@ -22,6 +22,7 @@ pub mod fsck;
 pub mod kdf;
 pub mod lock;
 pub mod recovery;
+pub mod record;
 pub mod reverse;
 mod setid;
 pub mod settle;

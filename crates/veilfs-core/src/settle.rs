@@ -47,7 +47,7 @@ fn sweep(vault: &Vault, root: BorrowedFd<'_>, dir: BorrowedFd<'_>, path: &Path, 
     for e in entries {
         let name = String::from_utf8_lossy(&e.name);
         if name.starts_with(XCHG_PREFIX) {
-            match vault.finish_exchange(root, dir, &name) {
+            match vault.finish_exchange(root, dir, path, &name) {
                 Ok(true) => n.exchanges += 1,
                 Ok(false) => {}
                 Err(err) => tracing::warn!("{err}"),

@@ -222,3 +222,41 @@ pub fn in_dir_as_owner<T, E>(
 pub fn is_eacces(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EACCES)
 }
+
+/// Runs `f`, a step of the crash sweep or of `fsck --repair` on the directories behind
+/// `dirs` (a rename between two of them, an unlink in one), with the least rights that can
+/// make it: when this process is privileged (effective uid 0) and does not already act as a
+/// caller, with the filesystem uid of the directories' owner (and the group of the first
+/// one), so that the step can do nothing their owner could not do herself. Directories of
+/// different owners are refused (`EPERM`, naming both): a step that needs the rights of two
+/// users is never made as root on their behalf. Root-owned directories are acted on as root;
+/// an unprivileged process acts with its own rights, as always.
+pub fn as_owner_of<T>(dirs: &[BorrowedFd<'_>], f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    if super::euid() != 0 || ACTING.with_borrow(|a| a.is_some()) {
+        return f();
+    }
+    let mut owner: Option<(u32, u32)> = None;
+    for d in dirs {
+        let st = super::fstat(*d)?;
+        match owner {
+            None => owner = Some((st.st_uid, st.st_gid)),
+            Some((uid, _)) if uid == st.st_uid => {}
+            Some((uid, _)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the directories belong to different users (uid {uid} and {}); not acted on as root",
+                        st.st_uid
+                    ),
+                ))
+            }
+        }
+    }
+    match owner {
+        Some((uid, gid)) if uid != 0 => {
+            let _guard = act_as(uid, gid, Vec::new())?;
+            f()
+        }
+        _ => f(),
+    }
+}
