@@ -534,4 +534,20 @@ fn a_planted_exchange_record_is_reported_and_never_executed() {
         assert!(lines[0].contains("damaged"), "{r} is reported as damage: {}", lines[0]);
     }
     assert!(dump_tree(&m.cipher) == tree_after, "fsck without --repair changed the tree");
+
+    // A repair leaves both records where they are, and acts on the objects around them with
+    // their directories' owner's rights: her file under a temporary name does not go into
+    // root's lost+found (two owners: refused and said), root's own one does.
+    let o = run(
+        &BIN,
+        &["fsck", "--repair", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()],
+    );
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(6), "fsck --repair: {out}");
+    assert!(hers.join("veilfs.xchg.PLANTED").exists() && rootdir.join("veilfs.xchg.PEER").exists(), "{out}");
+    assert!(m.cipher.join(&secret).is_dir() && !hers.join("stolen1").exists(), "{out}");
+    assert!(hers.join("veilfs.tmp.PLANTED").exists(), "her file went into root's lost+found: {out}");
+    let refused: Vec<&str> = out.lines().filter(|l| l.contains("veilfs.tmp.PLANTED")).collect();
+    assert!(refused.len() == 1 && refused[0].contains("different users"), "the refusal is said: {out}");
+    assert!(!rootdir.join("veilfs.tmp.PEER").exists(), "root's own leftover went to lost+found: {out}");
 }

@@ -260,3 +260,51 @@ pub fn as_owner_of<T>(dirs: &[BorrowedFd<'_>], f: impl FnOnce() -> io::Result<T>
         _ => f(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// Two directories of `uid`s made in a fresh temporary directory (root only).
+    fn dirs_of(uids: [u32; 2]) -> (std::path::PathBuf, Vec<std::os::fd::OwnedFd>) {
+        let top = std::env::temp_dir().join(format!("veilfs-as-owner-{}-{}-{}", std::process::id(), uids[0], uids[1]));
+        let _ = std::fs::remove_dir_all(&top);
+        std::fs::create_dir(&top).unwrap();
+        let mut fds = Vec::new();
+        for (i, uid) in uids.into_iter().enumerate() {
+            let d = top.join(i.to_string());
+            std::fs::create_dir(&d).unwrap();
+            std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+            fds.push(super::super::open_dir_path(&d).unwrap());
+        }
+        (top, fds)
+    }
+
+    #[test]
+    fn a_repair_step_on_two_users_directories_is_refused_and_on_one_users_runs_as_her() {
+        if super::super::euid() != 0 {
+            return; // acting as another user needs root
+        }
+        let (top, fds) = dirs_of([60_001, 60_002]);
+        let ran = std::cell::Cell::new(false);
+        let r = as_owner_of(&[fds[0].as_fd(), fds[1].as_fd()], || {
+            ran.set(true);
+            Ok(())
+        });
+        let e = r.unwrap_err();
+        assert!(!ran.get() && e.kind() == io::ErrorKind::PermissionDenied && e.to_string().contains("different users"));
+        std::fs::remove_dir_all(&top).unwrap();
+
+        let (top, fds) = dirs_of([60_001, 60_001]);
+        as_owner_of(&[fds[0].as_fd(), fds[1].as_fd()], || {
+            assert_eq!(fs_uid(), 60_001, "the step runs as the directories' owner");
+            super::super::mkdirat(fds[0].as_fd(), b"made", 0o700)
+        })
+        .unwrap();
+        let st = super::super::fstatat(fds[0].as_fd(), b"made").unwrap();
+        assert_eq!((st.st_uid, st.st_gid), (60_001, 60_001), "what the step made belongs to her");
+        assert_eq!(fs_uid(), 0, "back to root afterwards");
+        std::fs::remove_dir_all(&top).unwrap();
+    }
+}
