@@ -522,10 +522,7 @@ fn a_planted_exchange_record_is_reported_and_never_executed() {
         assert_eq!(lines, 1, "the sweep names {r} in one log line: {said}");
     }
 
-    let o = run(
-        &BIN,
-        &["fsck", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()],
-    );
+    let o = run(&BIN, &["fsck", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()]);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(6), "fsck: {out}");
     for r in ["veilfs.xchg.PLANTED", "veilfs.xchg.PEER"] {
@@ -538,10 +535,7 @@ fn a_planted_exchange_record_is_reported_and_never_executed() {
     // A repair leaves both records where they are, and acts on the objects around them with
     // their directories' owner's rights: her file under a temporary name does not go into
     // root's lost+found (two owners: refused and said), root's own one does.
-    let o = run(
-        &BIN,
-        &["fsck", "--repair", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()],
-    );
+    let o = run(&BIN, &["fsck", "--repair", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()]);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(6), "fsck --repair: {out}");
     assert!(hers.join("veilfs.xchg.PLANTED").exists() && rootdir.join("veilfs.xchg.PEER").exists(), "{out}");

@@ -15,12 +15,12 @@ use veilfs_core::content::header::HEADER_LEN;
 use veilfs_core::content::ContentCipher;
 use veilfs_core::content::{BlockCodec, FileHeader};
 use veilfs_core::kdf::Argon2Params;
-use veilfs_core::names::{ParsedEntry, DIRIV_NAME};
-use veilfs_core::vault::InitOptions;
-use veilfs_core::{Entry, EntryKind, RecoveryKey, Vault, VaultConfig};
 use veilfs_core::lock::Holder;
+use veilfs_core::names::{ParsedEntry, DIRIV_NAME};
 use veilfs_core::record::ExchangeIntent;
 use veilfs_core::stash::{block_record, hole_record, number, RECORD_HEAD};
+use veilfs_core::vault::InitOptions;
+use veilfs_core::{Entry, EntryKind, RecoveryKey, Vault, VaultConfig};
 use veilfs_fuzz::{
     join_id, master, names, recovery_key, subkeys, vault, xattr, BlockInput, BLOCK_SIZE, ENTRY_IV, RECORD_A_DIR_IV,
     RECORD_DIR_IV, RECORD_NAME,
@@ -237,7 +237,11 @@ fn records(out: &Out) {
     out.put("stash_records", "mixed", &[&sel[..], &6u16.to_be_bytes(), &v].concat());
 
     let h = Holder { pid: 4242, host: "build-1".into(), since: 1_700_000_000, command: "mount".into() };
-    out.put("lock_holder", "mount", format!("pid={}\nhost={}\nsince={}\ncommand={}\n", h.pid, h.host, h.since, h.command).as_bytes());
+    out.put(
+        "lock_holder",
+        "mount",
+        format!("pid={}\nhost={}\nsince={}\ncommand={}\n", h.pid, h.host, h.since, h.command).as_bytes(),
+    );
     out.put("lock_holder", "shared", b"pid=0\nhost=build-1\nsince=0\ncommand=mount --shared-storage\n");
     out.put("lock_holder", "empty", b"");
 

@@ -16,11 +16,8 @@ fuzz_target!(|data: &[u8]| {
     let Some((&sel, conf)) = data.split_first() else { return };
     let path = Path::new("fuzz/veilfs.conf");
     let Ok(cfg) = VaultConfig::parse(conf, path) else { return };
-    let secret = if sel & 1 == 0 {
-        Secret::Password(PASSWORD.to_string().into())
-    } else {
-        Secret::Recovery(recovery_key())
-    };
+    let secret =
+        if sel & 1 == 0 { Secret::Password(PASSWORD.to_string().into()) } else { Secret::Recovery(recovery_key()) };
     let only = (sel & 2 != 0).then_some(u32::from(sel >> 2 & 0xf));
     match cfg.unlock_with(&secret, only, path, &SLOTS_CEILING) {
         Ok(master) => match cfg.verify(&master, path) {

@@ -63,7 +63,9 @@ impl std::fmt::Display for RecordError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RecordError::Malformed(w) => write!(f, "not an exchange record ({w})"),
-            RecordError::NoMac => f.write_str("an exchange record without a MAC (planted, or left by an older version)"),
+            RecordError::NoMac => {
+                f.write_str("an exchange record without a MAC (planted, or left by an older version)")
+            }
             RecordError::BadMac => f.write_str(
                 "an exchange record whose MAC does not verify for this directory and name (planted, edited or moved)",
             ),

@@ -10,7 +10,6 @@
 //! entry knows; the `*_at` calls take a key the caller resolved itself (the mount keeps a
 //! per-directory index, so it lists each directory once).
 
-use crate::record::{ExchangeIntent, RecordError};
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
 use crate::crash;
@@ -20,6 +19,7 @@ use crate::file::{ContentCtx, CryptFile};
 use crate::kdf::Argon2Params;
 use crate::keys::{MasterKey, SubKeys};
 use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry};
+use crate::record::{ExchangeIntent, RecordError};
 use crate::recovery::RecoveryKey;
 use crate::sys::Stat;
 use crate::sys::{self, MetaError};
