@@ -15,7 +15,7 @@
 //! (docs/SECURITY.md, "The vault's own records").
 
 use crate::keys::{hmac_parts, SubKeys};
-use crate::names::{b64_decode, b64_encode, DirIv, NAME_MAX, XCHG_PREFIX};
+use crate::names::{b64_decode, b64_encode, DirIv, NAME_MAX};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -180,12 +180,6 @@ impl ExchangeIntent {
     }
 }
 
-/// Whether `name` is an exchange record's name, `veilfs.xchg.<r>` with a non-empty `<r>`
-/// that is part of one name.
-pub fn is_exchange_name(name: &str) -> bool {
-    name.strip_prefix(XCHG_PREFIX).is_some_and(|r| !r.is_empty() && is_name(name))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,12 +280,5 @@ mod tests {
             assert!(matches!(ExchangeIntent::parse(bad.as_bytes()), Err(RecordError::Malformed(_))), "{bad:?}");
         }
         assert!(ExchangeIntent::parse(&vec![b'a'; MAX_RECORD_LEN + 1]).is_err());
-    }
-
-    #[test]
-    fn exchange_names() {
-        assert!(is_exchange_name("veilfs.xchg.abc"));
-        assert!(!is_exchange_name("veilfs.xchg."));
-        assert!(!is_exchange_name("veilfs.tmp.abc"));
     }
 }
