@@ -222,6 +222,23 @@ mod tests {
         assert_eq!(r.verify(&k, NAME, &A_DIR, &DIR), Err(RecordError::BadMac), "the two directories swapped");
     }
 
+    /// The MAC as docs/FORMAT.md §10 spells it, computed independently (Python's hmac and
+    /// hashlib from the document's formula; the fuzz seeds `exchange_record/seed-root`).
+    #[test]
+    fn the_mac_is_the_documented_hmac() {
+        let k = MasterKey::from_bytes([7; 32]).subkeys();
+        let r = ExchangeIntent {
+            a_dir: String::new(),
+            a: "aGVsbG8.c2Vhbg".into(),
+            a_new: "d29ybGQ.YmluZGluZw".into(),
+            b_new: "veilfs.L.bG9uZw".into(),
+            mac: [0; RECORD_MAC_LEN],
+        };
+        let mac = r.mac(&k, "veilfs.xchg.AAAAAAAAAAAAAAAA", &[0x22; 16], &[0x33; 16]);
+        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "2bedb280f252e9f2f64a85c08279dee561b7f62bd88d1a531bc9086c06a68a6b");
+    }
+
     #[test]
     fn a_renamed_record_fails() {
         let k = keys();
