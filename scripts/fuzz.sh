@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
-ALL=(config entry_name header block xattr recovery_key symlink_target)
+ALL=(config entry_name header block xattr recovery_key symlink_target exchange_record stash_records lock_holder slots)
 mode="${1:-}"
 shift || true
 minutes=""
@@ -40,7 +40,8 @@ bin_dir=target/x86_64-unknown-linux-gnu/release
 # Inputs bigger than any real object of a target only slow the fuzzer down.
 max_len() {
   case "$1" in
-    config) echo 16384 ;;
+    config | slots) echo 16384 ;;
+    stash_records) echo 65536 ;;
     block) echo 8192 ;;
     *) echo 4096 ;;
   esac

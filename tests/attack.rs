@@ -435,3 +435,113 @@ fn scan_memory(pid: u32, needle: &[u8]) -> usize {
     }
     hits
 }
+
+/// The directories directly under `dir` that are vault entries (not `veilfs.*` files).
+fn entry_dirs(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("veilfs."))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Leaves the vault lock of a writer that died (a pid that no longer exists on this host),
+/// so that the next mount takes it over and runs the crash sweep, as after a crash.
+fn leave_stale_lock(cipher: &Path) {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let host = String::from_utf8_lossy(&run("uname", &["-n"]).stdout).trim().to_string();
+    fs::write(cipher.join("veilfs.lock"), format!("pid={dead}\nhost={host}\nsince=0\ncommand=mount\n")).unwrap();
+}
+
+/// A user of a root `--allow-other` mount plants an exchange intent record (`veilfs.xchg.<r>`,
+/// with a made-up MAC) and her own file under the temporary name `veilfs.tmp.<r>` in the
+/// ciphertext of her directory; the record names a root-owned 0700 directory at the top of
+/// the vault. After an unclean exit the crash sweep, running as root, used to move root's
+/// directory into hers and her file into the vault's top directory. A second record, planted
+/// in a root-owned directory (by anyone with write access to the ciphertext, such as a sync
+/// peer: where the least-rights rule alone would let root act), names the same directory.
+/// Both must be reported as damage (one log line each, fsck exit 6) and nothing may move.
+#[test]
+fn a_planted_exchange_record_is_reported_and_never_executed() {
+    if !root_only("the attack is on root's --allow-other mount, by a second user made with useradd") {
+        return;
+    }
+    let Some(mut m) = Mounted::new("64m", &["--allow-other"]) else { return };
+    for p in [&m.tmpfs.path, &m.mnt, &m.cipher] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let user = TestUser::new("vfxchg");
+    let home = m.m("home");
+    fs::create_dir(&home).unwrap();
+    assert!(run("chown", &[&format!("{0}:{0}", user.name), home.to_str().unwrap()]).status.success());
+    let hers = backing_dir_of(&m.cipher, user.uid);
+    let before_root = entry_dirs(&m.cipher);
+    fs::create_dir(m.m("secret")).unwrap();
+    fs::write(m.m("secret/key"), b"root's key\n").unwrap();
+    fs::set_permissions(m.m("secret"), fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = entry_dirs(&m.cipher).into_iter().find(|n| !before_root.contains(n)).expect("secret's backing dir");
+    let before_rootdir = entry_dirs(&m.cipher);
+    fs::create_dir(m.m("rootdir")).unwrap();
+    let rootdir = m.cipher.join(entry_dirs(&m.cipher).into_iter().find(|n| !before_rootdir.contains(n)).unwrap());
+    m.umount();
+
+    let forged_mac = "mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let record = |r: &str| format!("a_dir=\na={secret}\na_new=stolen{r}\nb_new=planted{r}\n{forged_mac}\n");
+    let o = user.sh(
+        10,
+        &format!(
+            "cd {} && printf 'hers\\n' > veilfs.tmp.PLANTED && printf '%s' '{}' > veilfs.xchg.PLANTED",
+            hers.display(),
+            record("1")
+        ),
+    );
+    assert!(o.status.success(), "the user plants in her backing directory: {}", text(&o));
+    fs::write(rootdir.join("veilfs.tmp.PEER"), b"peer's\n").unwrap();
+    fs::write(rootdir.join("veilfs.xchg.PEER"), record("2")).unwrap();
+    let tree_before = dump_tree(&m.cipher);
+
+    leave_stale_lock(&m.cipher);
+    let o = m.mount_output();
+    let said = text(&o);
+    assert!(said.contains("taking over the lock"), "the mount took over a dead writer's lock: {said}");
+    m.umount();
+    let _ = fs::remove_file(m.cipher.join("veilfs.lock"));
+    let tree_after = dump_tree(&m.cipher);
+    assert!(m.cipher.join(&secret).is_dir(), "root's directory left the top of the vault");
+    assert!(!hers.join("stolen1").exists() && !m.cipher.join("planted1").exists(), "the sweep executed her record");
+    assert!(!rootdir.join("stolen2").exists() && !m.cipher.join("planted2").exists(), "the sweep executed a record");
+    assert!(tree_after == tree_before, "the sweep changed the ciphertext tree");
+    for r in ["veilfs.xchg.PLANTED", "veilfs.xchg.PEER"] {
+        let lines = said.lines().filter(|l| l.contains(r)).count();
+        assert_eq!(lines, 1, "the sweep names {r} in one log line: {said}");
+    }
+
+    let o = run(&BIN, &["fsck", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(6), "fsck: {out}");
+    for r in ["veilfs.xchg.PLANTED", "veilfs.xchg.PEER"] {
+        let lines: Vec<&str> = out.lines().filter(|l| l.contains(r)).collect();
+        assert_eq!(lines.len(), 1, "fsck names {r} in one line: {out}");
+        assert!(lines[0].contains("damaged"), "{r} is reported as damage: {}", lines[0]);
+    }
+    assert!(dump_tree(&m.cipher) == tree_after, "fsck without --repair changed the tree");
+
+    // A repair leaves both records where they are, and acts on the objects around them with
+    // their directories' owner's rights: her file under a temporary name does not go into
+    // root's lost+found (two owners: refused and said), root's own one does.
+    let o = run(&BIN, &["fsck", "--repair", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(6), "fsck --repair: {out}");
+    assert!(hers.join("veilfs.xchg.PLANTED").exists() && rootdir.join("veilfs.xchg.PEER").exists(), "{out}");
+    assert!(m.cipher.join(&secret).is_dir() && !hers.join("stolen1").exists(), "{out}");
+    assert!(hers.join("veilfs.tmp.PLANTED").exists(), "her file went into root's lost+found: {out}");
+    let refused: Vec<&str> = out.lines().filter(|l| l.contains("veilfs.tmp.PLANTED")).collect();
+    assert!(refused.len() == 1 && refused[0].contains("different users"), "the refusal is said: {out}");
+    assert!(!rootdir.join("veilfs.tmp.PEER").exists(), "root's own leftover went to lost+found: {out}");
+}

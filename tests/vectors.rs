@@ -119,6 +119,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
         "subkeys": {
             "content": hex(k.content.expose()), "header": hex(k.header.expose()), "names": hex(k.names.expose()),
             "binding": hex(k.binding.expose()), "config_mac": hex(k.config_mac.expose()), "xattr_names": hex(k.xattr_names.expose()),
+            "record_mac": hex(k.record_mac.expose()),
         },
         "content": content,
         "headers": headers,

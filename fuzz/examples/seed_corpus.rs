@@ -15,10 +15,16 @@ use veilfs_core::content::header::HEADER_LEN;
 use veilfs_core::content::ContentCipher;
 use veilfs_core::content::{BlockCodec, FileHeader};
 use veilfs_core::kdf::Argon2Params;
+use veilfs_core::lock::Holder;
 use veilfs_core::names::{ParsedEntry, DIRIV_NAME};
+use veilfs_core::record::ExchangeIntent;
+use veilfs_core::stash::{block_record, hole_record, number, RECORD_HEAD};
 use veilfs_core::vault::InitOptions;
 use veilfs_core::{Entry, EntryKind, RecoveryKey, Vault, VaultConfig};
-use veilfs_fuzz::{join_id, master, names, recovery_key, subkeys, vault, xattr, BlockInput, BLOCK_SIZE, ENTRY_IV};
+use veilfs_fuzz::{
+    join_id, master, names, recovery_key, subkeys, vault, xattr, BlockInput, BLOCK_SIZE, ENTRY_IV, RECORD_A_DIR_IV,
+    RECORD_DIR_IV, RECORD_NAME,
+};
 
 /// The cheapest Argon2 settings `veilfs init` accepts (the seeds are not about the KDF).
 const TINY_KDF: Argon2Params = Argon2Params { memory_kib: 64, iterations: 1, parallelism: 1 };
@@ -196,7 +202,56 @@ fn main() {
         }
         out.put("entry_name", "foreign", b"notes.sync-conflict-20240101.txt");
     }
+    records(&out);
     fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// Seeds of the records the crash sweep, `fsck --repair` and unlocking read: exchange
+/// records (sealed under the fixed key, and the unsealed form of older versions), inner-block
+/// stashes, lock files, and config slot lists behind each selector.
+fn records(out: &Out) {
+    for (tag, a_dir) in [("root", ""), ("nested", "d1/d2")] {
+        let r = ExchangeIntent {
+            a_dir: a_dir.into(),
+            a: "aGVsbG8.c2Vhbg".into(),
+            a_new: "d29ybGQ.YmluZGluZw".into(),
+            b_new: "veilfs.L.bG9uZw".into(),
+            mac: [0; veilfs_core::record::RECORD_MAC_LEN],
+        }
+        .sealed(subkeys(), RECORD_NAME, &RECORD_DIR_IV, &RECORD_A_DIR_IV);
+        assert!(r.verify(subkeys(), RECORD_NAME, &RECORD_DIR_IV, &RECORD_A_DIR_IV).is_ok());
+        out.put("exchange_record", tag, r.encode().as_bytes());
+    }
+    out.put("exchange_record", "unsealed", b"a_dir=\na=x\na_new=y\nb_new=z\n");
+
+    let cb = BLOCK_SIZE as usize + ContentCipher::Aes256Gcm.overhead();
+    let record = RECORD_HEAD + cb;
+    let sel = ((record - RECORD_HEAD - 8) as u16).to_be_bytes();
+    let mut v = Vec::new();
+    block_record(&mut v, 1, &vec![0xab; cb]);
+    hole_record(&mut v, 2, 5, cb);
+    block_record(&mut v, 1, &vec![0xcd; cb]);
+    block_record(&mut v, 3, &vec![0xef; cb]);
+    number(&mut v, record, 7);
+    v.extend_from_slice(&[0x12; 100]); // a record cut short by a crash
+    out.put("stash_records", "mixed", &[&sel[..], &6u16.to_be_bytes(), &v].concat());
+
+    let h = Holder { pid: 4242, host: "build-1".into(), since: 1_700_000_000, command: "mount".into() };
+    out.put(
+        "lock_holder",
+        "mount",
+        format!("pid={}\nhost={}\nsince={}\ncommand={}\n", h.pid, h.host, h.since, h.command).as_bytes(),
+    );
+    out.put("lock_holder", "shared", b"pid=0\nhost=build-1\nsince=0\ncommand=mount --shared-storage\n");
+    out.put("lock_holder", "empty", b"");
+
+    for conf in ["fixed-aes", "fixed-xchacha", "init-aes"] {
+        let bytes = fs::read(out.root.join("config").join(format!("seed-{conf}"))).unwrap();
+        // password; recovery key; only slot 0 by password; only slot 1 by recovery key.
+        for sel in [0u8, 1, 0b10, 0b111] {
+            out.put("slots", &format!("{conf}-{sel}"), &[&[sel][..], &bytes].concat());
+        }
+    }
 }
 
 fn d_name(name: &[u8]) -> &std::ffi::OsStr {

@@ -155,3 +155,19 @@ pub fn join_id(cipher: ContentCipher, id: &[u8; 16], rest: &[u8]) -> Vec<u8> {
     v.extend_from_slice(rest);
     v
 }
+
+/// The name of the `exchange_record` seeds' record (`veilfs.xchg.<r>`).
+pub const RECORD_NAME: &str = "veilfs.xchg.AAAAAAAAAAAAAAAA";
+/// The IV of the directory the `exchange_record` seeds lie in.
+pub const RECORD_DIR_IV: DirIv = [0x22; 16];
+/// The IV of the directory the `exchange_record` seeds name (`a_dir`).
+pub const RECORD_A_DIR_IV: DirIv = [0x33; 16];
+
+/// The password of the seed configs' password slots (Argon2 at 64 KiB, one pass).
+pub const PASSWORD: &str = "fuzz";
+
+/// The Argon2 ceiling of the `slots` target: the seed slots' cost and no more, so a slot
+/// asking for more is skipped before anything is derived (as the reader does above its own
+/// ceiling) and no input makes an execution slow.
+pub const SLOTS_CEILING: veilfs_core::kdf::KdfCeiling =
+    veilfs_core::kdf::KdfCeiling { memory_kib: 64, memory_passes_kib: 128 };

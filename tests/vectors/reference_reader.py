@@ -164,6 +164,7 @@ SUBKEY_LABELS = {  # name -> (info, length)
     "binding": (b"name-binding", 64),
     "config_mac": (b"config-mac", 32),
     "xattr_names": (b"xattr-names", 64),
+    "record_mac": (b"record-mac", 32),
 }
 
 

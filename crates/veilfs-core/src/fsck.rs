@@ -17,10 +17,11 @@ use crate::diriv::IvCopy;
 use crate::error::{Error, IoContext, Result};
 use crate::names::{
     b64_decode, EntryKind, Identity, ParsedEntry, CONFIG_NAME, DIRIV_NAME, LONG_NAME_FILE_PREFIX, RESERVED_PREFIX,
+    XCHG_PREFIX,
 };
 use crate::symlink::TARGET_FILE_PREFIX;
 use crate::sys;
-use crate::sys::Stat;
+use crate::sys::{RawDirEntry, Stat};
 use crate::vault::{CipherDir, Entry, Vault};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -200,7 +201,9 @@ impl<'a> Checker<'a> {
     /// With `--repair`: unlinks the leftover file `name` of `dir` (problem `i`), saying `done`.
     fn remove_leftover(&mut self, i: usize, dir: &CipherDir, name: &str, done: &str) {
         if self.repair {
-            let r = sys::unlinkat(dir.fd(), name.as_bytes(), false).ctx(|| dir.child_path(name)).map(|()| done.into());
+            let r = sys::as_owner_of(&[dir.fd()], || sys::unlinkat(dir.fd(), name.as_bytes(), false))
+                .ctx(|| dir.child_path(name))
+                .map(|()| done.into());
             self.repaired(i, r);
         }
     }
@@ -225,7 +228,7 @@ impl<'a> Checker<'a> {
         self.in_lost_found = plain.starts_with(std::ffi::OsStr::from_bytes(LOST_FOUND));
         let iv_ok = self.check_iv_copy(&dir, &plain);
         let raw = match sys::read_dir_fd(dir.fd()) {
-            Ok(r) => r,
+            Ok(r) => self.exchange_records(&dir, &plain, r),
             Err(e) => {
                 self.problem(ProblemKind::Damaged, dir.path.clone(), Some(&plain), format!("cannot be listed: {e}"));
                 return;
@@ -284,6 +287,10 @@ impl<'a> Checker<'a> {
                     "an interrupted import left a partial copy".into(),
                 );
                 self.remove_leftover(i, &dir, &name, "removed (an unfinished copy; import it again)");
+                continue;
+            }
+            if r.name.starts_with(XCHG_PREFIX.as_bytes()) {
+                // Reported by `exchange_records` above.
                 continue;
             }
             if name.starts_with(TEMP_PREFIX) {
@@ -378,7 +385,8 @@ impl<'a> Checker<'a> {
                 "no entry uses this long-name side file".into(),
             );
             if self.repair {
-                let r = sys::unlinkat(dir.fd(), side.as_bytes(), false).ctx(|| dir.child_path(&side));
+                let r = sys::as_owner_of(&[dir.fd()], || sys::unlinkat(dir.fd(), side.as_bytes(), false))
+                    .ctx(|| dir.child_path(&side));
                 self.repaired(i, r.map(|()| "removed (it held only an encrypted name)".into()));
             }
         }
@@ -388,6 +396,63 @@ impl<'a> Checker<'a> {
             let p = plain.join(std::ffi::OsStr::from_bytes(&e.name));
             self.check_entry(&dir, e, p);
         }
+    }
+
+    /// Checks every exchange intent record of `dir` (F§10), before anything else there: one
+    /// that verifies ([`Vault::verified_exchange`]) is an interrupted exchange, which
+    /// `--repair` finishes as the crash sweep would, with the rights of the directories'
+    /// owner (the directory is then listed again); one that does not verify is damage,
+    /// reported and left alone: never executed, never removed. Returns `raw`, or the new
+    /// listing after a repair.
+    fn exchange_records(&mut self, dir: &CipherDir, plain: &Path, raw: Vec<RawDirEntry>) -> Vec<RawDirEntry> {
+        let names: Vec<String> = raw
+            .iter()
+            .filter(|r| r.name.starts_with(XCHG_PREFIX.as_bytes()))
+            .map(|r| String::from_utf8_lossy(&r.name).into_owned())
+            .collect();
+        if names.is_empty() {
+            return raw;
+        }
+        let root = match sys::open_dir_path(self.vault.root_path()) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let at = self.vault.root_path().to_path_buf();
+                self.problem(ProblemKind::Damaged, at, None, format!("cannot be opened: {e}"));
+                return raw;
+            }
+        };
+        let mut changed = false;
+        for name in names {
+            match self.vault.verified_exchange(root.as_fd(), dir.fd(), &dir.path, &name) {
+                Err(e) => {
+                    let i = self.damaged(dir, &name, Some(plain), &e);
+                    self.report.problems[i].detail.push_str("; left alone, never executed");
+                }
+                Ok(_) => {
+                    let i = self.problem(
+                        ProblemKind::TempName,
+                        dir.path.join(&name),
+                        Some(plain),
+                        "the authenticated intent record of an interrupted exchange".into(),
+                    );
+                    if self.repair && !self.in_lost_found {
+                        changed = true;
+                        let r = self.vault.finish_exchange(root.as_fd(), dir.fd(), &dir.path, &name);
+                        self.repaired(
+                            i,
+                            r.map(|moved| {
+                                if moved { "finished the exchange" } else { "removed (the exchange had not begun)" }
+                                    .into()
+                            }),
+                        );
+                    }
+                }
+            }
+        }
+        if !changed {
+            return raw;
+        }
+        sys::read_dir_fd(dir.fd()).unwrap_or(raw)
     }
 
     /// Checks `dir`'s IV copy: missing is a crash leftover (restored), anything else wrong is
@@ -654,8 +719,17 @@ impl<'a> Checker<'a> {
         let name = format!("{kind_name}-{tag}-{}", self.moved);
         let (_, new_on_disk) = self.vault.new_entry_name(lf, name.as_bytes(), kind, &identity)?;
         let side = self.vault.carry_target_side(dir, on_disk, kind, lf)?;
-        sys::renameat2(dir.fd(), on_disk.as_bytes(), lf.fd(), new_on_disk.as_bytes(), libc::RENAME_NOREPLACE)
-            .ctx(|| dir.child_path(on_disk))?;
+        // With the rights of the owner of both directories: a privileged repair never moves
+        // one user's object into another user's directory (sys::as_owner_of).
+        let moved = sys::as_owner_of(&[dir.fd(), lf.fd()], || {
+            sys::renameat2(dir.fd(), on_disk.as_bytes(), lf.fd(), new_on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+        });
+        if let Err(e) = moved {
+            if let Some(side) = &side {
+                self.vault.drop_target_side(lf, side);
+            }
+            return Err(Error::io(dir.child_path(on_disk), e));
+        }
         if let Some(side) = side {
             self.vault.drop_target_side(dir, &side);
         }

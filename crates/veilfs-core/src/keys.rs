@@ -63,6 +63,7 @@ impl MasterKey {
             binding: self.derive("name-binding"),
             config_mac: self.derive("config-mac"),
             xattr_names: self.derive("xattr-names"),
+            record_mac: self.derive("record-mac"),
         }
     }
 }
@@ -104,6 +105,17 @@ pub(crate) fn hmac16(key: &[u8], parts: &[&[u8]]) -> [u8; 16] {
     out
 }
 
+/// HMAC-SHA256 over `parts`, each preceded by its length (u32 big-endian), so no two lists
+/// of parts give one input. Full 32 bytes.
+pub(crate) fn hmac_parts(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
+    for p in parts {
+        mac.update(&(p.len() as u32).to_be_bytes());
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().into()
+}
+
 /// Every subkey of a vault, derived once when the vault is unlocked.
 #[derive(Clone, Debug)]
 pub struct SubKeys {
@@ -119,6 +131,9 @@ pub struct SubKeys {
     pub config_mac: SecretBytes<32>,
     /// AES-256-SIV key for extended attribute names.
     pub xattr_names: SecretBytes<64>,
+    /// HMAC key authenticating the vault's own records that a crash sweep or a repair acts
+    /// on (an exchange's intent record, docs/FORMAT.md §10).
+    pub record_mac: SecretBytes<32>,
 }
 
 impl SubKeys {

@@ -22,6 +22,7 @@ pub mod file;
 pub mod fsck;
 pub mod kdf;
 pub mod lock;
+pub mod record;
 pub mod recovery;
 pub mod reverse;
 mod setid;

@@ -86,7 +86,7 @@ impl Holder {
 
     /// Parses a lock file; `None` when it names no holder (empty: the holder is still writing
     /// it, or crashed before it could).
-    fn parse(text: &str) -> Option<Holder> {
+    pub fn parse(text: &str) -> Option<Holder> {
         let mut h = Holder { pid: 0, host: String::new(), since: 0, command: String::new() };
         for line in text.lines() {
             match line.split_once('=') {

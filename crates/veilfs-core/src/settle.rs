@@ -2,6 +2,13 @@
 //! (docs/FORMAT.md §5.8) and finishes interrupted exchanges (F§10) before the mount serves
 //! anything.
 //!
+//! It may run as root over directories that belong to other users, who can plant files in
+//! them. So it acts only on what authenticates: the UNSETTLED flag is under the header's
+//! HMAC, and an exchange record is finished only if its MAC verifies for its name and both
+//! directories, with the rights of the directories' owner ([`Vault::finish_exchange`]); any
+//! other record is logged once, naming its ciphertext file, and left alone
+//! (docs/SECURITY.md, "The vault's own records").
+//!
 //! Why: the kernel takes a file's size from its first LOOKUP, and with the write-back cache
 //! it never takes it from the filesystem again while it keeps the inode; a file that the
 //! crash rules read shorter than its ciphertext size says would then read with zeros at its
@@ -47,7 +54,7 @@ fn sweep(vault: &Vault, root: BorrowedFd<'_>, dir: BorrowedFd<'_>, path: &Path, 
     for e in entries {
         let name = String::from_utf8_lossy(&e.name);
         if name.starts_with(XCHG_PREFIX) {
-            match vault.finish_exchange(root, dir, &name) {
+            match vault.finish_exchange(root, dir, path, &name) {
                 Ok(true) => n.exchanges += 1,
                 Ok(false) => {}
                 Err(err) => tracing::warn!("{err}"),

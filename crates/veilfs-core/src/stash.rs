@@ -113,27 +113,18 @@ impl StashDir {
             }
         };
         let len = sys::fstat(fd.as_fd())?.st_size as u64;
-        let mut found = Found { fd, at: HashMap::new(), holes: Vec::new() };
+        let mut records = Records::default();
         let mut head = [0u8; RECORD_HEAD + 8];
-        let be = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
         // A record cut short (a crash while it was appended) is ignored: the block it was
         // for was not touched yet.
         for i in 0..(len.min(READ_LIMIT) / record as u64) {
             let off = i * record as u64;
-            if sys::pread_full(found.fd.as_fd(), &mut head, off)? != head.len() {
+            if sys::pread_full(fd.as_fd(), &mut head, off)? != head.len() {
                 continue;
             }
-            let (x, seq) = (be(&head[..8]), be(&head[8..16]));
-            if x & HOLE_BIT != 0 {
-                let (a, b) = (x & !HOLE_BIT, be(&head[16..]).min(blocks));
-                if a < b {
-                    found.holes.push((seq, a, b));
-                }
-            } else if x < blocks {
-                found.at.entry(x).or_default().push((seq, off + RECORD_HEAD as u64));
-            }
+            records.note(&head, off, blocks);
         }
-        Ok(Some(found))
+        Ok(Some(Found { fd, records }))
     }
 
     /// Removes `id`'s stash (missing is fine).
@@ -155,22 +146,51 @@ fn unlink(dir: std::os::fd::BorrowedFd<'_>, name: &str) -> io::Result<()> {
 pub struct Found {
     /// The stash file.
     pub fd: OwnedFd,
+    records: Records,
+}
+
+/// The records of a stash, indexed by the blocks they speak of. Nothing in a record is
+/// trusted: a block record's ciphertext is used only if it authenticates as that block of
+/// that file, and a block number at or past the file's end is dropped here.
+#[derive(Debug, Default)]
+pub struct Records {
     /// For each block number, its records (sequence number, offset of the ciphertext).
     at: HashMap<u64, Vec<(u64, u64)>>,
     /// Hole records: (sequence number, first block, end block).
     holes: Vec<(u64, u64, u64)>,
 }
 
-/// What one record says of a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kept {
-    /// Its ciphertext as it was, at this offset of the stash.
-    Block(u64),
-    /// It was a hole.
-    Hole,
-}
+impl Records {
+    /// Notes the record at offset `off` of a stash whose first 24 bytes are `head`, for a
+    /// file of `blocks` blocks.
+    fn note(&mut self, head: &[u8; RECORD_HEAD + 8], off: u64, blocks: u64) {
+        let be = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
+        let (x, seq) = (be(&head[..8]), be(&head[8..16]));
+        if x & HOLE_BIT != 0 {
+            let (a, b) = (x & !HOLE_BIT, be(&head[16..]).min(blocks));
+            if a < b {
+                self.holes.push((seq, a, b));
+            }
+        } else if x < blocks {
+            self.at.entry(x).or_default().push((seq, off + RECORD_HEAD as u64));
+        }
+    }
 
-impl Found {
+    /// Indexes the whole records of `record` bytes each in `bytes` (the first
+    /// [`READ_LIMIT`] bytes of a stash, as [`StashDir::open`] reads them) for a file of
+    /// `blocks` blocks. For fuzzing and tests: the reader does the same through `pread`.
+    pub fn parse(bytes: &[u8], record: usize, blocks: u64) -> Records {
+        let mut r = Records::default();
+        if record < RECORD_HEAD + 8 {
+            return r;
+        }
+        let bytes = &bytes[..bytes.len().min(READ_LIMIT as usize)];
+        for (i, rec) in bytes.chunks_exact(record).enumerate() {
+            r.note(rec[..RECORD_HEAD + 8].try_into().expect("24 bytes"), (i * record) as u64, blocks);
+        }
+        r
+    }
+
     /// What the records say of block `n`, newest first.
     pub fn of(&self, n: u64) -> Vec<Kept> {
         let mut v: Vec<(u64, Kept)> =
@@ -187,6 +207,27 @@ impl Found {
         v.sort_unstable();
         v.dedup();
         v
+    }
+}
+
+/// What one record says of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// Its ciphertext as it was, at this offset of the stash.
+    Block(u64),
+    /// It was a hole.
+    Hole,
+}
+
+impl Found {
+    /// What the records say of block `n`, newest first.
+    pub fn of(&self, n: u64) -> Vec<Kept> {
+        self.records.of(n)
+    }
+
+    /// Every block some record speaks of, in order.
+    pub fn blocks(&self) -> Vec<u64> {
+        self.records.blocks()
     }
 }
 

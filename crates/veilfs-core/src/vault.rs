@@ -19,6 +19,7 @@ use crate::file::{ContentCtx, CryptFile};
 use crate::kdf::Argon2Params;
 use crate::keys::{MasterKey, SubKeys};
 use crate::names::{DirIv, EntryKind, Identity, NameCipher, NameKey, ParsedEntry};
+use crate::record::{ExchangeIntent, RecordError};
 use crate::recovery::RecoveryKey;
 use crate::sys::Stat;
 use crate::sys::{self, MetaError};
@@ -1017,15 +1018,23 @@ impl Vault {
     /// record `veilfs.xchg.<r>` next to it, written first and removed last, names the
     /// steps, so the crash sweep finishes an interrupted exchange
     /// ([`finish_exchange`](Self::finish_exchange)): a crash leaves the old pair or, once the
-    /// first rename is done, the new one (F§10).
+    /// first rename is done, the new one (F§10). The record carries a MAC binding it to its
+    /// name and both directories' IVs ([`crate::record`]).
     pub fn exchange_at(&self, a_dir: &CipherDir, a: &Entry, b_dir: &CipherDir, b: &Entry) -> Result<(String, String)> {
         let a_new = self.entry_name_for(b_dir, &b.key, a.kind, &a.identity)?;
         let b_new = self.entry_name_for(a_dir, &a.key, b.kind, &b.identity)?;
         let tmp = crate::names::temp_name();
         let journal = format!("{}{}", crate::names::XCHG_PREFIX, &tmp[crate::names::TEMP_PREFIX.len()..]);
         let rel = a_dir.path.strip_prefix(&self.root_path).unwrap_or(Path::new("")).to_string_lossy().into_owned();
-        let intent = ExchangeIntent { a_dir: rel, a: a.on_disk.clone(), a_new: a_new.clone(), b_new: b_new.clone() };
-        intent.write(b_dir, &journal)?;
+        let intent = ExchangeIntent {
+            a_dir: rel,
+            a: a.on_disk.clone(),
+            a_new: a_new.clone(),
+            b_new: b_new.clone(),
+            mac: [0; crate::record::RECORD_MAC_LEN],
+        }
+        .sealed(&self.ctx.keys, &journal, &b_dir.iv, &a_dir.iv);
+        write_record(b_dir, &journal, &intent)?;
         let mv = |fd: &CipherDir, old: &str, td: &CipherDir, new: &str| {
             sys::renameat2(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes(), libc::RENAME_NOREPLACE)
                 .ctx(|| fd.child_path(old))
@@ -1049,34 +1058,88 @@ impl Vault {
         Ok((a_new, b_new))
     }
 
-    /// Finishes the exchange whose intent record `journal` lies in directory `dir` (opened
-    /// below the vault root `root`), after a crash: if its first rename was done, makes the
-    /// other two; then removes the record. Returns whether renames were made. Each step is a
-    /// no-op when already done, so a crash during this too is finished by the next sweep.
-    pub fn finish_exchange(&self, root: BorrowedFd<'_>, dir: BorrowedFd<'_>, journal: &str) -> Result<bool> {
+    /// Reads and verifies the exchange record `journal` of the directory `dir` (ciphertext
+    /// path `dir_path`, below the vault root `root`): its form, then its MAC for its name, the
+    /// IV of `dir` and the IV of the directory it names. Returns the record and that
+    /// directory (opened below `root` one name at a time, never following a link). A record
+    /// that fails is an integrity error naming its ciphertext file: damage, never an
+    /// instruction.
+    pub fn verified_exchange(
+        &self,
+        root: BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
+        dir_path: &Path,
+        journal: &str,
+    ) -> Result<(ExchangeIntent, OwnedFd)> {
+        let what = dir_path.join(journal).display().to_string();
+        let r = read_record(dir, journal).map_err(|d| Error::auth(&what, d))?;
+        let a_dir = sys::open_dir_below(root, &r.a_dir).map_err(|e| {
+            Error::auth(&what, format!("names the directory {:?}, which cannot be opened ({e})", r.a_dir))
+        })?;
+        let (dir_ivs, a_ivs) = (self.record_ivs(root, dir), self.record_ivs(root, a_dir.as_fd()));
+        let verifies = dir_ivs.iter().any(|d| a_ivs.iter().any(|a| r.verify(&self.ctx.keys, journal, d, a).is_ok()));
+        if !verifies {
+            return Err(Error::auth(what, RecordError::BadMac.to_string()));
+        }
+        Ok((r, a_dir))
+    }
+
+    /// The IVs a record lying in or naming the directory `dir` may have been written under:
+    /// the top directory's from the config (authenticated), any other's from its IV copy
+    /// (F§7.1; with `iv-in-name`, every IV name it holds). The copy is not authenticated by
+    /// itself, but a wrong one only makes the MAC fail: a record verifies only under the IVs
+    /// it was written for, and the MAC cannot be made without the vault key.
+    fn record_ivs(&self, root: BorrowedFd<'_>, dir: BorrowedFd<'_>) -> Vec<DirIv> {
+        let same = |a: BorrowedFd<'_>, b: BorrowedFd<'_>| match (sys::fstat(a), sys::fstat(b)) {
+            (Ok(x), Ok(y)) => x.st_dev == y.st_dev && x.st_ino == y.st_ino,
+            _ => false,
+        };
+        if same(root, dir) {
+            return vec![self.config.root_iv().expect("checked at load")];
+        }
+        self.iv_copy.carried(dir)
+    }
+
+    /// Finishes the exchange whose intent record `journal` lies in directory `dir` (ciphertext
+    /// path `dir_path`, opened below the vault root `root`), after a crash: if its first
+    /// rename was done, makes the other two; then removes the record. Returns whether renames
+    /// were made. Each step is a no-op when already done, so a crash during this too is
+    /// finished by the next sweep.
+    ///
+    /// Nothing is done unless the record verifies ([`verified_exchange`](Self::verified_exchange)).
+    /// The steps run with the rights of the two directories' owner ([`sys::as_owner_of`]):
+    /// a privileged sweep acts as that user, and refuses (an error naming the record, which
+    /// is left for `fsck`) when the directories belong to different users.
+    pub fn finish_exchange(
+        &self,
+        root: BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
+        dir_path: &Path,
+        journal: &str,
+    ) -> Result<bool> {
+        let (intent, a_dir) = self.verified_exchange(root, dir, dir_path, journal)?;
         let r = &journal[crate::names::XCHG_PREFIX.len()..];
         let tmp = format!("{}{r}", crate::names::TEMP_PREFIX);
-        let what = || format!("{}: exchange record {journal}", self.root_path.display());
-        let intent = ExchangeIntent::read(dir, journal).ctx(what)?;
+        let what = || dir_path.join(journal).display().to_string();
         let exists = |d: BorrowedFd<'_>, n: &str| sys::fstatat(d, n.as_bytes()).is_ok();
-        let moved = exists(dir, &tmp);
-        if moved {
-            let a_dir = sys::open_dir_below(root, &intent.a_dir).ctx(what)?;
-            if exists(a_dir.as_fd(), &intent.a) && !exists(dir, &intent.a_new) {
-                sys::renameat2(
-                    a_dir.as_fd(),
-                    intent.a.as_bytes(),
-                    dir,
-                    intent.a_new.as_bytes(),
-                    libc::RENAME_NOREPLACE,
-                )
-                .ctx(what)?;
+        sys::as_owner_of(&[dir, a_dir.as_fd()], || {
+            let moved = exists(dir, &tmp);
+            if moved {
+                if exists(a_dir.as_fd(), &intent.a) && !exists(dir, &intent.a_new) {
+                    sys::renameat2(
+                        a_dir.as_fd(),
+                        intent.a.as_bytes(),
+                        dir,
+                        intent.a_new.as_bytes(),
+                        libc::RENAME_NOREPLACE,
+                    )?;
+                }
+                sys::renameat2(dir, tmp.as_bytes(), a_dir.as_fd(), intent.b_new.as_bytes(), libc::RENAME_NOREPLACE)?;
             }
-            sys::renameat2(dir, tmp.as_bytes(), a_dir.as_fd(), intent.b_new.as_bytes(), libc::RENAME_NOREPLACE)
-                .ctx(what)?;
-        }
-        sys::unlinkat(dir, journal.as_bytes(), false).ctx(what)?;
-        Ok(moved)
+            sys::unlinkat(dir, journal.as_bytes(), false)?;
+            Ok(moved)
+        })
+        .ctx(what)
     }
 
     /// Creates a hard link named by `key` in `to` to the object `src_on_disk` of `from` (of
@@ -1229,42 +1292,24 @@ fn denied(e: &Error) -> bool {
     matches!(e, Error::Io { source, .. } if sys::is_eacces(source))
 }
 
-/// The intent record of an exchange (F§10): `key=value` lines naming the first object's
-/// directory (relative to the vault root, empty for the root), its on-disk name, its new
-/// name (in the record's directory) and the new name of the object moved aside.
-#[derive(Debug, PartialEq, Eq)]
-struct ExchangeIntent {
-    a_dir: String,
-    a: String,
-    a_new: String,
-    b_new: String,
+/// Writes an exchange's intent record `name` (F§10) into `dir`, new, not following links.
+fn write_record(dir: &CipherDir, name: &str, r: &ExchangeIntent) -> Result<()> {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    let fd = sys::openat(dir.fd(), name.as_bytes(), flags, 0o600).ctx(|| dir.child_path(name))?;
+    sys::pwrite_all(fd.as_fd(), r.encode().as_bytes(), 0).ctx(|| dir.child_path(name))
 }
 
-impl ExchangeIntent {
-    fn write(&self, dir: &CipherDir, name: &str) -> Result<()> {
-        let text = format!("a_dir={}\na={}\na_new={}\nb_new={}\n", self.a_dir, self.a, self.a_new, self.b_new);
-        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-        let fd = sys::openat(dir.fd(), name.as_bytes(), flags, 0o600).ctx(|| dir.child_path(name))?;
-        sys::pwrite_all(fd.as_fd(), text.as_bytes(), 0).ctx(|| dir.child_path(name))
+/// Reads the record `name` of `dir`: a regular file (never a link, FIFO or device) of at most
+/// [`MAX_RECORD_LEN`](crate::record::MAX_RECORD_LEN) bytes, parsed (not yet verified).
+fn read_record(dir: BorrowedFd<'_>, name: &str) -> std::result::Result<ExchangeIntent, String> {
+    let (fd, st) = sys::open_regular_at(dir, name.as_bytes(), libc::O_RDONLY).map_err(|e| match e.err() {
+        Some(e) => format!("cannot be read: {e}"),
+        None => "is not a regular file".to_string(),
+    })?;
+    if st.st_size as usize > crate::record::MAX_RECORD_LEN {
+        return Err(RecordError::Malformed("too long".into()).to_string());
     }
-
-    fn read(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<Self> {
-        let (fd, st) = sys::open_regular_at(dir, name.as_bytes(), libc::O_RDONLY)
-            .map_err(|e| e.err().unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL)))?;
-        let mut buf = vec![0u8; (st.st_size as usize).min(4096)];
-        let n = sys::pread_full(fd.as_fd(), &mut buf, 0)?;
-        let text = String::from_utf8_lossy(&buf[..n]);
-        let field = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
-                .map(str::to_string)
-                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("no {k}")))
-        };
-        let (a, a_new, b_new) = (field("a")?, field("a_new")?, field("b_new")?);
-        // Names only, never paths: a record cannot move anything out of its directories.
-        if [&a, &a_new, &b_new].iter().any(|n| n.is_empty() || n.contains('/')) {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a name"));
-        }
-        Ok(ExchangeIntent { a_dir: field("a_dir")?, a, a_new, b_new })
-    }
+    let mut buf = vec![0u8; st.st_size as usize];
+    let n = sys::pread_full(fd.as_fd(), &mut buf, 0).map_err(|e| format!("cannot be read: {e}"))?;
+    ExchangeIntent::parse(&buf[..n]).map_err(|e| e.to_string())
 }

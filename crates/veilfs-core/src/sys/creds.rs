@@ -222,3 +222,89 @@ pub fn in_dir_as_owner<T, E>(
 pub fn is_eacces(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EACCES)
 }
+
+/// Runs `f`, a step of the crash sweep or of `fsck --repair` on the directories behind
+/// `dirs` (a rename between two of them, an unlink in one), with the least rights that can
+/// make it: when this process is privileged (effective uid 0) and does not already act as a
+/// caller, with the filesystem uid of the directories' owner (and the group of the first
+/// one), so that the step can do nothing their owner could not do herself. Directories of
+/// different owners are refused (`EPERM`, naming both): a step that needs the rights of two
+/// users is never made as root on their behalf. Root-owned directories are acted on as root;
+/// an unprivileged process acts with its own rights, as always.
+pub fn as_owner_of<T>(dirs: &[BorrowedFd<'_>], f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    if super::euid() != 0 || ACTING.with_borrow(|a| a.is_some()) {
+        return f();
+    }
+    let mut owner: Option<(u32, u32)> = None;
+    for d in dirs {
+        let st = super::fstat(*d)?;
+        match owner {
+            None => owner = Some((st.st_uid, st.st_gid)),
+            Some((uid, _)) if uid == st.st_uid => {}
+            Some((uid, _)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the directories belong to different users (uid {uid} and {}); not acted on as root",
+                        st.st_uid
+                    ),
+                ))
+            }
+        }
+    }
+    match owner {
+        Some((uid, gid)) if uid != 0 => {
+            let _guard = act_as(uid, gid, Vec::new())?;
+            f()
+        }
+        _ => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// Two directories of `uid`s made in a fresh temporary directory (root only).
+    fn dirs_of(uids: [u32; 2]) -> (std::path::PathBuf, Vec<std::os::fd::OwnedFd>) {
+        let top = std::env::temp_dir().join(format!("veilfs-as-owner-{}-{}-{}", std::process::id(), uids[0], uids[1]));
+        let _ = std::fs::remove_dir_all(&top);
+        std::fs::create_dir(&top).unwrap();
+        let mut fds = Vec::new();
+        for (i, uid) in uids.into_iter().enumerate() {
+            let d = top.join(i.to_string());
+            std::fs::create_dir(&d).unwrap();
+            std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+            fds.push(super::super::open_dir_path(&d).unwrap());
+        }
+        (top, fds)
+    }
+
+    #[test]
+    fn a_repair_step_on_two_users_directories_is_refused_and_on_one_users_runs_as_her() {
+        if super::super::euid() != 0 {
+            return; // acting as another user needs root
+        }
+        let (top, fds) = dirs_of([60_001, 60_002]);
+        let ran = std::cell::Cell::new(false);
+        let r = as_owner_of(&[fds[0].as_fd(), fds[1].as_fd()], || {
+            ran.set(true);
+            Ok(())
+        });
+        let e = r.unwrap_err();
+        assert!(!ran.get() && e.kind() == io::ErrorKind::PermissionDenied && e.to_string().contains("different users"));
+        std::fs::remove_dir_all(&top).unwrap();
+
+        let (top, fds) = dirs_of([60_001, 60_001]);
+        as_owner_of(&[fds[0].as_fd(), fds[1].as_fd()], || {
+            assert_eq!(fs_uid(), 60_001, "the step runs as the directories' owner");
+            super::super::mkdirat(fds[0].as_fd(), b"made", 0o700)
+        })
+        .unwrap();
+        let st = super::super::fstatat(fds[0].as_fd(), b"made").unwrap();
+        assert_eq!((st.st_uid, st.st_gid), (60_001, 60_001), "what the step made belongs to her");
+        assert_eq!(fs_uid(), 0, "back to root afterwards");
+        std::fs::remove_dir_all(&top).unwrap();
+    }
+}

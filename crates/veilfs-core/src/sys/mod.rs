@@ -33,7 +33,7 @@ pub mod term;
 pub mod xattr;
 
 pub use creds::{
-    act_as, creds_of, fs_uid, grants, grants_settled, groups_of, in_dir_as_owner, is_eacces, privileged,
+    act_as, as_owner_of, creds_of, fs_uid, grants, grants_settled, groups_of, in_dir_as_owner, is_eacces, privileged,
     with_owner_rwx, ActingGuard, ProcCreds,
 };
 pub use rustix::fs::StatVfs;
