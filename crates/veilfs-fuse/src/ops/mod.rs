@@ -50,6 +50,9 @@ pub struct FsOptions {
     /// Reads never change access times (`noatime`); otherwise they do as with Linux's
     /// `relatime` (see `ops/atime.rs`).
     pub noatime: bool,
+    /// Every open for reading that reads moves the access time (`strictatime`), not only
+    /// the first read after a change or a day (`relatime`).
+    pub strictatime: bool,
     /// The daemon checks permissions itself (`perm.rs`): set by [`mount`](crate::mount)
     /// for a mount without `--allow-other`, which has no `default_permissions`.
     pub check_permissions: bool,
