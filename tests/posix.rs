@@ -773,3 +773,32 @@ fn utimensat_now_by_a_non_owner_who_may_write_works_under_the_writeback_cache() 
         assert!(age.as_ref().is_ok_and(|a| a.as_secs() < 60), "the times are now: {age:?}");
     }
 }
+
+/// A buffered read after an asynchronous O_DIRECT write (io_submit) returns the new data while
+/// another thread keeps reading the file buffered (xfstests generic/451): the kernel drops the
+/// range from the page cache when the write is submitted, the concurrent reader cached the old
+/// data before the daemon wrote, so the daemon drops the range again once written. With and
+/// without the writeback cache, as on tmpfs. The program is C (python has no AIO), built
+/// with cc.
+#[test]
+fn buffered_read_after_an_async_direct_write_is_not_stale() {
+    if !which("cc") {
+        assert!(std::env::var("CI").is_err(), "cc is needed");
+        return;
+    }
+    let tmp = Tmpfs::new("16m");
+    let prog = tmp.path.join("aio");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/aio_dio_then_buffered_read.c");
+    let o = run("cc", &["-O2", "-pthread", "-o", prog.to_str().unwrap(), src]);
+    assert!(o.status.success(), "cc: {}", text(&o));
+    let stale = |file: &Path| {
+        let o = run(prog.to_str().unwrap(), &[file.to_str().unwrap(), "1000"]);
+        assert!(o.status.success(), "{}: {}", file.display(), text(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    for extra in [&[][..], &["--no-writeback"][..]] {
+        let Some(m) = Mounted::new("64m", extra) else { return };
+        assert_eq!(stale(&m.plain.join("f")), "0", "tmpfs");
+        assert_eq!(stale(&m.m("f")), "0", "veilfs {extra:?}: stale buffered reads of 1000");
+    }
+}

@@ -286,6 +286,18 @@ impl VeilFs {
         }
     }
 
+    /// Has the kernel drop the pages of `len` bytes at `off` of `ino` from its cache (and its
+    /// cached attributes).
+    pub(crate) fn inval_range(&self, ino: u64, off: u64, len: u64) {
+        if let (Some(n), Ok(off), Ok(len)) = (self.notifier.get(), i64::try_from(off), i64::try_from(len)) {
+            if len > 0 {
+                if let Err(e) = n.inval_inode(fuser::INodeNo(ino), off, len) {
+                    tracing::debug!("node {ino}: direct write invalidation: {e}");
+                }
+            }
+        }
+    }
+
     /// The attributes of `node` given its backing `st`.
     pub(crate) fn attr_of(&self, node: &Node, st: &Stat) -> FileAttr {
         let size = node.file.as_ref().and_then(|f| f.open_size());
