@@ -558,7 +558,17 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     notify_ready(ready.is_some(), cipherdir, mountpoint);
     match &ready {
         Some(_) => {
-            crate::logging::to_system_log();
+            use crate::logging::Destination;
+            // Said while the terminal is still there: where to look when something fails.
+            match crate::logging::to_system_log() {
+                Destination::File(p) => {
+                    eprintln!("veilfs: no journal or syslog on this machine: the mount logs to {}", p.display())
+                }
+                Destination::Nowhere(p, e) => {
+                    eprintln!("veilfs: warning: no journal or syslog, and no log file {}: {e}", p.display())
+                }
+                Destination::Journal | Destination::Syslog => {}
+            }
             report(&ready, "ok");
             drop(ready);
             detach_stdio();

@@ -180,8 +180,12 @@ pub(crate) fn errno(n: i32) -> io::Error {
 /// Maps a core error to an `io::Error` with the right errno; integrity failures are logged
 /// (naming the ciphertext) and become EIO.
 pub(crate) fn cerr(e: veilfs_core::Error) -> io::Error {
-    if let veilfs_core::Error::Auth { .. } = e {
-        tracing::error!("{e}");
+    // Integrity errors and the backing store's I/O errors (its text names the ciphertext
+    // path); the log keeps one line per incident (src/logging.rs).
+    match &e {
+        veilfs_core::Error::Auth { .. } => tracing::error!("{e}"),
+        veilfs_core::Error::Io { source, .. } if source.raw_os_error() == Some(libc::EIO) => tracing::error!("{e}"),
+        _ => {}
     }
     match e {
         veilfs_core::Error::Io { source, .. } => source,
