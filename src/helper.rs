@@ -51,7 +51,9 @@ fn strip_type(source: &OsStr) -> &OsStr {
 
 /// The helper's arguments (`SOURCE TARGET [-sfnv] [-o OPTS] [-t TYPE]`) as `veilfs mount`'s.
 fn translate(args: &[OsString]) -> Invocation {
-    let mut out: Vec<OsString> = vec!["veilfs".into(), "mount".into()];
+    // `--mount-helper`: the `-o` list is mount(8)'s, which at a remount names every flag the
+    // mount is to have (see `mount::remount`).
+    let mut out: Vec<OsString> = vec!["veilfs".into(), "mount".into(), "--mount-helper".into()];
     let mut positional = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -106,11 +108,11 @@ mod tests {
     fn helper_name_becomes_veilfs_mount() {
         assert_eq!(
             inv(&["/sbin/mount.fuse.veilfs", "/v", "/m", "-o", "rw,passfile=/p", "-n"]),
-            mount(&["veilfs", "mount", "-o", "rw,passfile=/p", "/v", "/m"])
+            mount(&["veilfs", "mount", "--mount-helper", "-o", "rw,passfile=/p", "/v", "/m"])
         );
         assert_eq!(
             inv(&["mount.veilfs", "veilfs#/v", "/m", "-sv", "-oro", "-t", "fuse.veilfs"]),
-            mount(&["veilfs", "mount", "--sloppy", "-v", "-o", "ro", "/v", "/m"])
+            mount(&["veilfs", "mount", "--mount-helper", "--sloppy", "-v", "-o", "ro", "/v", "/m"])
         );
         assert_eq!(inv(&["mount.fuse.veilfs", "/v", "/m", "-f", "-o", "ro"]), Invocation::Fake);
     }
@@ -119,7 +121,10 @@ mod tests {
     fn mount_fuse3_form_needs_an_existing_directory() {
         let dir = std::env::temp_dir();
         let d = dir.to_str().unwrap();
-        assert_eq!(inv(&["veilfs", d, "/m", "-o", "ro"]), mount(&["veilfs", "mount", "-o", "ro", d, "/m"]));
+        assert_eq!(
+            inv(&["veilfs", d, "/m", "-o", "ro"]),
+            mount(&["veilfs", "mount", "--mount-helper", "-o", "ro", d, "/m"])
+        );
         assert_eq!(inv(&["veilfs", "mount", d, "/m"]), Invocation::Cli);
         assert_eq!(inv(&["veilfs", "/no/such/dir", "/m"]), Invocation::Cli);
         assert_eq!(inv(&["veilfs", "--help"]), Invocation::Cli);

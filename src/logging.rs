@@ -14,16 +14,81 @@ static JOURNAL: AtomicBool = AtomicBool::new(false);
 /// A journal layer was made at start-up: the journal's socket answered.
 static HAVE_JOURNAL: AtomicBool = AtomicBool::new(false);
 
-/// Sends everything logged from now on to the journal when it is there, else to syslog.
-/// Returns which ("journal" or "syslog").
-pub fn to_system_log() -> &'static str {
+/// The log file of a daemon on a machine with neither journal nor syslog.
+static FILE: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Where a daemon's log went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// The systemd journal.
+    Journal,
+    /// syslog (`/dev/log`).
+    Syslog,
+    /// This file: there is neither journal nor syslog (a container, a minimal system).
+    File(std::path::PathBuf),
+    /// Nowhere: no journal, no syslog and no log file could be opened (its path and why).
+    Nowhere(std::path::PathBuf, String),
+}
+
+/// The log file of a daemon without journal or syslog: `VEILFS_LOG_FILE` when set, else
+/// `/var/log/veilfs.log` for root, `$XDG_STATE_HOME/veilfs/veilfs.log` (default
+/// `~/.local/state/veilfs/veilfs.log`) for a user.
+fn log_file_path() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("VEILFS_LOG_FILE").filter(|v| !v.is_empty()) {
+        return p.into();
+    }
+    if veilfs_core::sys::euid() == 0 {
+        return "/var/log/veilfs.log".into();
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir);
+    state.join("veilfs").join("veilfs.log")
+}
+
+/// Sends everything logged from now on to the journal when it is there, else to syslog when
+/// its socket is there, else (appending, mode 0600) to a log file; returns which.
+pub fn to_system_log() -> Destination {
     if HAVE_JOURNAL.load(Ordering::SeqCst) {
         JOURNAL.store(true, Ordering::SeqCst);
-        return "journal";
+        return Destination::Journal;
     }
-    veilfs_core::sys::process::open_syslog();
-    SYSLOG.store(true, Ordering::SeqCst);
-    "syslog"
+    if std::path::Path::new("/dev/log").exists() {
+        veilfs_core::sys::process::open_syslog();
+        SYSLOG.store(true, Ordering::SeqCst);
+        return Destination::Syslog;
+    }
+    let path = log_file_path();
+    let opened = path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path)
+    });
+    match opened {
+        Ok(f) => {
+            *FILE.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+            Destination::File(path)
+        }
+        Err(e) => Destination::Nowhere(path, e.to_string()),
+    }
+}
+
+/// One log line's time for the log file: seconds since the epoch, UTC, as `date -u` shows it.
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rest / 3600, rest % 3600 / 60, rest % 60)
 }
 
 /// True when stderr is the journal's stream (systemd sets `JOURNAL_STREAM=DEV:INODE` for a
@@ -70,6 +135,48 @@ where
     }
 }
 
+/// One line per incident: an ERROR event whose text was logged in the last [`INCIDENT_QUIET`]
+/// is dropped, for every destination. A failed read of a damaged file comes back several
+/// times (the kernel's readahead, the read itself, a program's retries), and both the core
+/// library and the FUSE front end report it; the user needs one line naming the file.
+struct Incidents;
+
+/// How long one incident (the same error text) is logged once.
+const INCIDENT_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// An event's fields as text.
+struct Text(String);
+
+impl tracing::field::Visit for Text {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        let _ = write!(self.0, "{}={value:?};", field.name());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Incidents {
+    fn event_enabled(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) -> bool {
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return true;
+        }
+        static RECENT: std::sync::Mutex<Vec<(String, std::time::Instant)>> = std::sync::Mutex::new(Vec::new());
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        let now = std::time::Instant::now();
+        let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
+        recent.retain(|(_, t)| now.duration_since(*t) < INCIDENT_QUIET);
+        if recent.iter().any(|(t, _)| *t == text.0) {
+            return false;
+        }
+        // At most 64 incidents remembered: a flood of distinct errors is logged in full.
+        if recent.len() >= 64 {
+            recent.remove(0);
+        }
+        recent.push((text.0, now));
+        true
+    }
+}
+
 /// A writer for one log event: stderr, or one syslog message.
 pub struct Sink(Vec<u8>);
 
@@ -78,7 +185,7 @@ impl Write for Sink {
         if JOURNAL.load(Ordering::Relaxed) {
             return Ok(buf.len());
         }
-        if SYSLOG.load(Ordering::Relaxed) {
+        if SYSLOG.load(Ordering::Relaxed) || FILE.lock().is_ok_and(|f| f.is_some()) {
             self.0.extend_from_slice(buf);
             Ok(buf.len())
         } else {
@@ -87,13 +194,17 @@ impl Write for Sink {
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        if !SYSLOG.load(Ordering::Relaxed) {
-            return std::io::stderr().flush();
-        }
         if self.0.is_empty() {
-            return Ok(());
+            return if SYSLOG.load(Ordering::Relaxed) { Ok(()) } else { std::io::stderr().flush() };
         }
         let text = String::from_utf8_lossy(&self.0).trim_end().to_string();
+        if !SYSLOG.load(Ordering::Relaxed) {
+            if let Some(f) = FILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                let _ = writeln!(f, "{} veilfs[{}]: {text}", timestamp(), std::process::id());
+            }
+            self.0.clear();
+            return Ok(());
+        }
         let prio = if text.contains("ERROR") {
             libc::LOG_ERR
         } else if text.contains("WARN") {
@@ -175,7 +286,11 @@ pub fn init(verbose: u8, quiet: bool, offline: bool) {
         .with_filter(tracing_subscriber::filter::filter_fn(|m| {
             !(m.target().starts_with("fuser") && *m.level() > tracing::Level::WARN)
         }));
-    tracing_subscriber::registry().with(layer).with(journal.map(|j| j.with_filter(make_filter()))).init();
+    tracing_subscriber::registry()
+        .with(Incidents)
+        .with(layer)
+        .with(journal.map(|j| j.with_filter(make_filter())))
+        .init();
     // `init` bridges the `log` crate (fuser's logging) at every level; fuser logs each request
     // at debug level, which the filter above always drops. Stopping those records at the
     // `log` macro spares every request building one and asking the filters.

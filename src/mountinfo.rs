@@ -15,6 +15,37 @@ pub struct Mount {
     pub fstype: String,
     /// The source: for a veilfs mount, CIPHERDIR.
     pub source: PathBuf,
+    /// The mount's own options (`rw,nosuid,nodev,relatime`).
+    pub mount_opts: String,
+    /// The superblock's options (`rw,user_id=0,group_id=0`).
+    pub super_opts: String,
+}
+
+impl Mount {
+    /// The generic flags of this mount, as its options in the table say.
+    pub fn flags(&self) -> veilfs_core::sys::process::MountFlags {
+        let has = |opts: &str, o: &str| opts.split(',').any(|x| x == o);
+        let m = |o: &str| has(&self.mount_opts, o);
+        let sb = |o: &str| has(&self.super_opts, o);
+        veilfs_core::sys::process::MountFlags {
+            read_only: m("ro"),
+            nosuid: m("nosuid"),
+            nodev: m("nodev"),
+            noexec: m("noexec"),
+            sync: sb("sync"),
+            dirsync: sb("dirsync"),
+            lazytime: sb("lazytime"),
+            noatime: m("noatime"),
+            strictatime: !m("noatime") && !m("relatime"),
+            nodiratime: m("nodiratime"),
+            nosymfollow: m("nosymfollow"),
+        }
+    }
+
+    /// Whether the superblock is read-only (mounted `ro`).
+    pub fn super_read_only(&self) -> bool {
+        self.super_opts.split(',').any(|x| x == "ro")
+    }
 }
 
 impl Mount {
@@ -61,6 +92,8 @@ pub fn parse(text: &str) -> Vec<Mount> {
                 mount_point: PathBuf::from(decode(fields.get(4)?)),
                 fstype: fields.get(sep + 1)?.to_string(),
                 source: PathBuf::from(decode(fields.get(sep + 2)?)),
+                mount_opts: fields.get(5)?.to_string(),
+                super_opts: fields.get(sep + 3).unwrap_or(&"").to_string(),
             })
         })
         .collect()

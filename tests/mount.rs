@@ -606,11 +606,12 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
     // Foreground mount so the log line can be read.
     let log = m.tmpfs.path.join("log");
     let child = foreground_mount(&m, &log);
-    let results: Vec<_> = ["victim", "other"].iter().map(|n| fs::read(m.m(n)).map_err(|e| e.raw_os_error())).collect();
+    let results: Vec<_> =
+        ["victim", "other", "victim", "other"].iter().map(|n| fs::read(m.m(n)).map_err(|e| e.raw_os_error())).collect();
     assert_eq!(
         results.iter().filter(|r| *r == &Err(Some(libc::EIO))).count(),
-        1,
-        "exactly the tampered file gives EIO: {results:?}"
+        2,
+        "exactly the tampered file gives EIO, each time: {results:?}"
     );
     assert!(results.iter().any(|r| r.as_ref().is_ok_and(|d| d.len() == 50_000)));
     let _ = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
@@ -619,7 +620,51 @@ fn tampered_ciphertext_gives_eio_and_a_log_line() {
     let log = fs::read_to_string(&log).unwrap();
     let name = victim[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(log.contains("integrity error") && log.contains(&name), "log must name the ciphertext file: {log}");
+    // One line for the incident, not one per request the reads made (readahead, retries).
+    assert_eq!(log.lines().filter(|l| l.contains("integrity error")).count(), 1, "{log}");
     assert!(!log.contains("victim"), "no plaintext names in the log at default verbosity: {log}");
+}
+
+/// A daemon on a machine with neither journal nor syslog (no /dev/log: a container) logs to
+/// a file, and names it when it mounts; an integrity error is found there, once.
+#[test]
+fn daemon_without_journal_or_syslog_logs_to_a_file_it_names() {
+    if Path::new("/dev/log").exists() || Path::new("/run/systemd/journal/socket").exists() {
+        eprintln!("skipped: this machine has syslog or a journal");
+        return;
+    }
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    fs::write(m.m("victim"), vec![b'v'; 50_000]).unwrap();
+    m.umount();
+    let victim = fs::read_dir(&m.cipher).unwrap().flatten().find(|e| e.metadata().unwrap().len() > 40_000).unwrap();
+    let mut c = fs::read(victim.path()).unwrap();
+    c[20_000] ^= 1;
+    fs::write(victim.path(), c).unwrap();
+    let log = m.tmpfs.path.join("veilfs.log");
+    let o = std::process::Command::new(&BIN)
+        .args([
+            "mount",
+            m.cipher.to_str().unwrap(),
+            m.mnt.to_str().unwrap(),
+            "--passfile",
+            m.passfile.to_str().unwrap(),
+        ])
+        .env("VEILFS_LOG_FILE", &log)
+        .output()
+        .unwrap();
+    let _guard = UnmountOnDrop(m.mnt.clone());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains(&format!("the mount logs to {}", log.display())), "{}", text(&o));
+    for _ in 0..2 {
+        assert_eq!(errno_of(fs::read(m.m("victim"))), format!("errno {}", libc::EIO));
+    }
+    let o = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let logged = fs::read_to_string(&log).unwrap();
+    let name = victim.file_name().to_string_lossy().into_owned();
+    let lines: Vec<&str> = logged.lines().filter(|l| l.contains("integrity error")).collect();
+    assert!(lines.len() == 1 && lines[0].contains(&name), "one line naming {name}: {logged}");
+    assert_eq!(fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
 }
 
 /// Mounts `m`'s vault in the foreground with its log going to `log`; returns once mounted.

@@ -68,7 +68,8 @@ fn code(o: &std::process::Output) -> i32 {
 
 /// mount -t fuse.veilfs with an option list: the mount table shows type fuse.veilfs and
 /// CIPHERDIR as source, the options take effect, mount(8)'s own options are ignored,
-/// remount is refused with a message and leaves the mount alone, `umount MNT` unmounts.
+/// `mount -o remount,ro|rw` changes the live mount (not one mounted `ro`: refused with a
+/// message), `umount MNT` unmounts.
 #[test]
 fn mount8_with_type_fuse_veilfs() {
     if !root_only("links /usr/sbin/mount.fuse.veilfs") {
@@ -90,11 +91,17 @@ fn mount8_with_type_fuse_veilfs() {
     assert!(e.super_opts.contains("allow_other"), "{e:?}");
     std::fs::write(mnt.join("f"), "hello").unwrap();
 
-    // remount: mount(8) runs the helper with -o remount,…; it refuses, the mount stays.
+    // remount: mount(8) runs the helper with -o remount,…, which changes the live mount.
     let o = run("mount", &["-o", "remount,ro", s(&mnt)]);
-    assert!(!o.status.success());
-    assert!(text(&o).contains("cannot change its options while mounted"), "{}", text(&o));
+    assert!(o.status.success(), "mount -o remount,ro: {}", text(&o));
+    assert!(mount_entry(&mnt).unwrap().mount_opts.split(',').any(|o| o == "ro"));
     assert_eq!(std::fs::read_to_string(mnt.join("f")).unwrap(), "hello");
+    let err = std::fs::write(mnt.join("f"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let o = run("mount", &["-o", "remount,rw", s(&mnt)]);
+    assert!(o.status.success(), "mount -o remount,rw: {}", text(&o));
+    assert!(mount_entry(&mnt).unwrap().mount_opts.split(',').any(|o| o == "rw"));
+    std::fs::write(mnt.join("f"), "hello").unwrap();
 
     // As for gocryptfs, util-linux umount does not take a directory source: "not mounted".
     let o = run("umount", &[s(&cipher)]);
@@ -111,6 +118,11 @@ fn mount8_with_type_fuse_veilfs() {
     assert_eq!(std::fs::read_to_string(mnt.join("f")).unwrap(), "hello");
     let err = std::fs::write(mnt.join("g"), "x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    // Its daemon serves the vault read-only: it cannot become read-write.
+    let o = run("mount", &["-o", "remount,rw", s(&mnt)]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("was mounted read-only"), "{}", text(&o));
+    assert!(mount_entry(&mnt).unwrap().mount_opts.split(',').any(|o| o == "ro"));
     // `veilfs umount CIPHERDIR` finds the mount by its source.
     let o = run(&BIN, &["umount", s(&cipher)]);
     assert!(o.status.success(), "veilfs umount CIPHERDIR: {}", text(&o));
@@ -148,7 +160,7 @@ fn mount_fuse3_runs_veilfs_from_path() {
 }
 
 /// `veilfs mount -o` takes the same names as fstab; unknown options are a usage error (2)
-/// and remount a mount error (8), both before any password is read.
+/// and remount of what is not mounted a path error (4), both before any password is read.
 #[test]
 fn veilfs_mount_dash_o() {
     if !fuse_available() {
@@ -171,10 +183,119 @@ fn veilfs_mount_dash_o() {
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("unknown mount option 'bogus'"), "{}", text(&o));
     let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "remount,ro"]);
-    assert_eq!(code(&o), 8, "{}", text(&o));
+    assert_eq!(code(&o), 4, "{}", text(&o));
+    assert!(text(&o).contains("is not mounted"), "{}", text(&o));
     let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "idle=soon"]);
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(mount_entry(&mnt).is_none());
+}
+
+/// The per-mount flags of `mnt` as the mount table shows them.
+fn mount_flags(mnt: &Path) -> Vec<String> {
+    mount_entry(mnt).expect("mounted").mount_opts.split(',').map(str::to_string).collect()
+}
+
+/// A shell script `name` in `dir` that prints "ran", made executable.
+fn script(dir: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// Whether running `path` works (prints "ran"); otherwise the error of the exec.
+fn runs(path: &Path) -> Result<(), std::io::Error> {
+    let o = Command::new(path).output()?;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n");
+    Ok(())
+}
+
+/// mount(8)'s generic options, through the helper as root: each flag is in the mount table
+/// and does what it says (a script in a noexec mount does not run, a symlink in a
+/// nosymfollow mount is not followed, sync and dirsync and lazytime are on the superblock);
+/// `mount -o remount,exec` and `remount,noexec` change it on the live mount, and so does
+/// `veilfs mount -o remount,…`, which changes only what it names.
+#[test]
+fn mount8_generic_options_are_applied() {
+    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
+        return;
+    }
+    if !fuse_available() {
+        return;
+    }
+    let _l = machine_lock();
+    let _helper = Link::helper();
+    let fs = Tmpfs::new("64m");
+    let (cipher, mnt, pass) = new_vault(&fs.path);
+    let _u = UnmountOnDrop(mnt.clone());
+    let opts = format!("passfile={},noexec,nodiratime,nosymfollow,sync,dirsync,lazytime,strictatime", s(&pass));
+    let o = run("mount", &["-t", "fuse.veilfs", s(&cipher), s(&mnt), "-o", &opts]);
+    assert!(o.status.success(), "mount: {}", text(&o));
+    let e = mount_entry(&mnt).unwrap();
+    for f in ["noexec", "nodiratime", "nosymfollow", "nosuid", "nodev"] {
+        assert!(mount_flags(&mnt).contains(&f.to_string()), "{f}: {e:?}");
+    }
+    assert!(!e.mount_opts.contains("relatime") && !e.mount_opts.contains("noatime"), "strictatime: {e:?}");
+    for f in ["sync", "dirsync", "lazytime"] {
+        assert!(e.super_opts.split(',').any(|o| o == f), "{f}: {e:?}");
+    }
+    let sh = script(&mnt, "s.sh");
+    assert_eq!(runs(&sh).unwrap_err().raw_os_error(), Some(libc::EACCES), "noexec");
+    std::os::unix::fs::symlink("s.sh", mnt.join("link")).unwrap();
+    let err = std::fs::read(mnt.join("link")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "nosymfollow: {err}");
+
+    let o = run("mount", &["-o", "remount,exec", s(&mnt)]);
+    assert!(o.status.success(), "remount,exec: {}", text(&o));
+    assert!(!mount_flags(&mnt).contains(&"noexec".to_string()));
+    runs(&sh).unwrap();
+    // A remount leaves the other flags as they were.
+    assert!(mount_flags(&mnt).contains(&"nosymfollow".to_string()));
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "remount,noexec"]);
+    assert!(o.status.success(), "veilfs mount -o remount,noexec: {}", text(&o));
+    assert!(mount_flags(&mnt).contains(&"noexec".to_string()));
+    assert!(mount_flags(&mnt).contains(&"nodiratime".to_string()));
+    assert_eq!(runs(&sh).unwrap_err().raw_os_error(), Some(libc::EACCES));
+    let o = run("umount", &[s(&mnt)]);
+    assert!(o.status.success(), "umount: {}", text(&o));
+
+    // Root may ask for suid and dev; `user` implies noexec,nosuid,nodev unless overridden.
+    // mount(8) drops its defaults (suid, dev, exec) before it runs the helper, so a FUSE
+    // mount's nosuid,nodev are dropped with `veilfs mount -o suid,dev` (or a remount).
+    for (via_mount8, opts, want, not) in [
+        (false, "suid,dev", vec![], vec!["nosuid", "nodev", "noexec"]),
+        (true, "user", vec!["noexec", "nosuid", "nodev"], vec![]),
+        (true, "user,exec", vec!["nosuid", "nodev"], vec!["noexec"]),
+        (true, "noatime", vec!["noatime"], vec!["relatime"]),
+    ] {
+        let opts = format!("{opts},passfile={}", s(&pass));
+        let o = if via_mount8 {
+            run("mount", &["-t", "fuse.veilfs", s(&cipher), s(&mnt), "-o", &opts])
+        } else {
+            run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", &opts])
+        };
+        assert!(o.status.success(), "mount -o {opts}: {}", text(&o));
+        let flags = mount_flags(&mnt);
+        assert!(want.iter().all(|f| flags.contains(&f.to_string())), "{opts}: {flags:?}");
+        assert!(not.iter().all(|f| !flags.contains(&f.to_string())), "{opts}: {flags:?}");
+        let o = run("umount", &[s(&mnt)]);
+        assert!(o.status.success(), "umount: {}", text(&o));
+    }
+    // Through mount(8), a remount drops nosuid.
+    let o = run("mount", &["-t", "fuse.veilfs", s(&cipher), s(&mnt), "-o", &format!("passfile={}", s(&pass))]);
+    assert!(o.status.success(), "mount: {}", text(&o));
+    assert!(mount_flags(&mnt).contains(&"nosuid".to_string()));
+    let o = run("mount", &["-o", "remount,suid", s(&mnt)]);
+    assert!(o.status.success(), "remount,suid: {}", text(&o));
+    assert!(!mount_flags(&mnt).contains(&"nosuid".to_string()) && mount_flags(&mnt).contains(&"nodev".to_string()));
+    let o = run("umount", &[s(&mnt)]);
+    assert!(o.status.success(), "umount: {}", text(&o));
+
+    // Refused by name: SELinux contexts.
+    let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", "context=system_u:object_r:tmp_t:s0"]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("-o context="), "{}", text(&o));
 }
 
 /// The fstab line of the issue, as root: `mount MNT`, `umount MNT`.
@@ -388,11 +509,36 @@ fn non_root_fstab_user_mount() {
     let e = mount_entry(&m).expect("mounted");
     assert_eq!((e.fstype.as_str(), e.source.as_str()), ("fuse.veilfs", s(&c)), "{e:?}");
     assert!(e.super_opts.contains(&format!("user_id={}", user.uid)), "{e:?}");
+    // `user` implies noexec (and nosuid,nodev): a script in the mount does not run.
+    for f in ["noexec", "nosuid", "nodev"] {
+        assert!(mount_flags(&m).contains(&f.to_string()), "{f}: {e:?}");
+    }
     let o = user.sh(30, &format!("cd {} && echo data > f && cat f && ls", s(&m)));
     assert!(o.status.success(), "work as user: {}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "data\nf\n");
+    let o =
+        user.sh(30, &format!("cd {} && printf '#!/bin/sh\\necho ran\\n' > s.sh && chmod 755 s.sh && ./s.sh", s(&m)));
+    assert!(!o.status.success() && text(&o).contains("Permission denied"), "noexec: {}", text(&o));
+    // Only root changes a live mount's flags.
+    let o = user.sh(30, &format!("{BIN} mount {} {} -o remount,exec", s(&c), s(&m)));
+    assert_eq!(code(&o), 8, "{}", text(&o));
+    assert!(text(&o).contains("only root can change the flags"), "{}", text(&o));
     let o = user.sh(30, &format!("umount {}", s(&m)));
     assert!(o.status.success(), "umount MNT as user: {}", text(&o));
+    assert!(mount_entry(&m).is_none());
+
+    // `user,exec`: exec wins, the script runs; suid is refused by name for a user.
+    fstab.write(Some(&format!("{}{}", fstab.old_text(), line.replace("user,", "user,exec,"))));
+    let o = user.sh(60, &format!("mount {}", s(&m)));
+    assert!(o.status.success(), "mount MNT (user,exec) as user: {}", text(&o));
+    assert!(!mount_flags(&m).contains(&"noexec".to_string()));
+    let o = user.sh(30, &format!("{}/s.sh", s(&m)));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{}", text(&o));
+    let o = user.sh(30, &format!("umount {}", s(&m)));
+    assert!(o.status.success(), "umount MNT as user: {}", text(&o));
+    let o = user.sh(60, &format!("{BIN} mount {} {} --passfile {}/pass -o suid", s(&c), s(&m), s(&dir)));
+    assert_eq!(code(&o), 8, "{}", text(&o));
+    assert!(text(&o).contains("-o suid: only root"), "{}", text(&o));
     assert!(mount_entry(&m).is_none());
 }
 

@@ -120,16 +120,38 @@ pub struct Args {
     /// recovery_key, slot=N, allow_other, ro, idle=DURATION, shared_storage, break_lock,
     /// attr_timeout=SECS, threads=N, no_writeback, noatime, nonempty, fsname=NAME (the source shown
     /// in the mount table; default CIPHERDIR), reverse, exclude=PATTERN (one per option, `\,`
-    /// for a comma), exclude_from=FILE. mount(8)'s own options (user, noauto, nofail,
-    /// _netdev, x-systemd.*, rw, defaults, …) are ignored; remount is refused.
+    /// for a comma), exclude_from=FILE. mount(8)'s flags are applied: rw/ro, exec/noexec,
+    /// nosuid, nodev, sync/async, dirsync, atime/relatime/strictatime/noatime, and as root also
+    /// suid, dev, nodiratime, lazytime, nosymfollow (a user's mount is always nosuid,nodev and
+    /// these are refused); user, users, owner and group imply noexec,nosuid,nodev unless a later
+    /// exec, suid or dev says otherwise; SELinux context= options are refused. remount (root)
+    /// changes the flags of the live mount at MOUNTPOINT (rw only if it was not mounted ro).
+    /// mount(8)'s and systemd's own options (noauto, nofail, _netdev, x-systemd.*, defaults, …)
+    /// are ignored. The full table is in docs/FUSE.md.
     #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
     pub options: Vec<String>,
     /// Unknown -o options only warn (mount -s).
     #[arg(long, hide = true)]
     pub sloppy: bool,
+    /// Run as mount(8)'s helper (see `helper`): at a remount, the -o list names every flag.
+    #[arg(long, hide = true)]
+    pub mount_helper: bool,
     /// The mount's source in the mount table (`-o fsname=`).
     #[arg(skip)]
     pub fsname: Option<String>,
+    /// mount(8)'s generic flags from the `-o` lists (see `mountopts`).
+    #[arg(skip)]
+    pub flags: veilfs_core::sys::process::MountFlags,
+    /// The generic flag options as given, in order (a remount applies them to the live
+    /// mount's flags).
+    #[arg(skip)]
+    pub flag_options: Vec<String>,
+    /// `-o remount`: change the flags of the live mount at MOUNTPOINT.
+    #[arg(skip)]
+    pub remount: bool,
+    /// `-o strictatime`.
+    #[arg(skip)]
+    pub strictatime: bool,
 }
 
 /// One worker per CPU. Measured on 2 vCPUs (512 MiB streamed, tmpfs backing): 2 threads
@@ -275,6 +297,9 @@ fn check_allow_other(a: &Args) -> Result<()> {
 pub fn run(mut a: Args) -> Result<i32> {
     let sloppy = a.sloppy;
     super::mountopts::apply(&mut a, sloppy)?;
+    if a.remount {
+        return remount(&a);
+    }
     let cipherdir = match a.cipherdir.canonicalize() {
         Ok(c) => c,
         Err(_) => return Err(veilfs_core::Error::not_a_vault(&a.cipherdir).into()),
@@ -311,6 +336,61 @@ pub fn run(mut a: Args) -> Result<i32> {
     serve(&a, &cipherdir, &mountpoint, ready, lock, |cfg, activity| {
         veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity)
     })?;
+    Ok(crate::exit::OK)
+}
+
+/// `mount -o remount,… MOUNTPOINT` or `veilfs mount -o remount,… CIPHERDIR MOUNTPOINT`:
+/// changes the generic flags of the live veilfs mount at MOUNTPOINT, as `mount -i -o remount`
+/// would. mount(8) runs the helper with the whole list, the live mount's flags merged with the
+/// new ones and a default flag left out (`remount,exec` on a noexec mount arrives as
+/// `rw,nosuid,nodev,relatime,remount`), so from mount(8) the list is the new state, starting
+/// from mount(8)'s defaults; `veilfs mount -o remount,…` changes only what it names. Only root
+/// can (fusermount3 cannot change a live mount). A mount made `ro`
+/// stays read-only: its daemon serves the vault read-only (and did not settle a crashed
+/// writer's files), so `rw` is refused for it; a mount made read-write can go `ro` and back.
+fn remount(a: &Args) -> Result<i32> {
+    let mp = absolute(&a.mountpoint);
+    let m = match crate::mountinfo::find(&mp) {
+        Some(m) if m.is_veilfs() => m,
+        Some(m) => return Err(path_err(format!("{} is not a veilfs mount (it is {})", mp.display(), m.fstype))),
+        None => return Err(path_err(format!("{} is not mounted: nothing to remount", mp.display()))),
+    };
+    if sys::euid() != 0 {
+        return Err(mount_err(format!(
+            "only root can change the flags of a live mount (-o remount): fusermount3, which makes a user's \
+             mounts, cannot; unmount {} and mount it again with the new options",
+            mp.display()
+        )));
+    }
+    let now = m.flags();
+    let mut flags = if a.mount_helper {
+        // Without an atime mode named, the kernel keeps the mount's (as mount(2) does).
+        veilfs_core::sys::process::MountFlags {
+            noatime: now.noatime,
+            strictatime: now.strictatime,
+            ..Default::default()
+        }
+    } else {
+        now
+    };
+    for o in &a.flag_options {
+        super::mountopts::generic_flag(&mut flags, o);
+    }
+    if m.super_read_only() && !flags.read_only {
+        return Err(mount_err(format!(
+            "{} was mounted read-only (ro): its veilfs daemon serves the vault read-only, so it cannot become \
+             read-write; unmount it and mount it again without ro",
+            mp.display()
+        )));
+    }
+    if let Err(e) = process::remount(&mp, &flags, m.super_read_only()) {
+        let why = if e.raw_os_error() == Some(libc::EBUSY) {
+            "busy (a file in it is open for writing)".to_string()
+        } else {
+            e.to_string()
+        };
+        return Err(mount_err(format!("cannot remount {}: {why}", mp.display())));
+    }
     Ok(crate::exit::OK)
 }
 
@@ -438,11 +518,13 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
             negative_ttl: ttl,
             writeback: !a.no_writeback && !a.shared_storage,
             noatime: a.noatime,
+            strictatime: a.strictatime,
             check_permissions: !a.allow_other,
         },
         allow_other: a.allow_other,
         threads: a.threads,
         fsname: fsname_option(a.fsname.clone().unwrap_or_else(|| cipherdir.display().to_string())),
+        flags: veilfs_core::sys::process::MountFlags { read_only: a.read_only || a.reverse, ..a.flags },
     };
     let session = match mount(&cfg, activity.clone()) {
         Ok(s) => s,
@@ -457,6 +539,21 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
             return Err(mount_err(msg));
         }
     };
+    // The flags neither mount(2)'s data nor fusermount3 takes: root sets them on the live
+    // mount (a user's mount refused them in `mountopts`).
+    let f = &cfg.flags;
+    if sys::euid() == 0 && (f.nodiratime || f.nosymfollow || f.strictatime) {
+        if let Err(e) = process::remount(mountpoint, f, f.read_only) {
+            let msg = format!("cannot set nodiratime, nosymfollow or strictatime on {}: {e}", mountpoint.display());
+            let _ = process::unmount(mountpoint, true);
+            drop(lock);
+            if ready.is_some() {
+                report(&ready, &msg);
+                std::process::exit(MOUNT);
+            }
+            return Err(mount_err(msg));
+        }
+    }
     spawn_signal_thread(signals, mountpoint.to_path_buf());
     if let Some(idle) = a.idle {
         spawn_idle_thread(idle, activity.clone(), mountpoint.to_path_buf());
@@ -464,7 +561,17 @@ fn serve<FS: fuser::Filesystem + Send + Sync + 'static>(
     notify_ready(ready.is_some(), cipherdir, mountpoint);
     match &ready {
         Some(_) => {
-            crate::logging::to_system_log();
+            use crate::logging::Destination;
+            // Said while the terminal is still there: where to look when something fails.
+            match crate::logging::to_system_log() {
+                Destination::File(p) => {
+                    eprintln!("veilfs: no journal or syslog on this machine: the mount logs to {}", p.display())
+                }
+                Destination::Nowhere(p, e) => {
+                    eprintln!("veilfs: warning: no journal or syslog, and no log file {}: {e}", p.display())
+                }
+                Destination::Journal | Destination::Syslog => {}
+            }
             report(&ready, "ok");
             drop(ready);
             detach_stdio();

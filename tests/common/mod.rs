@@ -223,7 +223,14 @@ impl Mounted {
             self.passfile.display().to_string(),
         ];
         args.extend(self.extra.iter().cloned());
-        Command::new(&BIN).args(&args).envs(self.env.iter().cloned()).stdin(Stdio::null()).output().unwrap()
+        // On a machine without journal or syslog the daemon logs to a file: the test's own.
+        Command::new(&BIN)
+            .args(&args)
+            .env("VEILFS_LOG_FILE", self.tmpfs.path.join("veilfs.log"))
+            .envs(self.env.iter().cloned())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
     }
 
     pub fn umount(&mut self) {

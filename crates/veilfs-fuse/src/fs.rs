@@ -265,19 +265,29 @@ impl Filesystem for VeilFs {
     fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         self.touch();
         let unprivileged = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID).then(|| caller(req));
         match self.do_write(fh.0, offset, data, unprivileged) {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                // A direct write (O_DIRECT, not the kernel's write-back of cached pages, whose
+                // pages wait for this answer) drops its range from the page cache once more,
+                // now that the data is in the backing file: the kernel drops it when the write
+                // is submitted, and an asynchronous one (libaio, io_uring) is still on its way
+                // then, so a buffered read in between caches the old data for good.
+                if flags.0 & libc::O_DIRECT != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+                    self.inval_range(ino.0, offset, n as u64);
+                }
+                reply.written(n as u32)
+            }
             Err(e) => reply.error(e.into()),
         }
     }

@@ -94,6 +94,41 @@ pub struct MountConfig {
     pub threads: usize,
     /// Shown as the mount's source in /proc/mounts.
     pub fsname: String,
+    /// mount(8)'s generic flags (`noexec`, `nosuid`, `sync`, …), set by the kernel.
+    pub flags: veilfs_core::sys::process::MountFlags,
+}
+
+/// The kernel flags of `flags` as fuser's mount options.
+///
+/// fuser mounts through mount(2) as root and through fusermount3 otherwise. Both set the
+/// classic flags: `ro`, `noexec`, `nosuid`, `nodev`, `sync`, `dirsync`, `noatime`; both
+/// default to `nosuid,nodev` (fusermount3 always sets them for a user), so `suid` and `dev`
+/// are asked for explicitly, which only root's mount(2) honours. `lazytime` goes to root's
+/// mount(2) as a superblock option. The rest (`nodiratime`, `strictatime`, `nosymfollow`)
+/// neither path can set at mount time: root sets them just after (the CLI calls
+/// `sys::process::remount`), and for a user the CLI refuses them (fusermount3 does not know
+/// them).
+pub(crate) fn generic_options(flags: &veilfs_core::sys::process::MountFlags) -> Vec<fuser::MountOption> {
+    use fuser::MountOption as O;
+    let mut out = Vec::new();
+    let root = veilfs_core::sys::euid() == 0;
+    for (on, opt) in [
+        (flags.read_only, O::RO),
+        (flags.noexec, O::NoExec),
+        (flags.nosuid, O::NoSuid),
+        (flags.nodev, O::NoDev),
+        (!flags.nosuid && root, O::Suid),
+        (!flags.nodev && root, O::Dev),
+        (flags.sync, O::Sync),
+        (flags.dirsync, O::DirSync),
+        (flags.noatime, O::NoAtime),
+        (flags.lazytime && root, O::CUSTOM("lazytime".into())),
+    ] {
+        if on {
+            out.push(opt);
+        }
+    }
+    out
 }
 
 /// Mounts `vault` at `mountpoint`; returns once the mount is live (the kernel's INIT is
@@ -118,13 +153,14 @@ pub fn mount(
     if cfg.allow_other {
         options.push(fuser::MountOption::DefaultPermissions);
     }
-    if cfg.fs.read_only {
-        options.push(fuser::MountOption::RO);
-    }
-    if cfg.fs.noatime {
-        // Shown in the mount table; the daemon keeps access times (FUSE inodes are S_NOATIME).
-        options.push(fuser::MountOption::NoAtime);
-    }
+    // `noatime` is shown in the mount table; the daemon keeps access times itself (FUSE
+    // inodes are S_NOATIME), by `FsOptions::noatime` and `strictatime`.
+    let flags = veilfs_core::sys::process::MountFlags {
+        read_only: cfg.flags.read_only || cfg.fs.read_only,
+        noatime: cfg.flags.noatime || cfg.fs.noatime,
+        ..cfg.flags
+    };
+    options.extend(generic_options(&flags));
     let mut config = fuser::Config::default();
     config.mount_options = options;
     config.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };

@@ -23,6 +23,7 @@ fn fs() -> (tempfile::TempDir, VeilFs) {
         negative_ttl: Duration::ZERO,
         writeback: false,
         noatime: false,
+        strictatime: false,
         check_permissions: true,
     };
     let fs = VeilFs::new(Arc::new(vault), opts, Arc::new(Activity::default())).unwrap();

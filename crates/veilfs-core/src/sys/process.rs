@@ -95,6 +95,79 @@ pub fn unmount(path: &Path, lazy: bool) -> io::Result<()> {
     Ok(rustix::mount::unmount(path, flags)?)
 }
 
+/// The generic flags of a mount, mount(8)'s `ro`, `nosuid`, `noexec`, … (the defaults:
+/// read-write, set-id bits and device files honoured, `relatime`, links followed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MountFlags {
+    /// `ro`.
+    pub read_only: bool,
+    /// `nosuid`.
+    pub nosuid: bool,
+    /// `nodev`.
+    pub nodev: bool,
+    /// `noexec`.
+    pub noexec: bool,
+    /// `sync` (of the superblock).
+    pub sync: bool,
+    /// `dirsync` (of the superblock).
+    pub dirsync: bool,
+    /// `lazytime` (of the superblock).
+    pub lazytime: bool,
+    /// `noatime`.
+    pub noatime: bool,
+    /// `strictatime` (without it and `noatime`: `relatime`).
+    pub strictatime: bool,
+    /// `nodiratime`.
+    pub nodiratime: bool,
+    /// `nosymfollow`.
+    pub nosymfollow: bool,
+}
+
+impl MountFlags {
+    fn ms(&self) -> rustix::mount::MountFlags {
+        use rustix::mount::MountFlags as M;
+        let mut m = M::empty();
+        for (on, flag) in [
+            (self.read_only, M::RDONLY),
+            (self.nosuid, M::NOSUID),
+            (self.nodev, M::NODEV),
+            (self.noexec, M::NOEXEC),
+            (self.sync, M::SYNCHRONOUS),
+            (self.dirsync, M::DIRSYNC),
+            (self.lazytime, M::LAZYTIME),
+            (self.nodiratime, M::NODIRATIME),
+            (self.nosymfollow, M::NOSYMFOLLOW),
+        ] {
+            if on {
+                m |= flag;
+            }
+        }
+        // One of the three atime modes is always named: a remount without one would keep
+        // the old mode, and relatime is the kernel's default anyway.
+        m |= if self.noatime {
+            M::NOATIME
+        } else if self.strictatime {
+            M::STRICTATIME
+        } else {
+            M::RELATIME
+        };
+        m
+    }
+}
+
+/// Changes the flags of the live mount at `path` as `mount -o remount` does (root only):
+/// first the superblock's (`sync`, `dirsync`, `lazytime`; its read-only state is kept as
+/// `super_read_only` says), then the mount's own (`ro`, `nosuid`, `nodev`, `noexec`, the
+/// atime mode, `nodiratime`, `nosymfollow`) with `MS_REMOUNT|MS_BIND`, which touches no
+/// superblock. The file system's own options are left alone (FUSE ignores them at remount).
+pub fn remount(path: &Path, flags: &MountFlags, super_read_only: bool) -> io::Result<()> {
+    use rustix::mount::MountFlags as M;
+    let sb = MountFlags { read_only: super_read_only, ..*flags };
+    rustix::mount::mount_remount(path, sb.ms(), "")?;
+    let per_mount = flags.ms() - (M::SYNCHRONOUS | M::DIRSYNC | M::LAZYTIME);
+    Ok(rustix::mount::mount_remount(path, per_mount | M::BIND, "")?)
+}
+
 /// Peak resident memory of this process in KiB (`getrusage(RUSAGE_SELF).ru_maxrss`).
 pub fn max_rss_kib() -> i64 {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();

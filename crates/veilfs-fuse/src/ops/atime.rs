@@ -1,4 +1,5 @@
-//! Access times, as Linux's `relatime` keeps them (or never changed, with `noatime`).
+//! Access times, as Linux's `relatime` keeps them (or never changed, with `noatime`; or at
+//! every open that reads, with `strictatime`).
 //!
 //! The kernel leaves a FUSE file's access time to the filesystem (its inodes are `S_NOATIME`)
 //! and hears nothing of reads served from the page cache: only READ requests reach us. So the
@@ -42,7 +43,8 @@ impl VeilFs {
         if !self.keeps_atime() || flags & libc::O_ACCMODE == libc::O_WRONLY {
             return false;
         }
-        let due = sys::fstat(crypt.backing().as_fd()).is_ok_and(|st| relatime_due(&st, now_secs()));
+        let due =
+            self.opts.strictatime || sys::fstat(crypt.backing().as_fd()).is_ok_and(|st| relatime_due(&st, now_secs()));
         if due {
             if let Some(f) = &node.file {
                 f.atime_due.store(true, Ordering::Relaxed);
@@ -58,7 +60,7 @@ impl VeilFs {
         }
         let fd = crypt.backing().as_fd();
         let r = sys::fstat(fd).and_then(|st| {
-            if !relatime_due(&st, now_secs()) {
+            if !self.opts.strictatime && !relatime_due(&st, now_secs()) {
                 return Ok(());
             }
             sys::read_for_atime(fd)

@@ -10,6 +10,7 @@ impl VeilFs {
             self.check_writable()?;
         }
         let a = &self.setattr_allowed(&node, a, fh, caller)?;
+        let a = &self.touch_is_now(&node, a, caller)?;
         if let Some(size) = a.size {
             if node.kind == EntryKind::Dir {
                 return Err(errno(libc::EISDIR));
@@ -101,6 +102,24 @@ impl VeilFs {
         let st = self.perm_stat(node)?;
         let mode = crate::perm::check_setattr(&who, &st, &change)?;
         Ok(SetAttr { mode, ..a.clone() })
+    }
+
+    /// A "touch" by a caller that does not own the file: `utimensat(…, NULL)` (or both times
+    /// `UTIME_NOW`) is allowed to anyone who may write the file, an explicit time only to its
+    /// owner. With the writeback cache the kernel sends the modification time of such a touch
+    /// as a value (its own clock), the access time as "now"; set as a value on the backing
+    /// file by the caller it would be refused (EPERM). The permission check already passed as
+    /// a touch (the kernel's with `default_permissions`, `setattr_allowed` otherwise: a
+    /// non-owner gets no further), so both times are set to "now" on the backing file.
+    fn touch_is_now(&self, node: &Arc<Node>, a: &SetAttr, c: Caller) -> io::Result<SetAttr> {
+        let now = |t: Option<libc::timespec>| t.is_some_and(|t| t.tv_nsec == libc::UTIME_NOW);
+        let shape =
+            self.writeback && node.kind == EntryKind::File && now(a.atime) && a.mtime.is_some() && !now(a.mtime);
+        if !shape || self.perm_stat(node)?.st_uid == c.uid {
+            return Ok(a.clone());
+        }
+        let utime_now = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW };
+        Ok(SetAttr { mtime: Some(utime_now), ..a.clone() })
     }
 
     /// After a change of directory `ino`'s mode or owner that may take read permission away

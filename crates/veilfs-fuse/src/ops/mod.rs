@@ -50,6 +50,9 @@ pub struct FsOptions {
     /// Reads never change access times (`noatime`); otherwise they do as with Linux's
     /// `relatime` (see `ops/atime.rs`).
     pub noatime: bool,
+    /// Every open for reading that reads moves the access time (`strictatime`), not only
+    /// the first read after a change or a day (`relatime`).
+    pub strictatime: bool,
     /// The daemon checks permissions itself (`perm.rs`): set by [`mount`](crate::mount)
     /// for a mount without `--allow-other`, which has no `default_permissions`.
     pub check_permissions: bool,
@@ -177,8 +180,12 @@ pub(crate) fn errno(n: i32) -> io::Error {
 /// Maps a core error to an `io::Error` with the right errno; integrity failures are logged
 /// (naming the ciphertext) and become EIO.
 pub(crate) fn cerr(e: veilfs_core::Error) -> io::Error {
-    if let veilfs_core::Error::Auth { .. } = e {
-        tracing::error!("{e}");
+    // Integrity errors and the backing store's I/O errors (its text names the ciphertext
+    // path); the log keeps one line per incident (src/logging.rs).
+    match &e {
+        veilfs_core::Error::Auth { .. } => tracing::error!("{e}"),
+        veilfs_core::Error::Io { source, .. } if source.raw_os_error() == Some(libc::EIO) => tracing::error!("{e}"),
+        _ => {}
     }
     match e {
         veilfs_core::Error::Io { source, .. } => source,
@@ -279,6 +286,18 @@ impl VeilFs {
         if let Some(n) = self.notifier.get() {
             if let Err(e) = n.inval_inode(fuser::INodeNo(ino), pages_from, 0) {
                 tracing::debug!("node {ino}: {what} invalidation: {e}");
+            }
+        }
+    }
+
+    /// Has the kernel drop the pages of `len` bytes at `off` of `ino` from its cache (and its
+    /// cached attributes).
+    pub(crate) fn inval_range(&self, ino: u64, off: u64, len: u64) {
+        if let (Some(n), Ok(off), Ok(len)) = (self.notifier.get(), i64::try_from(off), i64::try_from(len)) {
+            if len > 0 {
+                if let Err(e) = n.inval_inode(fuser::INodeNo(ino), off, len) {
+                    tracing::debug!("node {ino}: direct write invalidation: {e}");
+                }
             }
         }
     }

@@ -26,13 +26,13 @@ pub fn mount_reverse(
     activity: Arc<Activity>,
 ) -> std::io::Result<fuser::Session<ReverseFs>> {
     let fs = ReverseFs::new(rv, cfg.fs.ttl, activity)?;
-    let options = vec![
+    let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),
         fuser::MountOption::CUSTOM("subtype=veilfs-reverse".into()),
         fuser::MountOption::DefaultPermissions,
-        fuser::MountOption::NoAtime,
-        fuser::MountOption::RO,
     ];
+    let flags = veilfs_core::sys::process::MountFlags { read_only: true, noatime: true, ..cfg.flags };
+    options.extend(crate::generic_options(&flags));
     let mut config = fuser::Config::default();
     config.mount_options = options;
     config.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
