@@ -13,6 +13,7 @@ pub mod diriv;
 pub mod error;
 pub mod keys;
 pub mod names;
+pub mod plaintree;
 pub mod random;
 
 pub use error::{Error, Result};
