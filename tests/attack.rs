@@ -435,3 +435,166 @@ fn scan_memory(pid: u32, needle: &[u8]) -> usize {
     }
     hits
 }
+
+/// A root-owned directory `victim` (0700) holding a root-owned `canary` (0600) in `at`: what
+/// a user aims at through a plaintext tree that root imports or exports.
+fn root_victim(at: &Path) -> (PathBuf, PathBuf) {
+    let victim = at.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    let canary = victim.join("canary");
+    fs::write(&canary, b"ROOT-ONLY CANARY\n").unwrap();
+    fs::set_permissions(&canary, fs::Permissions::from_mode(0o600)).unwrap();
+    (victim, canary)
+}
+
+/// Runs `veilfs args` with a time limit; panics if it hangs.
+fn veilfs_within(secs: u64, args: &[&str]) -> std::process::Output {
+    run_timeout(secs, &BIN, args).unwrap_or_else(|| panic!("veilfs {args:?} hung (killed after {secs} s)"))
+}
+
+/// Whether any regular file under `p` (symlinks not followed) holds `needle`.
+fn tree_holds(p: &Path, needle: &[u8]) -> bool {
+    let m = fs::symlink_metadata(p).unwrap();
+    if m.is_dir() {
+        return fs::read_dir(p).unwrap().flatten().any(|e| tree_holds(&e.path(), needle));
+    }
+    m.is_file() && contains(&fs::read(p).unwrap(), needle)
+}
+
+/// Runs `swapper` (a shell script that ends by printing `swapped N`) as `user` while root
+/// runs `step(run)` again and again for `secs` seconds; returns N and the number of runs.
+fn race(user: &TestUser, swapper: &str, secs: u32, mut step: impl FnMut(usize)) -> (u64, usize) {
+    let (swapped, runs) = std::thread::scope(|s| {
+        let a = s.spawn(|| user.sh(secs + 30, swapper));
+        let start = Instant::now();
+        let mut runs = 0;
+        while start.elapsed() < Duration::from_secs(secs as u64) {
+            step(runs);
+            runs += 1;
+        }
+        (a.join().unwrap(), runs)
+    });
+    let swapped = text(&swapped);
+    let n = swapped.trim().strip_prefix("swapped ").and_then(|n| n.parse().ok());
+    let n = n.unwrap_or_else(|| panic!("the swapper did not finish: {swapped}"));
+    eprintln!("{n} swaps during {runs} runs");
+    assert!(n >= 1000, "too few swaps to mean anything: {n}");
+    (n, runs)
+}
+
+#[test]
+fn export_destination_swapped_for_symlink_changes_no_root_file() {
+    if !root_only("the attack is on root's export, by a second user made with useradd") {
+        return;
+    }
+    let t = Tmpfs::new("128m");
+    fs::set_permissions(&t.path, fs::Permissions::from_mode(0o755)).unwrap();
+    let user = TestUser::new("vfexp");
+    let (victim, canary) = root_victim(&t.path);
+    let before = (fingerprint(&victim), fingerprint(&canary));
+    // Her tree, which root put in the vault: directories of mode 0777 holding her files.
+    let src = t.path.join("src");
+    for d in 0..4 {
+        let dir = src.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..8 {
+            fs::write(dir.join(format!("f{f}")), format!("her file {d}/{f}\n")).unwrap();
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    assert!(run("chown", &["-R", &format!("{0}:{0}", user.name), src.to_str().unwrap()]).status.success());
+    let (cipher, _, pass) = new_vault(&t.path.join("v"));
+    let (c, p) = (cipher.to_str().unwrap(), pass.to_str().unwrap());
+    let o = veilfs_within(60, &["import", src.to_str().unwrap(), c, "--passfile", p]);
+    assert!(o.status.success(), "import: {}", text(&o));
+    // Root restores it: `dest/src` is hers, as in a restore into /home.
+    let dest = t.path.join("dest");
+    let d = dest.to_str().unwrap();
+    let o = veilfs_within(60, &["export", c, d, "--passfile", p]);
+    assert!(o.status.success(), "export: {}", text(&o));
+    for owned in ["src", "src/d0", "src/d0/f0"] {
+        assert_eq!(fs::metadata(dest.join(owned)).unwrap().uid(), user.uid, "owner of {owned} restored");
+    }
+
+    // She empties her directories (so every run writes into them again) and swaps each for
+    // a symlink to root's file, then to root's directory, then puts it back, in a loop.
+    let secs = 15;
+    let swapper = format!(
+        r#"cd {d}/src || exit 1; end=$(( $(date +%s) + {secs} )); i=0; n=0
+        while [ $(date +%s) -lt $end ]; do
+          for d in d0 d1 d2 d3; do
+            i=$((i+1)); rm -f $d/*
+            mv -T $d .old$i; ln -s {canary} $d && n=$((n+1)); rm -f $d
+            ln -s {victim} $d && n=$((n+1)); rm -f $d; mv -T .old$i $d
+          done
+        done 2>/dev/null; echo swapped $n"#,
+        canary = canary.display(),
+        victim = victim.display()
+    );
+    // Root re-runs the export meanwhile: resumes, and --overwrite runs.
+    race(&user, &swapper, secs, |run| {
+        let mut args = vec!["export", c, d, "--passfile", p];
+        if run % 2 == 1 {
+            args.push("--overwrite");
+        }
+        veilfs_within(30, &args);
+    });
+    let names: Vec<_> = fs::read_dir(&victim).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(names, ["canary"], "export wrote into root's directory {}", victim.display());
+    assert_eq!(before, (fingerprint(&victim), fingerprint(&canary)), "root's files outside the destination changed");
+}
+
+#[test]
+fn import_source_swapped_for_symlink_stores_nothing_unreadable_as_hers() {
+    if !root_only("the attack is on root's import, by a second user made with useradd") {
+        return;
+    }
+    let t = Tmpfs::new("128m");
+    fs::set_permissions(&t.path, fs::Permissions::from_mode(0o755)).unwrap();
+    let user = TestUser::new("vfimp");
+    let (_victim, canary) = root_victim(&t.path);
+    let (src, stash) = (t.path.join("src"), t.path.join("stash"));
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&stash).unwrap();
+    for f in 0..8 {
+        fs::write(src.join(format!("f{f}")), b"her file\n").unwrap();
+    }
+    for p in [&src, &stash] {
+        assert!(run("chown", &["-R", &format!("{0}:{0}", user.name), p.to_str().unwrap()]).status.success());
+    }
+    let (cipher, _, pass) = new_vault(&t.path.join("v"));
+    let (c, p, s) = (cipher.to_str().unwrap(), pass.to_str().unwrap(), src.to_str().unwrap());
+
+    // Each of her files in turn becomes a symlink to root's file, her file again, a FIFO,
+    // her file again (each by an atomic rename over it), in a loop.
+    let secs = 15;
+    let swapper = format!(
+        r#"cd {src} || exit 1; end=$(( $(date +%s) + {secs} )); n=0
+        while [ $(date +%s) -lt $end ]; do
+          for f in f0 f1 f2 f3 f4 f5 f6 f7; do
+            ln -sfn {canary} {st}/l && mv -T {st}/l $f && n=$((n+1))
+            echo 'her file' > {st}/r && mv -T {st}/r $f
+            rm -f {st}/p; mkfifo {st}/p && mv -T {st}/p $f && n=$((n+1))
+            echo 'her file' > {st}/r && mv -T {st}/r $f
+          done
+        done 2>/dev/null; echo swapped $n"#,
+        src = src.display(),
+        st = stash.display(),
+        canary = canary.display()
+    );
+    let out = t.path.join("out");
+    // Root imports her tree again and again (--overwrite every other run, so what changed is
+    // stored anew); after each run, what the vault holds is exported and searched for root's
+    // file's content. A FIFO must never hang the import.
+    race(&user, &swapper, secs, |run| {
+        let mut args = vec!["import", s, c, "--passfile", p];
+        if run % 2 == 1 {
+            args.push("--overwrite");
+        }
+        veilfs_within(20, &args);
+        let _ = fs::remove_dir_all(&out);
+        veilfs_within(20, &["export", &format!("{c}/src"), out.to_str().unwrap(), "--passfile", p]);
+        assert!(!tree_holds(&out, b"ROOT-ONLY CANARY"), "the vault holds root's file under her name");
+    });
+}

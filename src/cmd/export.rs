@@ -27,7 +27,11 @@ Interrupted exports resume: each file is written under a temporary name beside i
 file already in the destination with the same size and modification time (to the second, rsync's quick check) \
 is skipped as identical; one that differs is a conflict, reported and kept unless --overwrite replaces it. The \
 last line counts files exported, skipped as identical, conflicts and errors; exit code 1 if there were conflicts \
-or errors. Reading only, export works while the vault is mounted.")]
+or errors. Reading only, export works while the vault is mounted.\n\n\
+DEST is opened by path once (following a symlink there is your choice, as with cp); below it nothing follows a \
+symlink: each name is opened through the directory above it, and files are made, given owner, mode, times and \
+attributes, and renamed inside that directory, so a user who owns a directory of the destination (a restore run \
+as root into /home) cannot redirect the export by swapping names for symlinks (docs/SECURITY.md, section 7c).")]
 pub struct Args {
     /// CIPHERDIR, optionally followed by a plaintext path inside the vault.
     pub src: PathBuf,
@@ -341,7 +345,7 @@ impl Exporter<'_> {
     ) -> Result<()> {
         let sub = self.vault.open_dir(dir, e)?;
         let out = match existing {
-            Some(x) if kind(&x) == libc::S_IFDIR => dest.open_dir(name)?,
+            Some(x) if kind(&x) == libc::S_IFDIR => dest.open_dir_private(name)?,
             Some(_) if !self.overwrite => {
                 return Err(Conflict(
                     "exists in the destination and is not a directory; kept (--overwrite replaces it)",

@@ -21,7 +21,11 @@ already in the vault with the same size and modification time (to the second: rs
 not compared) is skipped as identical; one that differs is a conflict, reported and kept unless --overwrite \
 replaces it. The last line counts files imported, skipped as identical, conflicts and errors; the exit code is 1 \
 if there were conflicts or errors.\n\n\
-The vault must not be mounted (exit code 9), unless with --shared-storage.")]
+The vault must not be mounted (exit code 9), unless with --shared-storage.\n\n\
+SRC is opened by path once; below it nothing follows a symlink: each entry's type, owner, mode and times come \
+from the one object opened and its content is read from that same object, so a symlink swapped in is stored as a \
+symlink and a FIFO as a FIFO (never read, never a hang): run as root over a user's tree, nothing she cannot read \
+is stored as hers (docs/SECURITY.md, section 7c).")]
 pub struct Args {
     /// Plaintext file or directory to encrypt.
     pub src: PathBuf,

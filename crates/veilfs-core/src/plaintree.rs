@@ -130,6 +130,16 @@ impl PlainDir {
         Ok(self.child(fd, name))
     }
 
+    /// Opens the subdirectory `name` (as [`PlainDir::open_dir`]) after making it private
+    /// (mode 0700) through a handle on it: the owner can then list and fill it whatever its
+    /// mode was, as when it is made anew.
+    pub fn open_dir_private(&self, name: &[u8]) -> io::Result<PlainDir> {
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let handle = sys::openat_beneath(self.fd(), name, flags, 0)?;
+        sys::chmod_fd(handle.as_fd(), 0o700)?;
+        Ok(self.child(sys::open_dir_at(handle.as_fd(), b".")?, name))
+    }
+
     fn child(&self, fd: OwnedFd, name: &[u8]) -> PlainDir {
         let mut rel = self.rel.clone();
         rel.push(name.to_vec());
@@ -381,6 +391,9 @@ mod tests {
         assert_eq!(n.readlink().unwrap(), outside.join("f").as_os_str().as_bytes());
         let sub = top.make_dir(b"d").unwrap();
         assert_eq!(top.open_below(sub.rel()).unwrap().rel(), sub.rel());
+        std::fs::set_permissions(sub.path(), std::os::unix::fs::PermissionsExt::from_mode(0o300)).unwrap();
+        assert_eq!(top.open_dir_private(b"d").unwrap().node().unwrap().stat.st_mode & 0o7777, 0o700);
+        assert_eq!(top.open_dir_private(b"link").unwrap_err().raw_os_error(), Some(libc::ELOOP));
         let f = sub.create_file(b"g", 0o600).unwrap();
         Node::of_file(&f).unwrap().set_mode(0o640).unwrap();
         assert_eq!(sub.entry(b"g").unwrap().stat.st_mode & 0o7777, 0o640);
