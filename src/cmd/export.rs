@@ -7,6 +7,7 @@ use super::{Conflict, UnlockArgs};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use veilfs_core::plaintree::{kind, Node, PlainDir};
 use veilfs_core::sys::{self, Stat};
 use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
@@ -55,7 +56,7 @@ struct Exporter<'a> {
     vault: &'a Vault,
     /// The top of the destination: the directory given, or the one holding the name given
     /// (opened by path once; everything below it is reached through fds).
-    top: Option<PlainDir>,
+    top: Option<Rc<PlainDir>>,
     /// First exported name of each hard-linked inode, by the vault's (device, inode).
     links: HashMap<(u64, u64), FirstName>,
     damaged: usize,
@@ -269,7 +270,8 @@ impl Exporter<'_> {
                 if *id == e.identity {
                     let (rel, first, ino) = (rel.clone(), first.clone(), *ino);
                     return self.make_and_place(dest, name, replace, |ex, d, tmp| {
-                        let from = ex.top.as_ref().context("no destination")?.open_below(&rel)?;
+                        let top = ex.top.clone().context("no destination")?;
+                        let from = top.open_below(&rel)?;
                         Ok(d.link(&from, &first, tmp, ino)?)
                     });
                 }
@@ -536,15 +538,17 @@ pub fn run(a: Args) -> Result<i32> {
         },
     };
     match target {
-        Ok((top, None)) => {
-            ex.export_dir(&parent, &top);
-            ex.top = Some(top);
-        }
-        Ok((top, Some((name, e)))) => {
-            if let Err(err) = ex.export_entry(&parent, &e, &top, &name) {
-                ex.note(&top.join(&name).display().to_string(), &err);
+        Ok((top, what)) => {
+            let top = Rc::new(top);
+            ex.top = Some(top.clone());
+            match what {
+                None => ex.export_dir(&parent, &top),
+                Some((name, e)) => {
+                    if let Err(err) = ex.export_entry(&parent, &e, &top, &name) {
+                        ex.note(&top.join(&name).display().to_string(), &err);
+                    }
+                }
             }
-            ex.top = Some(top);
         }
         Err(err) => ex.note(&a.dest.display().to_string(), &err.into()),
     }
