@@ -566,34 +566,46 @@ fn import_source_swapped_for_symlink_stores_nothing_unreadable_as_hers() {
     fs::set_permissions(&t.path, fs::Permissions::from_mode(0o755)).unwrap();
     let user = TestUser::new("vfimp");
     let (victim, canary) = root_victim(&t.path);
-    // Her tree: files, and a directory `sub` holding a file named like root's; beside it,
-    // where the tree does not reach, a symlink to root's file, a FIFO, and a symlink to
-    // root's directory, to swap in.
+    // Her tree: files `f0`..`f7`, and directories `d0`..`d3` each holding a file named like
+    // root's; beside it, where the tree does not reach, for each a symlink to root's file, a
+    // FIFO, a symlink to root's directory, to swap in.
     let (src, stash) = (t.path.join("src"), t.path.join("stash"));
-    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::create_dir(&src).unwrap();
     fs::create_dir(&stash).unwrap();
-    for f in ["f", "f1", "f2", "f3", "sub/canary"] {
-        fs::write(src.join(f), b"her file\n").unwrap();
+    for i in 0..8 {
+        fs::write(src.join(format!("f{i}")), b"her file\n").unwrap();
+        std::os::unix::fs::symlink(&canary, stash.join(format!("l{i}"))).unwrap();
+        assert!(run("mkfifo", &[stash.join(format!("p{i}")).to_str().unwrap()]).status.success());
     }
-    std::os::unix::fs::symlink(&canary, stash.join("l")).unwrap();
-    std::os::unix::fs::symlink(&victim, stash.join("dl")).unwrap();
-    assert!(run("mkfifo", &[stash.join("p").to_str().unwrap()]).status.success());
+    for i in 0..4 {
+        fs::create_dir(src.join(format!("d{i}"))).unwrap();
+        fs::write(src.join(format!("d{i}/canary")), b"her file\n").unwrap();
+        std::os::unix::fs::symlink(&victim, stash.join(format!("dl{i}"))).unwrap();
+    }
+    fs::write(src.join("static"), b"her file\n").unwrap();
     for p in [&src, &stash] {
         assert!(run("chown", &["-R", &format!("{0}:{0}", user.name), p.to_str().unwrap()]).status.success());
     }
     let (cipher, _, pass) = new_vault(&t.path.join("v"));
     let (c, p, s) = (cipher.to_str().unwrap(), pass.to_str().unwrap(), src.to_str().unwrap());
 
-    // She exchanges her file `f` with the symlink to root's file and back, then with the
-    // FIFO and back, and her directory `sub` with the symlink to root's directory and back,
-    // each an atomic renameat2(RENAME_EXCHANGE), in a tight loop (perl: a shell's forks
-    // would swap a thousand times slower).
+    // She exchanges each of her files with its symlink to root's file and back, then with
+    // its FIFO and back, and each of her directories with its symlink to root's directory
+    // and back, each an atomic renameat2(RENAME_EXCHANGE), in a tight loop (perl: a shell's
+    // forks would swap a thousand times slower).
     let secs = 15;
     let swapper = r#"exec perl -e '
         chdir "@SRC@" or die; my ($end, $n) = (time + @SECS@, 0);
-        my ($f, $l, $p, $d, $dl) = ("f", "@ST@/l", "@ST@/p", "sub", "@ST@/dl");
+        my @f = map { ["f$_", "@ST@/l$_", "@ST@/p$_"] } 0..7;
+        my @d = map { ["d$_", "@ST@/dl$_"] } 0..3;
         sub x { syscall(@NR@, -100, $_[0], -100, $_[1], 2) == 0 and $n++ }
-        while (time < $end) { for (1..100) { x($f, $l); x($d, $dl); x($f, $l); x($d, $dl); x($f, $p); x($f, $p) } }
+        while (time < $end) {
+          for my $k (0..3) {
+            x($_->[0], $_->[1]) for @f; x($_->[0], $_->[1]) for @d;
+            x($_->[0], $_->[1]) for @f; x($_->[0], $_->[1]) for @d;
+            x($_->[0], $_->[2]) for @f; x($_->[0], $_->[2]) for @f;
+          }
+        }
         print "swapped $n\n"'"#
         .replace("@SRC@", s)
         .replace("@SECS@", &secs.to_string())
@@ -616,6 +628,6 @@ fn import_source_swapped_for_symlink_stores_nothing_unreadable_as_hers() {
     let out = t.path.join("out");
     let o = veilfs_within(60, &["export", c, out.to_str().unwrap(), "--passfile", p]);
     assert!(o.status.success(), "export: {}", text(&o));
-    assert!(out.join(format!("backup{}/f1", runs - 1)).is_file(), "the imports ran");
+    assert!(out.join(format!("backup{}/static", runs - 1)).is_file(), "the imports ran");
     assert!(!tree_holds(&out, b"ROOT-ONLY CANARY"), "the vault holds root's file under her name");
 }
