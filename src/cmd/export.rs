@@ -80,12 +80,15 @@ struct Exporter<'a> {
     withheld: usize,
     /// Attributes the destination could not hold.
     xattrs_lost: usize,
-    /// Directories whose times are set after their contents: their names from the top,
-    /// the (device, inode) made or merged into, and the times.
-    dir_times: Vec<(Vec<Vec<u8>>, (u64, u64), Stat)>,
+    /// Directories whose times are set after their contents.
+    dir_times: Vec<DirTimes>,
     /// Temporary names handed out.
     seq: u64,
 }
+
+/// A directory whose times are set after its contents: its names from the top, the
+/// (device, inode) made or merged into, and the times.
+type DirTimes = (Vec<Vec<u8>>, (u64, u64), Stat);
 
 /// The first exported name of a hard-linked inode: its directory (names from the top) and
 /// name, the identity its entry promised, and its (device, inode) in the destination.
@@ -111,9 +114,9 @@ fn place(dest: &PlainDir, tmp: &[u8], name: &[u8], replace: bool) -> Result<()> 
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             Err(Conflict("appeared in the destination during the export; kept (--overwrite replaces it)").into())
         }
-        Err(e) => Err(e).with_context(|| {
-            format!("renaming {} to {}", dest.join(tmp).display(), dest.join(name).display())
-        }),
+        Err(e) => {
+            Err(e).with_context(|| format!("renaming {} to {}", dest.join(tmp).display(), dest.join(name).display()))
+        }
     }
 }
 

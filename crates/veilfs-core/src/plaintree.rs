@@ -97,11 +97,8 @@ impl PlainDir {
 
     /// Its names, sorted, without `.` and `..` (listed with the caller's rights only).
     pub fn names(&self) -> io::Result<Vec<Vec<u8>>> {
-        let mut names: Vec<Vec<u8>> = sys::read_dir_plain(self.fd())?
-            .into_iter()
-            .map(|e| e.name)
-            .filter(|n| n != b"." && n != b"..")
-            .collect();
+        let mut names: Vec<Vec<u8>> =
+            sys::read_dir_plain(self.fd())?.into_iter().map(|e| e.name).filter(|n| n != b"." && n != b"..").collect();
         names.sort();
         Ok(names)
     }
@@ -155,7 +152,8 @@ impl PlainDir {
     /// Opens the directory `rel` below this one (the names of [`PlainDir::rel`]), name by
     /// name through fds.
     pub fn open_below(&self, rel: &[Vec<u8>]) -> io::Result<PlainDir> {
-        let mut cur = PlainDir { fd: sys::open_dir_at(self.fd(), b".")?, path: self.path.clone(), rel: self.rel.clone() };
+        let mut cur =
+            PlainDir { fd: sys::open_dir_at(self.fd(), b".")?, path: self.path.clone(), rel: self.rel.clone() };
         for name in rel {
             cur = cur.open_dir(name)?;
         }
