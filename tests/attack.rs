@@ -545,3 +545,203 @@ fn a_planted_exchange_record_is_reported_and_never_executed() {
     assert!(refused.len() == 1 && refused[0].contains("different users"), "the refusal is said: {out}");
     assert!(!rootdir.join("veilfs.tmp.PEER").exists(), "root's own leftover went to lost+found: {out}");
 }
+
+/// A root-owned directory `victim` (0700) holding a root-owned `canary` (0600) in `at`: what
+/// a user aims at through a plaintext tree that root imports or exports.
+fn root_victim(at: &Path) -> (PathBuf, PathBuf) {
+    let victim = at.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    let canary = victim.join("canary");
+    fs::write(&canary, b"ROOT-ONLY CANARY\n").unwrap();
+    fs::set_permissions(&canary, fs::Permissions::from_mode(0o600)).unwrap();
+    (victim, canary)
+}
+
+/// Runs `veilfs args` with a time limit; panics if it hangs.
+fn veilfs_within(secs: u64, args: &[&str]) -> std::process::Output {
+    run_timeout(secs, &BIN, args).unwrap_or_else(|| panic!("veilfs {args:?} hung (killed after {secs} s)"))
+}
+
+/// Whether any regular file under `p` (symlinks not followed) holds `needle`.
+fn tree_holds(p: &Path, needle: &[u8]) -> bool {
+    let m = fs::symlink_metadata(p).unwrap();
+    if m.is_dir() {
+        return fs::read_dir(p).unwrap().flatten().any(|e| tree_holds(&e.path(), needle));
+    }
+    m.is_file() && contains(&fs::read(p).unwrap(), needle)
+}
+
+/// Runs `swapper` (a shell script that ends by printing `swapped N`) as `user` while root
+/// runs `step(run)` again and again for `secs` seconds; returns N and the number of runs.
+fn race(user: &TestUser, swapper: &str, secs: u32, mut step: impl FnMut(usize)) -> (u64, usize) {
+    let (swapped, runs) = std::thread::scope(|s| {
+        let a = s.spawn(|| user.sh(secs + 30, swapper));
+        let start = Instant::now();
+        let mut runs = 0;
+        while start.elapsed() < Duration::from_secs(secs as u64) {
+            step(runs);
+            runs += 1;
+        }
+        (a.join().unwrap(), runs)
+    });
+    let swapped = text(&swapped);
+    let n = swapped.trim().strip_prefix("swapped ").and_then(|n| n.parse().ok());
+    let n = n.unwrap_or_else(|| panic!("the swapper did not finish: {swapped}"));
+    eprintln!("{n} swaps during {runs} runs");
+    assert!(n >= 1000, "too few swaps to mean anything: {n}");
+    (n, runs)
+}
+
+#[test]
+fn export_destination_swapped_for_symlink_changes_no_root_file() {
+    if !root_only("the attack is on root's export, by a second user made with useradd") {
+        return;
+    }
+    let t = Tmpfs::new("128m");
+    fs::set_permissions(&t.path, fs::Permissions::from_mode(0o755)).unwrap();
+    let user = TestUser::new("vfexp");
+    let (victim, canary) = root_victim(&t.path);
+    let before = (fingerprint(&victim), fingerprint(&canary));
+    // Her tree, which root put in the vault: directories of mode 0777 holding her files.
+    let src = t.path.join("src");
+    for d in 0..4 {
+        let dir = src.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..8 {
+            fs::write(dir.join(format!("f{f}")), format!("her file {d}/{f}\n")).unwrap();
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    assert!(run("chown", &["-R", &format!("{0}:{0}", user.name), src.to_str().unwrap()]).status.success());
+    let (cipher, _, pass) = new_vault(&t.path.join("v"));
+    let (c, p) = (cipher.to_str().unwrap(), pass.to_str().unwrap());
+    let o = veilfs_within(60, &["import", src.to_str().unwrap(), c, "--passfile", p]);
+    assert!(o.status.success(), "import: {}", text(&o));
+    // Root restores it: `dest/src` is hers, as in a restore into /home.
+    let dest = t.path.join("dest");
+    let d = dest.to_str().unwrap();
+    let o = veilfs_within(60, &["export", c, d, "--passfile", p]);
+    assert!(o.status.success(), "export: {}", text(&o));
+    for owned in ["src", "src/d0", "src/d0/f0"] {
+        assert_eq!(fs::metadata(dest.join(owned)).unwrap().uid(), user.uid, "owner of {owned} restored");
+    }
+
+    // She empties her directories (so every run writes into them again) and swaps each for
+    // a symlink to root's file, then to root's directory, then puts it back, in a tight loop
+    // (perl: a shell's forks would swap a hundred times slower).
+    let secs = 15;
+    let swapper = r#"exec perl -e '
+        chdir "@DEST@/src" or die; my ($end, $i, $n) = (time + @SECS@, 0, 0);
+        while (time < $end) {
+          for my $d (qw(d0 d1 d2 d3)) {
+            $i++;
+            if (opendir(my $h, $d)) { unlink map { "$d/$_" } grep { !/^[.]/ } readdir $h }
+            rename($d, ".old$i");
+            symlink("@CANARY@", $d) and $n++; unlink $d;
+            symlink("@VICTIM@", $d) and $n++; unlink $d;
+            rename(".old$i", $d);
+          }
+        }
+        print "swapped $n\n"'"#
+        .replace("@DEST@", d)
+        .replace("@SECS@", &secs.to_string())
+        .replace("@CANARY@", canary.to_str().unwrap())
+        .replace("@VICTIM@", victim.to_str().unwrap());
+    // Root re-runs the export meanwhile: resumes, and --overwrite runs.
+    race(&user, &swapper, secs, |run| {
+        let mut args = vec!["export", c, d, "--passfile", p];
+        if run % 2 == 1 {
+            args.push("--overwrite");
+        }
+        veilfs_within(30, &args);
+    });
+    let names: Vec<_> = fs::read_dir(&victim).unwrap().flatten().map(|e| e.file_name()).collect();
+    let after = (fingerprint(&victim), fingerprint(&canary));
+    assert!(
+        names == ["canary"] && before == after,
+        "root's files outside the destination changed: {} holds {names:?}; before {before:?}; after {after:?}",
+        victim.display()
+    );
+}
+
+#[test]
+fn import_source_swapped_for_symlink_stores_nothing_unreadable_as_hers() {
+    if !root_only("the attack is on root's import, by a second user made with useradd") {
+        return;
+    }
+    // renameat2(2), for RENAME_EXCHANGE from perl.
+    let renameat2 = match std::env::consts::ARCH {
+        "x86_64" => 316,
+        "aarch64" => 276,
+        arch => return eprintln!("SKIPPED: renameat2's number on {arch} not known to this test"),
+    };
+    let t = Tmpfs::new("128m");
+    fs::set_permissions(&t.path, fs::Permissions::from_mode(0o755)).unwrap();
+    let user = TestUser::new("vfimp");
+    let (victim, canary) = root_victim(&t.path);
+    // Her tree: files `f0`..`f7`, and directories `d0`..`d3` each holding a file named like
+    // root's; beside it, where the tree does not reach, for each a symlink to root's file, a
+    // FIFO, a symlink to root's directory, to swap in.
+    let (src, stash) = (t.path.join("src"), t.path.join("stash"));
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&stash).unwrap();
+    for i in 0..8 {
+        fs::write(src.join(format!("f{i}")), b"her file\n").unwrap();
+        std::os::unix::fs::symlink(&canary, stash.join(format!("l{i}"))).unwrap();
+        assert!(run("mkfifo", &[stash.join(format!("p{i}")).to_str().unwrap()]).status.success());
+    }
+    for i in 0..4 {
+        fs::create_dir(src.join(format!("d{i}"))).unwrap();
+        fs::write(src.join(format!("d{i}/canary")), b"her file\n").unwrap();
+        std::os::unix::fs::symlink(&victim, stash.join(format!("dl{i}"))).unwrap();
+    }
+    fs::write(src.join("static"), b"her file\n").unwrap();
+    for p in [&src, &stash] {
+        assert!(run("chown", &["-R", &format!("{0}:{0}", user.name), p.to_str().unwrap()]).status.success());
+    }
+    let (cipher, _, pass) = new_vault(&t.path.join("v"));
+    let (c, p, s) = (cipher.to_str().unwrap(), pass.to_str().unwrap(), src.to_str().unwrap());
+
+    // She exchanges each of her files with its symlink to root's file and back, then with
+    // its FIFO and back, and each of her directories with its symlink to root's directory
+    // and back, each an atomic renameat2(RENAME_EXCHANGE), in a tight loop (perl: a shell's
+    // forks would swap a thousand times slower).
+    let secs = 15;
+    let swapper = r#"exec perl -e '
+        chdir "@SRC@" or die; my ($end, $n) = (time + @SECS@, 0);
+        my @f = map { ["f$_", "@ST@/l$_", "@ST@/p$_"] } 0..7;
+        my @d = map { ["d$_", "@ST@/dl$_"] } 0..3;
+        sub x { syscall(@NR@, -100, $_[0], -100, $_[1], 2) == 0 and $n++ }
+        while (time < $end) {
+          for my $k (0..3) {
+            x($_->[0], $_->[1]) for @f; x($_->[0], $_->[1]) for @d;
+            x($_->[0], $_->[1]) for @f; x($_->[0], $_->[1]) for @d;
+            x($_->[0], $_->[2]) for @f; x($_->[0], $_->[2]) for @f;
+          }
+        }
+        print "swapped $n\n"'"#
+        .replace("@SRC@", s)
+        .replace("@SECS@", &secs.to_string())
+        .replace("@ST@", stash.to_str().unwrap())
+        .replace("@NR@", &renameat2.to_string());
+    // Root backs her tree up again and again, each run into a new directory of the vault
+    // (so every file is read anew), every other run also merging into one directory with
+    // --overwrite. A FIFO must never hang the import.
+    let (_, runs) = race(&user, &swapper, secs, |run| {
+        let to = format!("{c}/backup{run}");
+        let mut args = vec!["import", s, &to, "--passfile", p];
+        veilfs_within(10, &args);
+        if run % 2 == 1 {
+            args[2] = c;
+            args.push("--overwrite");
+            veilfs_within(10, &args);
+        }
+    });
+    // What the vault holds, exported: root's file's content is nowhere in it.
+    let out = t.path.join("out");
+    let o = veilfs_within(60, &["export", c, out.to_str().unwrap(), "--passfile", p]);
+    assert!(o.status.success(), "export: {}", text(&o));
+    assert!(out.join(format!("backup{}/static", runs - 1)).is_file(), "the imports ran");
+    assert!(!tree_holds(&out, b"ROOT-ONLY CANARY"), "the vault holds the content of root's file");
+}

@@ -6,10 +6,9 @@
 use super::{Conflict, UnlockArgs};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use veilfs_core::plaintree::{kind, Node, PlainDir};
 use veilfs_core::sys::{self, Stat};
 use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 
@@ -29,7 +28,11 @@ Interrupted exports resume: each file is written under a temporary name beside i
 file already in the destination with the same size and modification time (to the second, rsync's quick check) \
 is skipped as identical; one that differs is a conflict, reported and kept unless --overwrite replaces it. The \
 last line counts files exported, skipped as identical, conflicts and errors; exit code 1 if there were conflicts \
-or errors. Reading only, export works while the vault is mounted.")]
+or errors. Reading only, export works while the vault is mounted.\n\n\
+DEST is opened by path once (following a symlink there is your choice, as with cp); below it nothing follows a \
+symlink: each name is opened through the directory above it, and files are made, given owner, mode, times and \
+attributes, and renamed inside that directory, so a user who owns a directory of the destination (a restore run \
+as root into /home) cannot redirect the export by swapping names for symlinks (docs/SECURITY.md, section 7d).")]
 pub struct Args {
     /// CIPHERDIR, optionally followed by a plaintext path inside the vault.
     pub src: PathBuf,
@@ -51,6 +54,9 @@ pub struct Args {
 
 struct Exporter<'a> {
     vault: &'a Vault,
+    /// The top of the destination: the directory given, or the one holding the name given
+    /// (opened by path once; everything below it is reached through fds).
+    top: Option<Rc<PlainDir>>,
     /// First exported name of each hard-linked inode, by the vault's (device, inode).
     links: HashMap<(u64, u64), FirstName>,
     damaged: usize,
@@ -75,14 +81,18 @@ struct Exporter<'a> {
     /// Attributes the destination could not hold.
     xattrs_lost: usize,
     /// Directories whose times are set after their contents.
-    dir_times: Vec<(PathBuf, Stat)>,
+    dir_times: Vec<DirTimes>,
     /// Temporary names handed out.
     seq: u64,
 }
 
-/// The first exported name of a hard-linked inode: its path, the identity its entry
-/// promised, and its (device, inode) in the destination.
-type FirstName = (PathBuf, veilfs_core::Identity, (u64, u64));
+/// A directory whose times are set after its contents: its names from the top, the
+/// (device, inode) made or merged into, and the times.
+type DirTimes = (Vec<Vec<u8>>, (u64, u64), Stat);
+
+/// The first exported name of a hard-linked inode: its directory (names from the top) and
+/// name, the identity its entry promised, and its (device, inode) in the destination.
+type FirstName = (Vec<Vec<u8>>, Vec<u8>, veilfs_core::Identity, (u64, u64));
 
 /// Prefix of the temporary names files are written under (`.veilfs-part-PID-N`).
 const TEMP_PREFIX: &str = ".veilfs-part-";
@@ -96,33 +106,17 @@ fn is_temp_name(name: &[u8]) -> bool {
     })
 }
 
-/// Renames the finished `tmp` to `out`: over an existing `out` only when `replace`; else an
-/// `out` that appeared meanwhile is a conflict.
-fn place(tmp: &Path, out: &Path, replace: bool) -> Result<()> {
-    let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
-    // Relative to the working directory, like the paths themselves.
-    let (a, b) = (tmp.as_os_str().as_bytes(), out.as_os_str().as_bytes());
-    let Err(e) = sys::renameat2(sys::CWD, a, sys::CWD, b, flags) else { return Ok(()) };
-    if !replace && e.raw_os_error() == Some(libc::EINVAL) && std::fs::symlink_metadata(out).is_err() {
-        // A destination filesystem without RENAME_NOREPLACE (some network filesystems).
-        return std::fs::rename(tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()));
-    }
-    if e.kind() == std::io::ErrorKind::AlreadyExists {
-        return Err(Conflict("appeared in the destination during the export; kept (--overwrite replaces it)").into());
-    }
-    Err(e).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))
-}
-
-fn set_times(path: &Path, st: &Stat, follow: bool) -> std::io::Result<()> {
-    let ts = [
-        libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
-        libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
-    ];
-    let path = path.as_os_str().as_bytes();
-    if follow {
-        sys::utimensat_follow(sys::CWD, path, &ts)
-    } else {
-        sys::utimensat(sys::CWD, path, &ts)
+/// Renames the finished `tmp` to `name`, both in `dest`: over an existing `name` only when
+/// `replace`; else a `name` that appeared meanwhile is a conflict.
+fn place(dest: &PlainDir, tmp: &[u8], name: &[u8], replace: bool) -> Result<()> {
+    match dest.rename(tmp, name, replace) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Err(Conflict("appeared in the destination during the export; kept (--overwrite replaces it)").into())
+        }
+        Err(e) => {
+            Err(e).with_context(|| format!("renaming {} to {}", dest.join(tmp).display(), dest.join(name).display()))
+        }
     }
 }
 
@@ -150,22 +144,25 @@ impl Exporter<'_> {
         self.pb.suspend(|| eprintln!("veilfs: export: {what}: {label}: {e:#}"));
     }
 
-    fn export_dir(&mut self, dir: &CipherDir, dest: &Path) {
+    fn export_dir(&mut self, dir: &CipherDir, dest: &PlainDir) {
         let (entries, bad) = match self.vault.list(dir) {
             Ok(x) => x,
-            Err(e) => return self.note(&dest.display().to_string(), &e.into()),
+            Err(e) => return self.note(&dest.path().display().to_string(), &e.into()),
         };
         for b in bad {
             let e: anyhow::Error = b.error.into();
-            self.note(&format!("{} (ciphertext entry {})", dest.display(), String::from_utf8_lossy(&b.on_disk)), &e);
+            self.note(
+                &format!("{} (ciphertext entry {})", dest.path().display(), String::from_utf8_lossy(&b.on_disk)),
+                &e,
+            );
         }
         self.remove_leftovers(dest, &entries);
         for e in entries {
             if crate::interrupt::requested() {
                 return;
             }
-            let out = dest.join(OsStr::from_bytes(&e.name));
-            if let Err(err) = self.export_entry(dir, &e, &out) {
+            if let Err(err) = self.export_entry(dir, &e, dest, &e.name) {
+                let out = dest.join(&e.name);
                 self.note(&format!("{} (ciphertext {})", out.display(), dir.path.join(&e.on_disk).display()), &err);
             }
         }
@@ -173,89 +170,92 @@ impl Exporter<'_> {
 
     /// Removes the temporary files a killed export left in `dest` (a vault entry that
     /// happens to have such a name is left alone).
-    fn remove_leftovers(&mut self, dest: &Path, entries: &[Entry]) {
-        let Ok(it) = std::fs::read_dir(dest) else { return };
-        for d in it.flatten() {
-            let name = d.file_name();
-            if is_temp_name(name.as_bytes())
-                && d.file_type().is_ok_and(|t| !t.is_dir())
-                && !entries.iter().any(|e| e.name == name.as_bytes())
+    fn remove_leftovers(&mut self, dest: &PlainDir, entries: &[Entry]) {
+        let Ok(names) = dest.names() else { return };
+        for name in names {
+            if is_temp_name(&name)
+                && dest.stat_at(&name).is_ok_and(|x| x.is_some_and(|x| kind(&x) != libc::S_IFDIR))
+                && !entries.iter().any(|e| e.name == name)
             {
-                match std::fs::remove_file(d.path()) {
-                    Ok(()) => tracing::info!("removed {}, left by an interrupted export", d.path().display()),
-                    Err(e) => tracing::warn!("cannot remove {}: {e}", d.path().display()),
+                match dest.remove(&name) {
+                    Ok(()) => tracing::info!("removed {}, left by an interrupted export", dest.join(&name).display()),
+                    Err(e) => tracing::warn!("cannot remove {}: {e}", dest.join(&name).display()),
                 }
             }
         }
     }
 
-    /// A fresh temporary name beside `out`.
-    fn temp_beside(&mut self, out: &Path) -> PathBuf {
+    /// A fresh temporary name.
+    fn temp_name(&mut self) -> Vec<u8> {
         self.seq += 1;
-        out.with_file_name(format!("{TEMP_PREFIX}{}-{}", std::process::id(), self.seq))
+        format!("{TEMP_PREFIX}{}-{}", std::process::id(), self.seq).into_bytes()
     }
 
-    /// Whether `x` (what is at the destination already) is a complete copy of the vault's `e`:
-    /// the same size and modification time to the second for files (rsync's quick check),
-    /// the same target for symlinks, the same type and device number for special files.
-    fn identical(&self, dir: &CipherDir, e: &Entry, out: &Path, x: &std::fs::Metadata) -> bool {
+    /// Whether `x` (what is at `name` in `dest` already) is a complete copy of the vault's
+    /// `e`: the same size and modification time to the second for files (rsync's quick
+    /// check), the same target for symlinks, the same type and device number for special
+    /// files.
+    fn identical(&self, dir: &CipherDir, e: &Entry, dest: &PlainDir, name: &[u8], x: &Stat) -> bool {
         let st = &e.stat;
         match e.kind {
             EntryKind::File => {
-                x.is_file()
-                    && x.len() == self.vault.content().layout.plain_size_lenient(st.st_size as u64)
-                    && x.mtime() == st.st_mtime
+                kind(x) == libc::S_IFREG
+                    && x.st_size as u64 == self.vault.content().layout.plain_size_lenient(st.st_size as u64)
+                    && x.st_mtime == st.st_mtime
             }
             EntryKind::Symlink => {
-                x.is_symlink()
-                    && matches!((std::fs::read_link(out), self.vault.readlink(dir, e)),
-                                (Ok(a), Ok(b)) if a.as_os_str().as_bytes() == b)
+                kind(x) == libc::S_IFLNK
+                    && matches!((dest.readlink(name), self.vault.readlink(dir, e)), (Ok(a), Ok(b)) if a == b)
             }
             EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
-                x.mode() & libc::S_IFMT == st.st_mode & libc::S_IFMT && x.rdev() == st.st_rdev
+                kind(x) == st.st_mode & libc::S_IFMT && x.st_rdev == st.st_rdev
             }
-            EntryKind::Dir => x.is_dir(),
+            EntryKind::Dir => kind(x) == libc::S_IFDIR,
         }
     }
 
-    /// Makes a non-directory at a temporary name beside `out` with `make`, then renames it to
-    /// `out` (replacing what is there only when `replace`); the temporary file is removed if
-    /// anything fails.
+    /// Makes a non-directory at a temporary name in `dest` with `make`, then renames it to
+    /// `name` there (replacing what is there only when `replace`); the temporary file is
+    /// removed if anything fails.
     fn make_and_place(
         &mut self,
-        out: &Path,
+        dest: &PlainDir,
+        name: &[u8],
         replace: bool,
-        make: impl FnOnce(&mut Self, &Path) -> Result<()>,
+        make: impl FnOnce(&mut Self, &PlainDir, &[u8]) -> Result<()>,
     ) -> Result<()> {
-        let tmp = self.temp_beside(out);
-        let r = make(self, &tmp).and_then(|()| place(&tmp, out, replace));
+        let tmp = self.temp_name();
+        let r = make(self, dest, &tmp).and_then(|()| place(dest, &tmp, name, replace));
         if r.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = dest.remove(&tmp);
         }
         r
     }
 
-    fn export_entry(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
+    fn export_entry(&mut self, dir: &CipherDir, e: &Entry, dest: &PlainDir, name: &[u8]) -> Result<()> {
         let st = e.stat;
-        let existing = std::fs::symlink_metadata(out).ok();
+        let existing = dest.stat_at(name).ok().flatten();
         if e.kind == EntryKind::Dir {
-            return self.export_subdir(dir, e, out, existing);
+            return self.export_subdir(dir, e, dest, name, existing);
         }
         let replace = match &existing {
             None => false,
-            Some(x) if self.identical(dir, e, out, x) || self.same_inode_as_first(e, x) => {
+            Some(x) if self.identical(dir, e, dest, name, x) || self.same_inode_as_first(e, x) => {
                 self.skipped += 1;
-                self.pb.inc(if e.kind == EntryKind::File { x.len() } else { 0 });
+                self.pb.inc(if e.kind == EntryKind::File { x.st_size as u64 } else { 0 });
                 if st.st_nlink > 1 {
                     self.links.entry((st.st_dev, st.st_ino)).or_insert((
-                        out.to_path_buf(),
+                        dest.rel().to_vec(),
+                        name.to_vec(),
                         e.identity,
-                        (x.dev(), x.ino()),
+                        (x.st_dev, x.st_ino),
                     ));
                 }
                 return Ok(());
             }
-            Some(x) if x.is_dir() => return Err(Conflict("is a directory in the destination; kept").into()),
+            Some(x) if kind(x) == libc::S_IFDIR => {
+                return Err(Conflict("is a directory in the destination; kept").into())
+            }
             Some(_) if !self.overwrite => {
                 return Err(Conflict(
                     "already in the destination and different (size, modification time, type or target); kept \
@@ -269,10 +269,14 @@ impl Exporter<'_> {
             // Another name of an inode already exported: a link, but only if this name
             // promises the same identity (a hard link planted under another file's name
             // is read and verified like any file, and fails).
-            if let Some((first, id, _)) = self.links.get(&(st.st_dev, st.st_ino)) {
+            if let Some((rel, first, id, ino)) = self.links.get(&(st.st_dev, st.st_ino)) {
                 if *id == e.identity {
-                    let first = first.clone();
-                    return self.make_and_place(out, replace, |_, tmp| Ok(std::fs::hard_link(&first, tmp)?));
+                    let (rel, first, ino) = (rel.clone(), first.clone(), *ino);
+                    return self.make_and_place(dest, name, replace, |ex, d, tmp| {
+                        let top = ex.top.clone().context("no destination")?;
+                        let from = top.open_below(&rel)?;
+                        Ok(d.link(&from, &first, tmp, ino)?)
+                    });
                 }
             }
         }
@@ -280,28 +284,30 @@ impl Exporter<'_> {
         // entry's binding (Vault::verified_identity), from this same `stat`.
         if e.kind.is_device() && !self.preserve_special {
             self.withheld += 1;
+            let out = dest.join(name);
             self.pb.suspend(|| {
                 eprintln!("veilfs: export: {}: device node not made (--preserve-special makes it)", out.display())
             });
             return Ok(());
         }
         let mut size = 0;
-        let r = self.make_and_place(out, replace, |ex, tmp| {
-            match e.kind {
-                EntryKind::File => size = ex.export_file(dir, e, tmp)?,
-                EntryKind::Symlink => {
-                    let target = ex.vault.readlink(dir, e)?;
-                    std::os::unix::fs::symlink(OsStr::from_bytes(&target), tmp)?;
+        let mut made = (0, 0);
+        let r = self.make_and_place(dest, name, replace, |ex, d, tmp| {
+            let node = match e.kind {
+                EntryKind::File => {
+                    let (node, n) = ex.export_file(dir, e, d, tmp)?;
+                    size = n;
+                    node
                 }
-                _ => {
-                    // Mode and rdev come from the backing stat.
-                    sys::mknodat(sys::CWD, tmp.as_os_str().as_bytes(), st.st_mode, st.st_rdev).context("mknod")?;
-                }
-            }
+                EntryKind::Symlink => d.symlink(&ex.vault.readlink(dir, e)?, tmp)?,
+                // Mode and rdev come from the backing stat.
+                _ => d.mknod(tmp, st.st_mode, st.st_rdev).context("mknod")?,
+            };
+            made = (node.stat.st_dev, node.stat.st_ino);
             if e.kind != EntryKind::Symlink {
-                ex.copy_xattrs(dir, e, tmp)?;
+                ex.copy_xattrs(dir, e, &node, &d.join(tmp))?;
             }
-            ex.finish_meta(tmp, out, &st, e.kind != EntryKind::Symlink)
+            ex.finish_meta(&node, &d.join(name), &st, e.kind != EntryKind::Symlink)
         });
         match r {
             Err(err)
@@ -309,7 +315,7 @@ impl Exporter<'_> {
                     && e.kind == EntryKind::File
                     && crate::exit::classify(&err) == crate::exit::INTEGRITY =>
             {
-                return self.salvage_file(dir, e, out, replace, err);
+                return self.salvage_file(dir, e, dest, name, replace, err);
             }
             r => r?,
         }
@@ -318,33 +324,33 @@ impl Exporter<'_> {
             self.bytes += size;
         }
         if st.st_nlink > 1 {
-            let m = std::fs::symlink_metadata(out)?;
-            self.links.insert((st.st_dev, st.st_ino), (out.to_path_buf(), e.identity, (m.dev(), m.ino())));
+            self.links.insert((st.st_dev, st.st_ino), (dest.rel().to_vec(), name.to_vec(), e.identity, made));
         }
         Ok(())
     }
 
     /// Whether `x` is the destination inode of an earlier name of `e`'s inode (a hard link
     /// made by an earlier run).
-    fn same_inode_as_first(&self, e: &Entry, x: &std::fs::Metadata) -> bool {
+    fn same_inode_as_first(&self, e: &Entry, x: &Stat) -> bool {
         self.links
             .get(&(e.stat.st_dev, e.stat.st_ino))
-            .is_some_and(|(_, id, ino)| *id == e.identity && *ino == (x.dev(), x.ino()))
+            .is_some_and(|(_, _, id, ino)| *id == e.identity && *ino == (x.st_dev, x.st_ino))
     }
 
-    /// A vault directory: merged into the destination directory of that name (made if
-    /// missing), private while it is filled; its mode comes once its contents are in, its
-    /// times at the very end.
+    /// A vault directory: merged into the destination directory `name` of `dest` (made if
+    /// missing; never reached through a symlink), private while it is filled; its mode
+    /// comes once its contents are in, its times at the very end.
     fn export_subdir(
         &mut self,
         dir: &CipherDir,
         e: &Entry,
-        out: &Path,
-        existing: Option<std::fs::Metadata>,
+        dest: &PlainDir,
+        name: &[u8],
+        existing: Option<Stat>,
     ) -> Result<()> {
         let sub = self.vault.open_dir(dir, e)?;
-        match existing {
-            Some(x) if x.is_dir() => {}
+        let out = match existing {
+            Some(x) if kind(&x) == libc::S_IFDIR => dest.open_dir_private(name)?,
             Some(_) if !self.overwrite => {
                 return Err(Conflict(
                     "exists in the destination and is not a directory; kept (--overwrite replaces it)",
@@ -352,27 +358,27 @@ impl Exporter<'_> {
                 .into())
             }
             Some(_) => {
-                std::fs::remove_file(out)?;
-                std::fs::create_dir(out)?;
+                dest.remove(name)?;
+                dest.make_dir(name)?
             }
-            None => std::fs::create_dir(out)?,
-        }
-        std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o700))?;
-        self.export_dir(&sub, out);
+            None => dest.make_dir(name)?,
+        };
+        let node = out.node()?;
+        node.set_mode(0o700)?;
+        self.export_dir(&sub, &out);
         if crate::interrupt::requested() {
             return Ok(());
         }
-        self.copy_xattrs(dir, e, out)?;
-        self.finish_meta(out, out, &e.stat, true)?;
-        self.dir_times.push((out.to_path_buf(), e.stat));
+        self.copy_xattrs(dir, e, &node, out.path())?;
+        self.finish_meta(&node, out.path(), &e.stat, true)?;
+        self.dir_times.push((out.rel().to_vec(), (node.stat.st_dev, node.stat.st_ino), e.stat));
         Ok(())
     }
 
-    /// Decrypts the file `e` into the new file `tmp`; returns its size.
-    fn export_file(&mut self, dir: &CipherDir, e: &Entry, tmp: &Path) -> Result<u64> {
-        use std::os::unix::fs::OpenOptionsExt;
+    /// Decrypts the file `e` into the new file `tmp` of `d`; returns it and its size.
+    fn export_file(&mut self, dir: &CipherDir, e: &Entry, d: &PlainDir, tmp: &[u8]) -> Result<(Node, u64)> {
         let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
-        let mut w = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp)?;
+        let mut w = d.create_file(tmp, 0o600)?;
         let pb = &self.pb;
         let size = f.stream(|piece| -> Result<()> {
             crate::interrupt::check()?;
@@ -380,41 +386,43 @@ impl Exporter<'_> {
             pb.inc(piece.len() as u64);
             Ok(())
         })?;
-        Ok(size)
+        Ok((Node::of_file(&w)?, size))
     }
 
     /// `--salvage`: writes what authenticates of the damaged file `e` (`damage` says how it
-    /// failed) under `out` and says which byte ranges were lost. Fails (leaving the file out)
-    /// when its header does not authenticate or no block does.
+    /// failed) as `name` in `dest` and says which byte ranges were lost. Fails (leaving the
+    /// file out) when its header does not authenticate or no block does.
     fn salvage_file(
         &mut self,
         dir: &CipherDir,
         e: &Entry,
-        out: &Path,
+        dest: &PlainDir,
+        name: &[u8],
         replace: bool,
         damage: anyhow::Error,
     ) -> Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
         let f = match self.vault.open_file(dir, e, libc::O_RDONLY) {
             Ok(f) => f,
             Err(_) => return Err(damage),
         };
         let mut got = None;
-        let r = self.make_and_place(out, replace, |ex, tmp| {
-            let mut w = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp)?;
+        let r = self.make_and_place(dest, name, replace, |ex, d, tmp| {
+            let label = d.join(tmp);
+            let mut w = d.create_file(tmp, 0o600)?;
             let s = f.salvage(|piece| {
                 crate::interrupt::check().map_err(|_| veilfs_core::Error::Invalid("interrupted".into()))?;
                 std::io::Write::write_all(&mut w, piece)
-                    .map_err(|x| veilfs_core::Error::io(tmp.display().to_string(), x))
+                    .map_err(|x| veilfs_core::Error::io(label.display().to_string(), x))
             })?;
             if s.kept == 0 {
                 anyhow::bail!("nothing authenticates");
             }
-            ex.copy_xattrs(dir, e, tmp)?;
+            let node = Node::of_file(&w)?;
+            ex.copy_xattrs(dir, e, &node, &label)?;
             if ex.is_root {
-                std::os::unix::fs::lchown(tmp, Some(e.stat.st_uid), Some(e.stat.st_gid))?;
+                node.set_owner(e.stat.st_uid, e.stat.st_gid)?;
             }
-            std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(e.stat.st_mode & 0o777))?;
+            node.set_mode(e.stat.st_mode & 0o777)?;
             got = Some(s);
             Ok(())
         });
@@ -429,7 +437,7 @@ impl Exporter<'_> {
             eprintln!(
                 "veilfs: export: {} (ciphertext {}): DAMAGED, salvaged: {damage:#}; {} bytes authenticated, lost byte \
                  ranges: {} (zeros inside the file, cut off at its end)",
-                out.display(),
+                dest.join(name).display(),
                 dir.path.join(&e.on_disk).display(),
                 s.kept,
                 lost.join(", ")
@@ -438,27 +446,26 @@ impl Exporter<'_> {
         Ok(())
     }
 
-    /// Copies the `user.*` attributes of `e` onto `out`; a destination that cannot hold them
-    /// is counted (and said once at the end), not an error.
-    fn copy_xattrs(&mut self, dir: &CipherDir, e: &Entry, out: &Path) -> Result<()> {
-        let c = std::ffi::CString::new(out.as_os_str().as_bytes())?;
+    /// Copies the `user.*` attributes of `e` onto `node` (`label` names it); a destination
+    /// that cannot hold them is counted (and said once at the end), not an error.
+    fn copy_xattrs(&mut self, dir: &CipherDir, e: &Entry, node: &Node, label: &Path) -> Result<()> {
         for (name, value) in self.vault.xattrs(dir, e)? {
-            if let Err(err) = sys::lsetxattr(&c, &name, &value, 0) {
+            if let Err(err) = node.set_xattr(&name, &value) {
                 if matches!(err.raw_os_error(), Some(libc::ENOTSUP | libc::EPERM)) {
                     self.xattrs_lost += 1;
                     continue;
                 }
-                return Err(err).with_context(|| format!("setting an extended attribute on {}", out.display()));
+                return Err(err).with_context(|| format!("setting an extended attribute on {}", label.display()));
             }
         }
         Ok(())
     }
 
-    /// Owner, mode and times of `path` from `st`; `label` names it in messages (the final
-    /// name of a file still under its temporary name).
-    fn finish_meta(&mut self, path: &Path, label: &Path, st: &Stat, chmod: bool) -> Result<()> {
+    /// Owner, mode and times of `node` from `st`, on its fd; `label` names it in messages
+    /// (the final name of a file still under its temporary name).
+    fn finish_meta(&mut self, node: &Node, label: &Path, st: &Stat, chmod: bool) -> Result<()> {
         if self.is_root {
-            std::os::unix::fs::lchown(path, Some(st.st_uid), Some(st.st_gid))?;
+            node.set_owner(st.st_uid, st.st_gid)?;
         }
         if chmod {
             let mut mode = st.st_mode & 0o7777;
@@ -475,9 +482,9 @@ impl Exporter<'_> {
                     )
                 });
             }
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+            node.set_mode(mode)?;
         }
-        set_times(path, st, false)?;
+        node.set_times(st)?;
         Ok(())
     }
 }
@@ -499,6 +506,7 @@ pub fn run(a: Args) -> Result<i32> {
     let pb = super::progress(total, "exporting");
     let mut ex = Exporter {
         vault: &vault,
+        top: None,
         links: HashMap::new(),
         damaged: 0,
         errors: 0,
@@ -517,22 +525,46 @@ pub fn run(a: Args) -> Result<i32> {
         dir_times: Vec::new(),
         seq: 0,
     };
-    match entry {
+    // The top of the destination, opened by path once (the caller's choice, like cp);
+    // everything below it is reached through fds.
+    let target = match entry {
         None if t.inner.as_os_str().is_empty() => {
-            std::fs::create_dir_all(&a.dest).with_context(|| format!("creating {}", a.dest.display()))?;
-            ex.export_dir(&parent, &a.dest);
+            let top = PlainDir::create_all(&a.dest).with_context(|| format!("creating {}", a.dest.display()))?;
+            Ok((top, None))
         }
         None => return Err(super::not_found(&a.src).into()),
-        Some(e) => {
-            let out = if a.dest.is_dir() { a.dest.join(OsStr::from_bytes(&e.name)) } else { a.dest.clone() };
-            if let Err(err) = ex.export_entry(&parent, &e, &out) {
-                ex.note(&out.display().to_string(), &err);
+        Some(e) if a.dest.is_dir() => PlainDir::open(&a.dest).map(|top| (top, Some((e.name.clone(), e)))),
+        Some(e) => match PlainDir::open_parent_of(&a.dest) {
+            Ok(Some((top, name))) => Ok((top, Some((name, e)))),
+            Ok(None) => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+            Err(err) => Err(err),
+        },
+    };
+    match target {
+        Ok((top, what)) => {
+            let top = Rc::new(top);
+            ex.top = Some(top.clone());
+            match what {
+                None => ex.export_dir(&parent, &top),
+                Some((name, e)) => {
+                    if let Err(err) = ex.export_entry(&parent, &e, &top, &name) {
+                        ex.note(&top.join(&name).display().to_string(), &err);
+                    }
+                }
             }
         }
+        Err(err) => ex.note(&a.dest.display().to_string(), &err.into()),
     }
-    // Directory times last: writing into a directory changes its mtime.
-    for (p, st) in std::mem::take(&mut ex.dir_times).iter().rev() {
-        let _ = set_times(p, st, false);
+    // Directory times last: writing into a directory changes its mtime. Each is found again
+    // through fds and only if it still is the directory made or merged into.
+    if let Some(top) = &ex.top {
+        for (rel, ino, st) in ex.dir_times.iter().rev() {
+            if let Ok(n) = top.open_below(rel).and_then(|d| d.node()) {
+                if (n.stat.st_dev, n.stat.st_ino) == *ino {
+                    let _ = n.set_times(st);
+                }
+            }
+        }
     }
     ex.pb.finish_and_clear();
     if ex.xattrs_lost > 0 {

@@ -4,10 +4,11 @@ use super::{Conflict, UnlockArgs};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use veilfs_core::{sys, CipherDir, Entry, EntryKind, Vault};
+use veilfs_core::plaintree::{kind, Node, PlainDir};
+use veilfs_core::sys::{self, Stat};
+use veilfs_core::{CipherDir, Entry, EntryKind, Vault};
 
 /// Arguments of `veilfs import`.
 #[derive(clap::Args, Debug)]
@@ -20,7 +21,11 @@ already in the vault with the same size and modification time (to the second: rs
 not compared) is skipped as identical; one that differs is a conflict, reported and kept unless --overwrite \
 replaces it. The last line counts files imported, skipped as identical, conflicts and errors; the exit code is 1 \
 if there were conflicts or errors.\n\n\
-The vault must not be mounted (exit code 9), unless with --shared-storage.")]
+The vault must not be mounted (exit code 9), unless with --shared-storage.\n\n\
+SRC is opened by path once; below it nothing follows a symlink: each entry's type, owner, mode and times come \
+from the one object opened and its content is read from that same object, so a symlink swapped in is stored as a \
+symlink and a FIFO as a FIFO (never read, never a hang): run as root over a user's tree, nothing she cannot read \
+is stored as hers (docs/SECURITY.md, section 7d).")]
 pub struct Args {
     /// Plaintext file or directory to encrypt.
     pub src: PathBuf,
@@ -33,6 +38,13 @@ pub struct Args {
     pub unlock: UnlockArgs,
     #[command(flatten)]
     pub lock: super::LockArgs,
+}
+
+/// The source of an import, opened: one entry (copied under its name) or, for a name
+/// ending in `/.`, a directory whose contents are copied.
+enum Source {
+    Entry(Node),
+    Contents(PlainDir),
 }
 
 struct Importer<'a> {
@@ -51,82 +63,62 @@ struct Importer<'a> {
     is_root: bool,
 }
 
-/// Total bytes of regular files under `p` (for the progress bar).
-fn total_bytes(p: &Path) -> u64 {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => {
-            std::fs::read_dir(p).map(|it| it.flatten().map(|e| total_bytes(&e.path())).sum()).unwrap_or(0)
-        }
-        Ok(m) if m.is_file() => m.len(),
-        _ => 0,
-    }
-}
-
 /// Sets mode, owner (when `chown`) and times of a freshly created `entry` of `dir` from the
-/// source's metadata, through a verified handle on it (never through a planted link).
-fn apply_meta(vault: &Vault, dir: &CipherDir, entry: &Entry, m: &std::fs::Metadata, chown: bool) -> Result<()> {
+/// source's `fstat`, through a verified handle on it (never through a planted link).
+fn apply_meta(vault: &Vault, dir: &CipherDir, entry: &Entry, m: &Stat, chown: bool) -> Result<()> {
     let ts = |s: i64, ns: i64| libc::timespec { tv_sec: s, tv_nsec: ns };
-    let times = [ts(m.atime(), m.atime_nsec()), ts(m.mtime(), m.mtime_nsec())];
-    vault.set_attrs(dir, entry, Some(m.mode()), chown.then_some((m.uid(), m.gid())), Some(&times))?;
+    let times = [ts(m.st_atime, m.st_atime_nsec), ts(m.st_mtime, m.st_mtime_nsec)];
+    vault.set_attrs(dir, entry, Some(m.st_mode), chown.then_some((m.st_uid, m.st_gid)), Some(&times))?;
     Ok(())
 }
 
-/// The `user.*` extended attributes of `src` (not following a symlink).
-fn user_xattrs(src: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let c = std::ffi::CString::new(src.as_os_str().as_bytes())?;
-    let mut names = vec![0u8; 65536];
-    let n = match sys::llistxattr(&c, &mut names) {
-        Ok(n) => n,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut out = Vec::new();
-    for name in names[..n].split(|&b| b == 0).filter(|s| s.starts_with(b"user.")) {
-        let mut value = vec![0u8; 65536];
-        let v = sys::lgetxattr(&c, name, &mut value)?;
-        value.truncate(v);
-        out.push((name.to_vec(), value));
-    }
-    Ok(out)
-}
-
-/// Whether the vault's `e` already is a complete copy of the source `src` (metadata `m`):
-/// rsync's quick check for files — the same size and the same modification time to the
-/// second (a file only gets its name once complete and its time is set before that, so a
-/// file under its name with the source's time is whole; comparing contents would cost as
-/// much as importing again); the same target for symlinks; the same type and device number
-/// for special files.
-fn identical(vault: &Vault, dir: &CipherDir, e: &Entry, src: &Path, m: &std::fs::Metadata) -> bool {
-    let ft = m.file_type();
-    match e.kind {
-        EntryKind::File if ft.is_file() => {
-            vault.content().layout.plain_size_lenient(e.stat.st_size as u64) == m.len() && e.stat.st_mtime == m.mtime()
+/// Whether the vault's `e` already is a complete copy of the source `src`: rsync's quick
+/// check for files — the same size and the same modification time to the second (a file
+/// only gets its name once complete and its time is set before that, so a file under its
+/// name with the source's time is whole; comparing contents would cost as much as importing
+/// again); the same target for symlinks; the same type and device number for special files.
+fn identical(vault: &Vault, dir: &CipherDir, e: &Entry, src: &Node) -> bool {
+    let m = &src.stat;
+    match (e.kind, kind(m)) {
+        (EntryKind::File, libc::S_IFREG) => {
+            vault.content().layout.plain_size_lenient(e.stat.st_size as u64) == m.st_size as u64
+                && e.stat.st_mtime == m.st_mtime
         }
-        EntryKind::Symlink if ft.is_symlink() => {
-            matches!((vault.readlink(dir, e), std::fs::read_link(src)), (Ok(a), Ok(b)) if a == b.as_os_str().as_bytes())
+        (EntryKind::Symlink, libc::S_IFLNK) => {
+            matches!((vault.readlink(dir, e), src.readlink()), (Ok(a), Ok(b)) if a == b)
         }
-        EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
-            e.stat.st_mode & libc::S_IFMT == m.mode() & libc::S_IFMT && e.stat.st_rdev == m.rdev()
+        (EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice, _) => {
+            e.stat.st_mode & libc::S_IFMT == kind(m) && e.stat.st_rdev == m.st_rdev
         }
         _ => false,
     }
 }
 
+/// The bytes of a regular file (0 for anything else), for the progress bar.
+fn file_bytes(m: &Stat) -> u64 {
+    if kind(m) == libc::S_IFREG {
+        m.st_size as u64
+    } else {
+        0
+    }
+}
+
 impl Importer<'_> {
-    /// Encrypts the regular file `src` (metadata `m`) as `name` in `dir`, replacing
-    /// `replaced`. The file is written under an internal name and gets its attributes, owner,
+    /// Encrypts the regular file `src` (named `label`) as `name` in `dir`, replacing
+    /// `replaced`. Its content is read from the very inode its owner, mode and times come
+    /// from. The file is written under an internal name and gets its attributes, owner,
     /// mode and times there; only then is it renamed to `name` (see
     /// [`Vault::create_partial`]): a full disk, an error or Ctrl-C never leaves a cut-off file
     /// under the final name, and the partial copy is removed.
     fn copy_file(
         &mut self,
-        src: &Path,
-        m: &std::fs::Metadata,
+        src: &Node,
+        label: &Path,
         dir: &CipherDir,
         name: &[u8],
         replaced: Option<&Entry>,
     ) -> Result<Entry> {
-        let mut input = std::fs::File::open(src)?;
+        let mut input = src.read_content()?;
         let partial = self.vault.create_partial(dir, name, 0o600)?;
         let mut fill = || -> Result<u64> {
             let mut buf = vec![0u8; 1 << 20];
@@ -140,8 +132,8 @@ impl Importer<'_> {
                 size = partial.file.write_at(&buf[..n], size, size)?;
                 self.pb.inc(n as u64);
             }
-            self.copy_xattrs(src, dir, &partial.entry)?;
-            apply_meta(self.vault, dir, &partial.entry, m, self.is_root)?;
+            self.copy_xattrs(src, label, dir, &partial.entry)?;
+            apply_meta(self.vault, dir, &partial.entry, &src.stat, self.is_root)?;
             Ok(size)
         };
         match fill() {
@@ -161,9 +153,12 @@ impl Importer<'_> {
         }
     }
 
-    /// Copies the `user.*` attributes of `src` onto `entry` (encrypted like the mount does).
-    fn copy_xattrs(&self, src: &Path, dir: &CipherDir, entry: &Entry) -> Result<()> {
-        for (name, value) in user_xattrs(src).with_context(|| format!("reading the attributes of {}", src.display()))? {
+    /// Copies the `user.*` attributes of `src` (named `label`) onto `entry` (encrypted like
+    /// the mount does).
+    fn copy_xattrs(&self, src: &Node, label: &Path, dir: &CipherDir, entry: &Entry) -> Result<()> {
+        for (name, value) in
+            src.user_xattrs().with_context(|| format!("reading the attributes of {}", label.display()))?
+        {
             self.vault.set_xattr(dir, entry, &name, &value)?;
         }
         Ok(())
@@ -179,33 +174,38 @@ impl Importer<'_> {
         Ok(entries.into_iter().map(|e| (e.name.clone(), e)).collect())
     }
 
-    /// Imports the children of the source directory `src` into `dir`.
-    fn import_children(&mut self, src: &Path, dir: &Rc<CipherDir>) -> Result<()> {
+    /// Imports the children of the source directory `src` into `dir`, each reached through
+    /// `src`'s fd without following a link.
+    fn import_children(&mut self, src: &PlainDir, dir: &Rc<CipherDir>) -> Result<()> {
         let mut existing = self.entries(dir)?;
-        let mut children: Vec<_> = std::fs::read_dir(src)?.collect::<std::io::Result<_>>()?;
-        children.sort_by_key(|e| e.file_name());
-        for c in children {
-            let name = c.file_name();
-            let old = existing.remove(name.as_bytes());
-            self.import(&c.path(), dir, name.as_bytes(), old);
+        for name in src.names()? {
+            let old = existing.remove(&name);
+            self.import(src.entry(&name), &src.join(&name), dir, &name, old);
         }
         Ok(())
     }
 
-    fn import(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8], existing: Option<Entry>) {
+    fn import(
+        &mut self,
+        src: std::io::Result<Node>,
+        label: &Path,
+        dir: &Rc<CipherDir>,
+        name: &[u8],
+        existing: Option<Entry>,
+    ) {
         if crate::interrupt::requested() {
             return;
         }
-        match self.import_one(src, dir, name, existing) {
+        match src.map_err(anyhow::Error::from).and_then(|src| self.import_one(&src, label, dir, name, existing)) {
             Ok(()) => {}
             Err(e) if crate::interrupt::is(&e) => {}
             Err(e) if e.is::<Conflict>() => {
                 self.conflicts += 1;
-                self.pb.suspend(|| eprintln!("veilfs: import: {}: conflict: {e}", src.display()));
+                self.pb.suspend(|| eprintln!("veilfs: import: {}: conflict: {e}", label.display()));
             }
             Err(e) => {
                 self.errors += 1;
-                self.pb.suspend(|| eprintln!("veilfs: import: {}: {e:#}", src.display()));
+                self.pb.suspend(|| eprintln!("veilfs: import: {}: {e:#}", label.display()));
             }
         }
     }
@@ -213,17 +213,17 @@ impl Importer<'_> {
     /// A source entry whose name exists in the vault: `Ok(true)` when it is identical there
     /// (skipped), `Ok(false)` when it is to be replaced (`--overwrite`), a [`Conflict`]
     /// otherwise. A directory is never replaced.
-    fn settle_existing(&mut self, src: &Path, m: &std::fs::Metadata, dir: &CipherDir, e: &Entry) -> Result<bool> {
-        if identical(self.vault, dir, e, src, m) {
+    fn settle_existing(&mut self, src: &Node, dir: &CipherDir, e: &Entry) -> Result<bool> {
+        if identical(self.vault, dir, e, src) {
             self.skipped += 1;
-            self.pb.inc(if m.is_file() { m.len() } else { 0 });
+            self.pb.inc(file_bytes(&src.stat));
             return Ok(true);
         }
         if e.kind == EntryKind::Dir {
             return Err(Conflict("is a directory in the vault; not replaced").into());
         }
         if !self.overwrite {
-            self.pb.inc(if m.is_file() { m.len() } else { 0 });
+            self.pb.inc(file_bytes(&src.stat));
             return Err(Conflict(
                 "already in the vault and different (size, modification time, type or target); kept \
                  (--overwrite replaces it)",
@@ -233,29 +233,38 @@ impl Importer<'_> {
         Ok(false)
     }
 
-    fn import_one(&mut self, src: &Path, dir: &Rc<CipherDir>, name: &[u8], existing: Option<Entry>) -> Result<()> {
-        let m = std::fs::symlink_metadata(src)?;
-        let ft = m.file_type();
-        if ft.is_dir() {
-            return self.import_dir(src, &m, dir, name, existing);
+    /// Imports the source object `src` (named `label`) as `name` in `dir`. Its type, owner,
+    /// mode, times and link count are those of the object opened (`fstat`), never of a name
+    /// that may have been swapped since.
+    fn import_one(
+        &mut self,
+        src: &Node,
+        label: &Path,
+        dir: &Rc<CipherDir>,
+        name: &[u8],
+        existing: Option<Entry>,
+    ) -> Result<()> {
+        let m = src.stat;
+        if kind(&m) == libc::S_IFDIR {
+            return self.import_dir(src, label, dir, name, existing);
         }
-        let linked = m.nlink() > 1;
+        let linked = m.st_nlink > 1;
+        let inode = (m.st_dev, m.st_ino);
         if let Some(e) = &existing {
-            let same_inode =
-                linked && self.links.get(&(m.dev(), m.ino())).is_some_and(|(_, first)| first.identity == e.identity);
+            let same_inode = linked && self.links.get(&inode).is_some_and(|(_, first)| first.identity == e.identity);
             if same_inode {
                 self.skipped += 1;
                 return Ok(());
             }
-            if self.settle_existing(src, &m, dir, e)? {
+            if self.settle_existing(src, dir, e)? {
                 if linked {
-                    self.links.entry((m.dev(), m.ino())).or_insert_with(|| (dir.clone(), e.clone()));
+                    self.links.entry(inode).or_insert_with(|| (dir.clone(), e.clone()));
                 }
                 return Ok(());
             }
         }
         if linked {
-            if let Some((first_dir, first)) = self.links.get(&(m.dev(), m.ino())) {
+            if let Some((first_dir, first)) = self.links.get(&inode) {
                 if let Some(e) = &existing {
                     self.vault.remove(dir, e)?;
                 }
@@ -263,26 +272,25 @@ impl Importer<'_> {
                 return Ok(());
             }
         }
-        let entry = if ft.is_file() {
-            self.copy_file(src, &m, dir, name, existing.as_ref())?
+        let entry = if kind(&m) == libc::S_IFREG {
+            self.copy_file(src, label, dir, name, existing.as_ref())?
         } else {
             if let Some(e) = &existing {
                 self.vault.remove(dir, e)?;
             }
-            let entry = if ft.is_symlink() {
-                let target = std::fs::read_link(src)?;
-                self.vault.symlink(dir, name, target.as_os_str().as_bytes())?
+            let entry = if kind(&m) == libc::S_IFLNK {
+                self.vault.symlink(dir, name, &src.readlink()?)?
             } else {
-                self.vault.mknod(dir, name, m.mode(), m.rdev())?
+                self.vault.mknod(dir, name, m.st_mode, m.st_rdev)?
             };
             if entry.kind != EntryKind::Symlink {
-                self.copy_xattrs(src, dir, &entry)?;
+                self.copy_xattrs(src, label, dir, &entry)?;
             }
             apply_meta(self.vault, dir, &entry, &m, self.is_root)?;
             entry
         };
         if linked {
-            self.links.insert((m.dev(), m.ino()), (dir.clone(), entry));
+            self.links.insert(inode, (dir.clone(), entry));
         }
         Ok(())
     }
@@ -291,8 +299,8 @@ impl Importer<'_> {
     /// its attributes, mode and times are set once its contents are in.
     fn import_dir(
         &mut self,
-        src: &Path,
-        m: &std::fs::Metadata,
+        src: &Node,
+        label: &Path,
         dir: &Rc<CipherDir>,
         name: &[u8],
         existing: Option<Entry>,
@@ -310,13 +318,13 @@ impl Importer<'_> {
             }
             None => self.vault.mkdir_unchecked(dir, name, 0o700)?.1,
         };
-        self.import_children(src, &Rc::new(sub))?;
+        self.import_children(&src.as_dir(label)?, &Rc::new(sub))?;
         if crate::interrupt::requested() {
             return Ok(());
         }
         let e = self.vault.lookup(dir, name)?.context("directory vanished during import")?;
-        self.copy_xattrs(src, dir, &e)?;
-        apply_meta(self.vault, dir, &e, m, self.is_root)?;
+        self.copy_xattrs(src, label, dir, &e)?;
+        apply_meta(self.vault, dir, &e, &src.stat, self.is_root)?;
         Ok(())
     }
 }
@@ -324,11 +332,19 @@ impl Importer<'_> {
 /// Runs `veilfs import`.
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.dest)?;
-    std::fs::symlink_metadata(&a.src).with_context(|| format!("{}", a.src.display()))?;
+    let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
+    // The source as the caller named it, opened by path once (like `cp -a`, a final symlink
+    // is copied as a symlink unless the name ends in `/`); everything below it is reached
+    // through fds.
+    let source = if contents_only {
+        Source::Contents(PlainDir::open(&a.src).with_context(|| format!("{}", a.src.display()))?)
+    } else {
+        let follow = a.src.file_name().is_none() || a.src.as_os_str().as_bytes().ends_with(b"/");
+        Source::Entry(Node::open_path(&a.src, follow).with_context(|| format!("{}", a.src.display()))?)
+    };
     let _lock = a.lock.take(&t.cipherdir, "import")?;
     let vault = a.unlock.open(&t.cipherdir)?;
     crate::interrupt::catch();
-    let contents_only = a.src.as_os_str().as_bytes().ends_with(b"/.");
     let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.dest))?;
     let src_name = a.src.canonicalize()?.file_name().map(|n| n.as_bytes().to_vec());
     // Where the copy goes: (directory, name) or "into this directory" for `/.` sources.
@@ -343,7 +359,11 @@ pub fn run(a: Args) -> Result<i32> {
             (Rc::new(parent), Some(last))
         }
     };
-    let pb = super::progress(total_bytes(&a.src), "importing");
+    let total = match &source {
+        Source::Contents(d) => d.bytes_under(),
+        Source::Entry(n) => n.bytes_under(&a.src),
+    };
+    let pb = super::progress(total, "importing");
     let is_root = sys::euid() == 0;
     let mut imp = Importer {
         vault: &vault,
@@ -357,12 +377,15 @@ pub fn run(a: Args) -> Result<i32> {
         pb,
         is_root,
     };
-    let top = match dest_name {
-        Some(name) => imp.entries(&dest_dir).map(|mut existing| {
+    let top = match (dest_name, source) {
+        (Some(name), Source::Entry(src)) => imp.entries(&dest_dir).map(|mut existing| {
             let old = existing.remove(&name);
-            imp.import(&a.src, &dest_dir, &name, old)
+            imp.import(Ok(src), &a.src, &dest_dir, &name, old)
         }),
-        None => imp.import_children(&a.src, &dest_dir),
+        (None, Source::Entry(src)) => {
+            src.as_dir(&a.src).map_err(Into::into).and_then(|d| imp.import_children(&d, &dest_dir))
+        }
+        (_, Source::Contents(d)) => imp.import_children(&d, &dest_dir),
     };
     if let Err(e) = top {
         if !crate::interrupt::is(&e) {

@@ -14,6 +14,7 @@ pub mod error;
 pub mod foreign;
 pub mod keys;
 pub mod names;
+pub mod plaintree;
 pub mod random;
 
 pub use error::{Error, Result};

@@ -141,6 +141,41 @@ pub fn open_dir_below(root: BorrowedFd<'_>, rel: &str) -> io::Result<OwnedFd> {
     Ok(cur)
 }
 
+/// Opens `name` below `dir` with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_MAGICLINKS)`: no symlink is followed anywhere in `name` (a final one is opened as
+/// itself with `O_PATH | O_NOFOLLOW`, else ELOOP) and nothing outside `dir` is reached (`..`
+/// or an absolute name: EXDEV). For trees another user may be changing while we walk them
+/// (the plaintext side of import and export). On kernels without openat2 (before 5.6): one
+/// name, `O_NOFOLLOW`, `/` and `..` refused, which resolves the same way.
+pub fn openat_beneath(dir: BorrowedFd<'_>, name: &[u8], flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    use rustix::fs::ResolveFlags;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    // openat2 refuses a mode without O_CREAT or O_TMPFILE.
+    let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { mode } else { 0 };
+    for _ in 0..16 {
+        match rustix::fs::openat2(dir, name, oflags(flags) | OFlags::CLOEXEC, self::mode(mode), resolve) {
+            // A rename elsewhere during the walk: the kernel asks to try again.
+            Err(rustix::io::Errno::AGAIN) => continue,
+            Err(rustix::io::Errno::NOSYS) => {
+                if name.is_empty() || name.contains(&b'/') || name == b".." {
+                    return Err(io::Error::from_raw_os_error(libc::EXDEV));
+                }
+                return openat(dir, name, flags | libc::O_NOFOLLOW, mode);
+            }
+            r => return Ok(r?),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// Opens the object behind the handle `fd` (an `O_PATH` one too) anew with `flags`, through
+/// `/proc/self/fd/N`, which reaches that very inode and not whatever has its name now;
+/// `O_NONBLOCK | O_NOCTTY` are added, so nothing blocks or becomes a controlling terminal.
+pub fn reopen(fd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let flags = oflags(flags | libc::O_NONBLOCK | libc::O_NOCTTY) | OFlags::CLOEXEC;
+    Ok(rustix::fs::open(fd_path(fd), flags, Mode::empty())?)
+}
+
 /// Opens a directory by path.
 pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(path, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?)
@@ -303,6 +338,17 @@ pub fn read_dir_fd(dir: BorrowedFd<'_>) -> io::Result<Vec<RawDirEntry>> {
         Some(libc::EACCES) => creds::with_owner_rwx(dir, || open_dir_at(dir, b".")),
         _ => Err(e),
     })?;
+    list_dir(own)
+}
+
+/// Lists a directory (all entries, including `.`/`..`) with the caller's own rights, granting
+/// nothing (for trees outside the vault, whose modes are their owners' business).
+pub fn read_dir_plain(dir: BorrowedFd<'_>) -> io::Result<Vec<RawDirEntry>> {
+    list_dir(open_dir_at(dir, b".")?)
+}
+
+/// The entries of the freshly opened directory `own`.
+fn list_dir(own: OwnedFd) -> io::Result<Vec<RawDirEntry>> {
     let mut buf = vec![MaybeUninit::<u8>::uninit(); DIRENT_BUF];
     let mut entries = rustix::fs::RawDir::new(&own, &mut buf);
     let mut out = Vec::new();
