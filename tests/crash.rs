@@ -1,4 +1,4 @@
-//! The crash matrix (issue 12): the mount daemon (or an offline command) dies at every named
+//! The crash matrix: the mount daemon (or an offline command) dies at every named
 //! crash point of `veilfs_core::crash::POINTS`, and at random moments under load; then the
 //! vault is remounted and checked.
 //!

@@ -1,4 +1,4 @@
-//! Reverse mode for real (issue 14): `veilfs init --reverse PLAINDIR`, `veilfs mount
+//! Reverse mode for real: `veilfs init --reverse PLAINDIR`, `veilfs mount
 //! --reverse PLAINDIR MNT`, rsync of the view to a backup, and a forward `export`/`fsck` of
 //! the backup. The view must be a valid vault, byte-identical across remounts and for a
 //! copy of PLAINDIR, and an incremental rsync must send only what changed.

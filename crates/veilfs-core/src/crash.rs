@@ -1,4 +1,4 @@
-//! Named crash points for the crash-consistency matrix (`tests/crash.rs`, issue 12).
+//! Named crash points for the crash-consistency matrix (`tests/crash.rs`).
 //!
 //! Each point sits between two on-disk steps of one operation, where a crash leaves the
 //! ciphertext in a state no clean run produces. Built with `--features failpoints` (test

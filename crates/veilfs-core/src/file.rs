@@ -825,7 +825,7 @@ impl CryptFile {
     }
 
     /// Recovers what still authenticates of a damaged file, block by block, for
-    /// `fsck --repair` and `export --salvage` (issue 12: recovery keeps what is intact). `sink(data)` receives the
+    /// `fsck --repair` and `export --salvage` (recovery keeps what is intact). `sink(data)` receives the
     /// salvaged plaintext in order. A block that does not authenticate becomes `B` zero bytes
     /// and a lost range in the result; failing blocks at the end (a tail a crash tore or cut)
     /// are dropped, so the salvage ends with the last block that authenticates. A final block

@@ -780,7 +780,7 @@ fn carried_iv(vault: &Vault, sub: &std::os::fd::OwnedFd) -> Option<Identity> {
     ivs.into_iter().find(|iv| vault.names().decrypt_name(iv, &d).is_ok())
 }
 
-/// The vault lock (issue 12), if present: not part of the tree.
+/// The vault lock, if present: not part of the tree.
 fn is_lock_file(name: &str) -> bool {
     name == crate::names::LOCK_NAME
 }
