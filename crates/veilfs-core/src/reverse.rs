@@ -926,9 +926,10 @@ mod tests {
         let rv = reverse(t.path());
         let root = rv.root().unwrap();
         let e = rv.entry(&root, b"f").unwrap().unwrap();
-        // Another regular file under the name: ESTALE.
-        std::fs::remove_file(t.path().join("f")).unwrap();
-        std::fs::write(t.path().join("f"), b"other").unwrap();
+        // Another regular file under the name: ESTALE. (Made before the old one goes, so the
+        // file system cannot hand it the freed inode number.)
+        std::fs::write(t.path().join("g"), b"other").unwrap();
+        std::fs::rename(t.path().join("g"), t.path().join("f")).unwrap();
         let err = rv.open_file(&root, &e).unwrap_err();
         assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ESTALE)), "{err}");
         // A FIFO: refused at once (the open does not wait for a writer).
