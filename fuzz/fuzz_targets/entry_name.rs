@@ -33,7 +33,15 @@ fuzz_target!(|data: &[u8]| {
         ParsedEntry::Internal => {
             assert!(name.starts_with(RESERVED_PREFIX.as_bytes()) || name == b"." || name == b"..")
         }
-        ParsedEntry::Foreign => return,
+        ParsedEntry::Foreign => {
+            assert!(veilfs_core::foreign::sync_tool(name).is_none());
+            return;
+        }
+        // Only a name that parses as nothing veilfs writes is looked up as a sync tool's file.
+        ParsedEntry::SyncTool(tool) => {
+            assert_eq!(veilfs_core::foreign::sync_tool(name), Some(*tool));
+            return;
+        }
     }
     let Some(s) = parsed.binding() else { return };
     let nc = names();
