@@ -74,21 +74,9 @@ pub fn to_system_log() -> Destination {
     }
 }
 
-/// One log line's time for the log file: seconds since the epoch, UTC, as `date -u` shows it.
+/// One log line's time for the log file: UTC to the second, as `date -u` shows it.
 fn timestamp() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rest / 3600, rest % 3600 / 60, rest % 60)
+    jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M:%S").to_string()
 }
 
 /// True when stderr is the journal's stream (systemd sets `JOURNAL_STREAM=DEV:INODE` for a
