@@ -11,6 +11,8 @@
 //! say so with [`root_only`], which reports them as not run.
 #![allow(dead_code)]
 
+pub mod syncthing;
+
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
