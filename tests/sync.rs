@@ -12,6 +12,7 @@
 //! them. Each test keeps to a time budget (asserted), the file to well under three minutes.
 
 mod common;
+use common::sshfs::Sshfs;
 use common::syncthing::SyncPair;
 use common::*;
 use std::path::{Path, PathBuf};
@@ -56,11 +57,7 @@ impl Synced {
         let log = root.join("veilfs.log");
         let mnt = root.join("fill");
         std::fs::create_dir_all(&mnt).unwrap();
-        let o = veilfs_at(
-            Side::A,
-            &log,
-            &["mount", cipher_a.to_str().unwrap(), mnt.to_str().unwrap(), "--passfile", pass.to_str().unwrap()],
-        );
+        let o = mount_at(Side::A, &log, &cipher_a, &mnt, &pass, &[]);
         assert!(o.status.success(), "mount on A: {}", text(&o));
         let guard = UnmountOnDrop(mnt.clone());
         fill(&mnt);
@@ -90,15 +87,7 @@ impl Synced {
     fn try_mount(&mut self, side: Side, name: &str, extra: &[&str]) -> (Output, PathBuf) {
         let mnt = self.root.join(name);
         std::fs::create_dir_all(&mnt).unwrap();
-        let mut args = vec![
-            "mount",
-            self.cipher(side).to_str().unwrap(),
-            mnt.to_str().unwrap(),
-            "--passfile",
-            self.pass.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let o = veilfs_at(side, &self.log, &args);
+        let o = mount_at(side, &self.log, self.cipher(side), &mnt, &self.pass, extra);
         if o.status.success() {
             self._mounts.push(UnmountOnDrop(mnt.clone()));
         }
@@ -172,6 +161,13 @@ fn veilfs_at(side: Side, log: &Path, args: &[&str]) -> Output {
         }
     };
     cmd.args(args).env("VEILFS_LOG_FILE", log).stdin(Stdio::null()).output().unwrap()
+}
+
+/// `veilfs mount CIPHER MNT --passfile PASS EXTRA…` as `side`; the output.
+fn mount_at(side: Side, log: &Path, cipher: &Path, mnt: &Path, pass: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["mount", cipher.to_str().unwrap(), mnt.to_str().unwrap(), "--passfile", pass.to_str().unwrap()];
+    args.extend(extra);
+    veilfs_at(side, log, &args)
 }
 
 /// Unmounts `mnt` and waits until its daemon is gone (it removes its lock file last; that
@@ -494,4 +490,180 @@ fn a_crashed_machines_synced_lock_blocks_nothing() {
     }
     s.converged_and_clean();
     within(t, 90, "crash of one side");
+}
+
+/// The vault's machine (A) and another reaching it through sshfs (B): a `--shared-storage`
+/// mount on each, which is how two machines share a vault on a network file system.
+struct OverSshfs {
+    a: PathBuf,
+    b: PathBuf,
+    pass: PathBuf,
+    log: PathBuf,
+    cipher: PathBuf,
+    // Drop order: the veilfs mounts, then sshfs, then the folders.
+    _mounts: Vec<UnmountOnDrop>,
+    net: Sshfs,
+    _tmpfs: Tmpfs,
+}
+
+impl OverSshfs {
+    fn new() -> Option<OverSshfs> {
+        if !fuse_available() || !root_only("side B runs as another host, in a UTS namespace of its own") {
+            return None;
+        }
+        let tmpfs = Tmpfs::new("256m");
+        let root = tmpfs.path.clone();
+        let (cipher, _, pass) = new_vault(&root.join("a"));
+        // Without sshfs's own cache of listings and attributes (20 s by default), what B
+        // sees of A's writes is up to veilfs alone.
+        let net = Sshfs::mount(&cipher, &root.join("net"), &["dir_cache=no"])?;
+        let log = root.join("veilfs.log");
+        let (a, b) = (root.join("mnt-a"), root.join("mnt-b"));
+        let mut mounts = Vec::new();
+        for (side, c, m) in [(Side::A, &cipher, &a), (Side::B, &net.mnt, &b)] {
+            std::fs::create_dir_all(m).unwrap();
+            let o = mount_at(side, &log, c, m, &pass, &["--shared-storage"]);
+            assert!(o.status.success(), "--shared-storage mount on {side:?}: {}", text(&o));
+            mounts.push(UnmountOnDrop(m.clone()));
+        }
+        Some(OverSshfs { a, b, pass, log, cipher, _mounts: mounts, net, _tmpfs: tmpfs })
+    }
+
+    /// Unmounts both, then waits (up to 5 s) for sshfs to remove its `.fuse_hidden*` files:
+    /// a file deleted through sshfs while still open (FUSE sends the close of a file
+    /// after `close(2)` has returned, so B's daemon may hold one a moment longer) is renamed
+    /// to one, and removed when its last handle goes.
+    fn unmount(&self) {
+        umount(&self.a);
+        umount(&self.b);
+        let t = Instant::now();
+        let hidden = || {
+            std::fs::read_dir(&self.cipher)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".fuse_hidden"))
+                .collect::<Vec<_>>()
+        };
+        while !hidden().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(5), "sshfs left {:?} after both mounts ended", hidden());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `fsck` clean and `export` of the vault through `side`'s path to it (B's: sshfs); the
+    /// export.
+    fn checked_through(&self, side: Side) -> Vec<u8> {
+        let c = if side == Side::A { &self.cipher } else { &self.net.mnt };
+        let p = self.pass.to_str().unwrap();
+        let o = veilfs_at(side, &self.log, &["fsck", c.to_str().unwrap(), "--passfile", p]);
+        assert!(o.status.success(), "fsck on {side:?}: {}", text(&o));
+        let dest = self.cipher.with_file_name(format!("export-{side:?}"));
+        let o = veilfs_at(side, &self.log, &["export", c.to_str().unwrap(), dest.to_str().unwrap(), "--passfile", p]);
+        assert!(o.status.success(), "export on {side:?}: {}", text(&o));
+        dump_tree(&dest)
+    }
+}
+
+/// Files written at `w` — new, across blocks, overwritten, appended to, symlinks — read
+/// back exactly at `r` at once (names end in `-{i}`).
+fn written_here_read_there(w: &Path, r: &Path, i: u64) {
+    use std::io::Write;
+    let big = pattern(100 + i, 1_000_000);
+    let f = |name: &str| format!("{name}-{i}");
+    std::fs::write(w.join(f("big")), &big).unwrap();
+    std::fs::write(w.join(f("small")), "first\n").unwrap();
+    std::fs::write(w.join(f("small")), "second, longer\n").unwrap();
+    std::fs::OpenOptions::new().append(true).open(w.join(f("small"))).unwrap().write_all(b"appended\n").unwrap();
+    std::os::unix::fs::symlink(f("big"), w.join(f("link"))).unwrap();
+    let read = std::fs::read(r.join(f("big")));
+    assert!(read.as_ref().is_ok_and(|b| *b == big), "{} on the other side: {:?}", f("big"), read.map(|b| b.len()));
+    assert_eq!(std::fs::read_to_string(r.join(f("small"))).unwrap(), "second, longer\nappended\n");
+    assert_eq!(std::fs::read_link(r.join(f("link"))).unwrap(), Path::new(&f("big")));
+}
+
+/// What B writes through sshfs A reads at once, and B reads it back; fsck clean and the
+/// export the same as the mounts on the vault's machine.
+#[test]
+fn a_shared_storage_mount_through_sshfs_writes_what_the_vaults_machine_reads() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    written_here_read_there(&v.b, &v.a, 0);
+    written_here_read_there(&v.b, &v.b, 1);
+    let a = dump_tree(&v.a);
+    assert!(dump_tree(&v.b) == a, "the two mounts show different trees");
+    v.unmount();
+    assert!(v.checked_through(Side::A) == a, "the export differs from what the mounts showed");
+    within(t, 30, "sshfs");
+}
+
+/// `fsck` and `export` through sshfs, which has no extended attributes, agree with the
+/// vault's machine.
+#[test]
+#[ignore = "needs a backing store without xattrs treated as having none: through sshfs fsck calls every file damaged (xattr: EOPNOTSUPP)"]
+fn fsck_and_export_through_sshfs_agree_with_the_vaults_machine() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    written_here_read_there(&v.b, &v.b, 0);
+    v.unmount();
+    assert!(v.checked_through(Side::B) == v.checked_through(Side::A), "the exports through sshfs and on A differ");
+    within(t, 30, "fsck through sshfs");
+}
+
+/// Files written and deleted at once through sshfs leave nothing behind.
+#[test]
+#[ignore = "needs deletes through FUSE-backed stores after the file's last release: the close arrives late, sshfs renames the still-open ciphertext to .fuse_hidden* and keeps it, which fsck calls damage"]
+fn files_deleted_at_once_through_sshfs_leave_nothing_behind() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    for i in 0..20 {
+        let p = v.b.join(format!("short-lived-{i}"));
+        std::fs::write(&p, "deleted soon\n").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"deleted soon\n");
+        std::fs::remove_file(&p).unwrap();
+    }
+    v.unmount();
+    assert!(!contains(&v.checked_through(Side::A), b"short-lived"));
+    within(t, 30, "deletes through sshfs");
+}
+
+/// What A writes on the vault's machine a `--shared-storage` mount through sshfs reads at
+/// once, also in the second in which B last looked at the directory.
+#[test]
+#[ignore = "needs a shared-storage freshness check that does not trust whole-second ctimes: sshfs reports seconds, so a file A makes in the second of B's last look stays invisible on B until B lists the directory"]
+fn the_vaults_machine_writes_what_a_shared_storage_mount_through_sshfs_reads() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    for i in 0..5 {
+        // Early in a second, so B's look and A's write fall into the same one.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        std::thread::sleep(Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos())));
+        assert!(!v.b.join(format!("big-{i}")).exists());
+        written_here_read_there(&v.a, &v.b, i);
+    }
+    let a = dump_tree(&v.a);
+    assert!(dump_tree(&v.b) == a, "the two mounts show different trees");
+    v.unmount();
+    assert!(v.checked_through(Side::A) == a);
+    within(t, 30, "sshfs");
+}
+
+/// Directories and renames through sshfs: made and renamed on B, seen on A.
+#[test]
+#[ignore = "needs a fallback where renameat2 flags are refused: sshfs answers RENAME_NOREPLACE with EINVAL, so mkdir and rename through it fail"]
+fn directories_and_renames_work_through_sshfs() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    std::fs::create_dir_all(v.b.join("d/e")).unwrap();
+    std::fs::write(v.b.join("d/e/f.txt"), "in a directory\n").unwrap();
+    std::fs::rename(v.b.join("d/e/f.txt"), v.b.join("d/g.txt")).unwrap();
+    std::fs::write(v.b.join("d/h.txt"), "replaced\n").unwrap();
+    std::fs::rename(v.b.join("d/g.txt"), v.b.join("d/h.txt")).unwrap();
+    std::fs::rename(v.b.join("d/e"), v.b.join("d/e2")).unwrap();
+    assert_eq!(std::fs::read_to_string(v.a.join("d/h.txt")).unwrap(), "in a directory\n");
+    assert!(v.a.join("d/e2").is_dir() && !v.a.join("d/e").exists() && !v.a.join("d/g.txt").exists());
+    let a = dump_tree(&v.a);
+    v.unmount();
+    assert!(v.checked_through(Side::A) == a);
+    within(t, 30, "sshfs directories and renames");
 }

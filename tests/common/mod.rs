@@ -11,6 +11,7 @@
 //! say so with [`root_only`], which reports them as not run.
 #![allow(dead_code)]
 
+pub mod sshfs;
 pub mod syncthing;
 
 use std::os::unix::ffi::OsStrExt;
