@@ -295,6 +295,57 @@ fn an_edit_on_a_reaches_a_shared_storage_mount_on_b() {
     within(t, 60, "edit on A, read on B");
 }
 
+/// A mount on B that only reads writes nothing into the synced folder, also while
+/// Syncthing is still delivering A's new directories (their IV files among them): every file
+/// of the folder is, for Syncthing, as A made it.
+#[test]
+#[ignore = "needs a mount that never writes because it read: today a --shared-storage mount on B re-creates veilfs.diriv.* files Syncthing is still delivering, so B authors some of A's files"]
+fn a_mount_that_only_reads_writes_nothing_into_the_synced_folder() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| std::fs::write(m.join("first.txt"), "first\n").unwrap()) else { return };
+    let mnt_b = s.mount(Side::B, "mnt-b", &["--shared-storage"]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, mnt_b) = (stop.clone(), mnt_b.clone());
+        std::thread::spawn(move || {
+            let mut passes = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = run("find", &[mnt_b.to_str().unwrap(), "-type", "f", "-exec", "cat", "{}", "+"]);
+                passes += 1;
+            }
+            passes
+        })
+    };
+    let mnt_a = s.mount(Side::A, "mnt-a", &[]);
+    for i in 0..15 {
+        std::fs::create_dir_all(mnt_a.join(format!("d{i}/sub"))).unwrap();
+        std::fs::write(mnt_a.join(format!("d{i}/sub/f")), pattern(i, 5000)).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    umount(&mnt_b);
+    s.sync.wait_in_sync(CONVERGE);
+    let listing = Command::new("find")
+        .args([".", "-path", "./.stfolder", "-prune", "-o", "-type", "f", "-printf", "%P\\n"])
+        .current_dir(s.cipher(Side::B))
+        .output()
+        .unwrap();
+    // Syncthing's own temporary files are in no index.
+    let files: Vec<String> = String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .filter(|f| !f.rsplit('/').next().unwrap().starts_with(".syncthing."))
+        .map(String::from)
+        .collect();
+    assert!(files.len() > 30, "{files:?}");
+    let by_b: Vec<&String> = files.iter().filter(|f| s.sync.b.modified_by(f) != s.sync.a.short_id()).collect();
+    assert!(by_b.is_empty(), "B, only reading, changed {} of {} files: {by_b:?}", by_b.len(), files.len());
+    s.converged_and_clean();
+    within(t, 60, "a mount that only reads");
+}
+
 /// Files Syncthing leaves behind are not damage: a transfer cut off (B receives slowly,
 /// the connection drops mid-file, A deletes the file meanwhile) leaves B a
 /// `.syncthing.*.tmp` with part of the ciphertext, kept for a day. After the sync

@@ -230,6 +230,18 @@ impl Peer {
         self.get(&format!("/rest/db/status?folder={FOLDER}"))
     }
 
+    /// The device that made the global version of `file` (a path in the folder), by its
+    /// short id, as this side knows it (`/rest/db/file`).
+    pub fn modified_by(&self, file: &str) -> String {
+        let v = self.get(&format!("/rest/db/file?folder={FOLDER}&file={file}"));
+        v["global"]["modifiedBy"].as_str().unwrap_or_else(|| panic!("no modifiedBy for {file}: {v}")).to_string()
+    }
+
+    /// Its short device id, as [`modified_by`](Self::modified_by) names devices.
+    pub fn short_id(&self) -> &str {
+        &self.id[..7]
+    }
+
     /// Scans the shared folder now; returns when the scan is done.
     pub fn scan(&self) {
         self.post(&format!("/rest/db/scan?folder={FOLDER}"));
