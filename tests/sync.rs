@@ -645,7 +645,7 @@ fn a_shared_storage_mount_through_sshfs_writes_what_the_vaults_machine_reads() {
     assert!(dump_tree(&v.b) == a, "the two mounts show different trees");
     v.unmount();
     assert!(v.checked_through(Side::A) == a, "the export differs from what the mounts showed");
-    within(t, 30, "sshfs");
+    within(t, 60, "sshfs");
 }
 
 /// `fsck` and `export` through sshfs, which has no extended attributes, agree with the
@@ -658,7 +658,7 @@ fn fsck_and_export_through_sshfs_agree_with_the_vaults_machine() {
     written_here_read_there(&v.b, &v.b, 0);
     v.unmount();
     assert!(v.checked_through(Side::B) == v.checked_through(Side::A), "the exports through sshfs and on A differ");
-    within(t, 30, "fsck through sshfs");
+    within(t, 60, "fsck through sshfs");
 }
 
 /// Files written and deleted at once through sshfs leave nothing behind.
@@ -675,7 +675,7 @@ fn files_deleted_at_once_through_sshfs_leave_nothing_behind() {
     }
     v.unmount();
     assert!(!contains(&v.checked_through(Side::A), b"short-lived"));
-    within(t, 30, "deletes through sshfs");
+    within(t, 60, "deletes through sshfs");
 }
 
 /// What A writes on the vault's machine a `--shared-storage` mount through sshfs reads at
@@ -696,7 +696,7 @@ fn the_vaults_machine_writes_what_a_shared_storage_mount_through_sshfs_reads() {
     assert!(dump_tree(&v.b) == a, "the two mounts show different trees");
     v.unmount();
     assert!(v.checked_through(Side::A) == a);
-    within(t, 30, "sshfs");
+    within(t, 60, "sshfs");
 }
 
 /// Directories and renames through sshfs: made and renamed on B, seen on A.
@@ -716,5 +716,5 @@ fn directories_and_renames_work_through_sshfs() {
     let a = dump_tree(&v.a);
     v.unmount();
     assert!(v.checked_through(Side::A) == a);
-    within(t, 30, "sshfs directories and renames");
+    within(t, 60, "sshfs directories and renames");
 }
