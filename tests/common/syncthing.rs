@@ -10,8 +10,9 @@
 //! 127.0.0.1 only, at an address the other is told. Global and local discovery, relays, NAT
 //! traversal, usage and crash reporting and upgrades are off: nothing leaves the machine.
 //! The shared folder is send-receive, watched (inotify, 1 s delay) and rescanned every
-//! 10 s. Both processes are killed by pid when the pair is dropped, also when the test
-//! panics, and die with the test thread that started them if the test binary is killed.
+//! 10 s. Both processes (each its own process group) are killed when the pair is dropped,
+//! also when the test panics, and die with the test thread that started them if the test
+//! binary is killed.
 //!
 //! Without the `syncthing` binary the tests skip with a message, except under `CI=true`,
 //! where they fail (scripts/deps.sh installs it).
@@ -160,12 +161,16 @@ impl Peer {
             .arg(&self.home)
             .arg(format!("--gui-address=http://127.0.0.1:{}", self.gui))
             .arg(format!("--gui-apikey={API_KEY}"))
+            // Without it syncthing runs as a monitor that restarts a second process of its
+            // own, which a SIGKILL of the first would leave running: this is the one that syncs.
+            .env("STMONITORED", "1")
             .env("STNOUPGRADE", "1")
             .env("STNODEFAULTFOLDER", "1")
             .env("HOME", &self.home)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
-            .stderr(log);
+            .stderr(log)
+            .process_group(0);
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of ours.
         unsafe {
             cmd.pre_exec(|| {
@@ -266,6 +271,9 @@ impl Peer {
 
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // Its process group, in case it started helpers of its own.
+            // SAFETY: kill(2) of a process group this test made; no memory involved.
+            unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
             let _ = c.kill();
             let _ = c.wait();
         }
