@@ -7,6 +7,10 @@
 //! mount on B; after the sync converges `fsck` is clean on both sides however many of
 //! Syncthing's own files lie in the folder, and `export` of both sides is the same.
 //!
+//! The last group shares the vault the other way two machines do: on a network file system,
+//! sshfs over loopback (tests/common/sshfs.rs), with a `--shared-storage` mount on the
+//! vault's machine and one through sshfs.
+//!
 //! The tests marked `#[ignore]` are the scenarios that need work still to come (they fail
 //! today, each for the reason its mark names); `cargo test --test sync -- --ignored` runs
 //! them. Each test keeps to a time budget (asserted), the file to well under three minutes.
