@@ -169,6 +169,12 @@ pub struct CryptFile {
     /// Held (shared) by a write from its stash to its in-place overwrite; settling takes it
     /// alone, so it never clears UNSETTLED and removes the stash between the two.
     epoch: RwLock<()>,
+    /// The lowest block a write the kernel had already acknowledged to its application
+    /// failed to store (`u64::MAX`: none); see [`lost_write`](Self::lost_write).
+    lost_from: AtomicU64,
+    /// The size the last truncate or `fallocate` of this process gave the file: asked for
+    /// and confirmed, so [`drop_lost`](Self::drop_lost) never cuts below it.
+    sized_to: AtomicU64,
 }
 
 /// The writer's side of an inner-block stash: a ring of records.
@@ -207,6 +213,8 @@ impl CryptFile {
             found: Mutex::new(None),
             has_found: AtomicBool::new(false),
             epoch: RwLock::new(()),
+            lost_from: AtomicU64::new(u64::MAX),
+            sized_to: AtomicU64::new(0),
         };
         if f.load_header()? == HDR_ZERO {
             f.load_zero_view()?;

@@ -67,6 +67,57 @@ impl CryptFile {
         self.keeping_setid(|| self.settle_now())
     }
 
+    /// Records that a write of bytes from `off` on failed after its application had been
+    /// told it succeeded: the kernel's write-back of cached pages, whose errors reach the
+    /// application only at its next `fsync` or `close`. See [`drop_lost`](Self::drop_lost).
+    pub fn lost_write(&self, off: u64) {
+        self.lost_from.fetch_min(self.ctx.layout.block_of(off), Ordering::AcqRel);
+    }
+
+    /// At the last close, after [`lost_write`](Self::lost_write): cuts the file at its first
+    /// undeclared hole at or after the first lost write. Returns the file's plaintext size
+    /// (cut or not) when a write was lost, `None` when none was: the caller's cached view of
+    /// the file (its size, its pages) then holds data that was never stored.
+    ///
+    /// Why the cut: the write-back cache sends one stream's writes from several threads, so
+    /// on a full disk a write often fails while one beyond it succeeds. The failed range is
+    /// then a hole not yet declared, and [`settle`](Self::settle) would declare it: a run of
+    /// zeros that authenticates, where the application wrote data. Cutting there instead
+    /// leaves a file that is a true prefix of what was written. Nothing confirmed is lost:
+    /// the application was told of the failure at its `fsync` or `close`, and an `fsync`
+    /// that succeeded settled (declared) the holes before it, so none of them is still
+    /// undeclared. Never below the size the session's last truncate or `fallocate` set.
+    pub fn drop_lost(&self) -> Result<Option<u64>> {
+        let lost = self.lost_from.swap(u64::MAX, Ordering::AcqRel);
+        if lost == u64::MAX {
+            return Ok(None);
+        }
+        let _e = self.epoch.write().unwrap_or_else(|e| e.into_inner());
+        let size = self.plain_size()?;
+        let cut = {
+            let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            p.iter().filter(|&&(_, b)| b > lost).map(|&(a, _)| a.max(lost)).min()
+        };
+        // A size set by truncate or fallocate was confirmed: below it, unstored data reads
+        // as the zeros that size change promised (as in any sparse file).
+        let floor = self.sized_to.load(Ordering::Acquire);
+        let from = lost * self.ctx.layout.block_size;
+        let what = &self.what;
+        let Some(new_size) = cut.map(|b| (b * self.ctx.layout.block_size).max(floor)).filter(|&n| n < size) else {
+            tracing::warn!(
+                "{what}: writes from byte {from} on were refused after the application was told they \
+                 succeeded (no space?); {size} bytes stored"
+            );
+            return Ok(Some(size));
+        };
+        self.keeping_setid(|| self.truncate_now(new_size, size))?;
+        tracing::warn!(
+            "{what}: writes from byte {from} on were refused after the application was told they succeeded \
+             (no space?); cut from {size} to {new_size} bytes, so that no unwritten range reads as zeros"
+        );
+        Ok(Some(new_size))
+    }
+
     pub(super) fn settle_now(&self) -> Result<bool> {
         let _g = self.hdr_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());

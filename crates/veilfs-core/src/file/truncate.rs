@@ -13,7 +13,9 @@ impl CryptFile {
         if new_size == size {
             return Ok(());
         }
-        self.keeping_setid(|| self.truncate_now(new_size, size))
+        self.keeping_setid(|| self.truncate_now(new_size, size))?;
+        self.sized_to.store(new_size, Ordering::Release);
+        Ok(())
     }
 
     pub(super) fn truncate_now(&self, new_size: u64, size: u64) -> Result<()> {
@@ -85,7 +87,10 @@ impl CryptFile {
             sys::fallocate(self.fd(), libc::FALLOC_FL_KEEP_SIZE, start, cend.saturating_sub(start))
                 .ctx(|| format!("allocating {}", self.what))?;
             match extend && end > size {
-                true => self.truncate_now(end, size).map(|()| end),
+                true => self.truncate_now(end, size).map(|()| {
+                    self.sized_to.store(end, Ordering::Release);
+                    end
+                }),
                 false => Ok(size),
             }
         })
