@@ -7,6 +7,12 @@
 //!
 //! The backing tmpfs is first filled to a few hundred KiB of free space with a plain file
 //! beside the vault, so the writers reach the limit quickly (a full disk, not a big one).
+//!
+//! `bigger_than_the_disk_*` hold the mount to more: a 30 MiB file onto a 20 MiB tmpfs (or one
+//! filled to 20 MiB free after the file was opened), written by an application that checks
+//! every `write`, `fsync` and `close`, must be told ENOSPC — at `write` when the file was
+//! opened on a disk low on space —, show the size it stored, and read back as a prefix of
+//! what was written, without a run of zeros the writer never wrote, `fsck` clean.
 
 mod common;
 use common::*;
