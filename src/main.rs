@@ -39,7 +39,7 @@ enum Command {
     /// Create a new vault in CIPHERDIR (created if missing; must be empty).
     Init(cmd::init::Args),
     /// Mount a vault: a plaintext view of CIPHERDIR at MOUNTPOINT.
-    Mount(cmd::mount::Args),
+    Mount(cmd::mountargs::Args),
     /// Unmount a vault.
     Umount(cmd::mount::UmountArgs),
     /// Show a vault's format, cipher, KDF and key slots (no password needed).

@@ -7,6 +7,12 @@
 //!
 //! The backing tmpfs is first filled to a few hundred KiB of free space with a plain file
 //! beside the vault, so the writers reach the limit quickly (a full disk, not a big one).
+//!
+//! `bigger_than_the_disk_*` hold the mount to more: a 30 MiB file onto a 20 MiB tmpfs (or one
+//! filled to 20 MiB free after the file was opened), written by an application that checks
+//! every `write`, `fsync` and `close`, must be told ENOSPC — at `write` when the file was
+//! opened on a disk low on space —, show the size it stored, and read back as a prefix of
+//! what was written, without a run of zeros the writer never wrote, `fsck` clean.
 
 mod common;
 use common::*;
@@ -452,4 +458,162 @@ fn import_onto_a_full_disk() {
     assert!(!names.iter().any(|n| n.starts_with(".veilfs-import")), "temporary file left: {names:?}");
     let n = small.len() as u64;
     check_after_remount(&mut m, &[("tree/a-small", &small, n, Some(n)), ("tree/c-after", &small, n, Some(n))]);
+}
+
+// ---- a file bigger than the disk, by an application that checks every call ---------------
+
+/// Where the writer of [`bigger_than_the_disk`] was first told of an error.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum At {
+    #[default]
+    Nowhere,
+    Write,
+    Fsync,
+    Close,
+}
+
+/// Writes `data` to `fd` in 128 KiB `write`s, `fsync` after every `sync_every` bytes (when
+/// not 0), then `close`; stops at the first error. `fd` is open already (so a test can fill
+/// the disk after the open).
+fn checking_writer(fd: i32, data: &[u8], sync_every: usize) -> (Told, At) {
+    const CHUNK: usize = 128 << 10;
+    let mut t = Told::default();
+    let mut at = At::Nowhere;
+    while (t.acked as usize) < data.len() {
+        let piece = &data[t.acked as usize..(t.acked as usize + CHUNK).min(data.len())];
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe { libc::write(fd, piece.as_ptr().cast(), piece.len()) };
+        if n < 0 {
+            (t.err, at) = (errno(), At::Write);
+            break;
+        }
+        t.acked += n as u64;
+        if sync_every > 0 && (t.acked as usize).is_multiple_of(sync_every) {
+            // SAFETY: plain syscall.
+            if unsafe { libc::fsync(fd) } != 0 {
+                (t.err, at) = (errno(), At::Fsync);
+                break;
+            }
+            t.synced = t.acked;
+        }
+    }
+    // SAFETY: closes the fd the caller opened, once.
+    if unsafe { libc::close(fd) } != 0 && t.err == 0 {
+        (t.err, at) = (errno(), At::Close);
+    }
+    if t.err == 0 {
+        t.synced = t.acked;
+    }
+    (t, at)
+}
+
+/// The longest run of zero bytes in `got` where `data` is not all zeros: data the writer
+/// gave that reads back as zeros (its offset and length). (A run of even 4 zeros in the
+/// pattern is a one-in-four-billion chance.)
+fn zero_run(got: &[u8], data: &[u8]) -> (usize, usize) {
+    let (mut best, mut i) = ((0, 0), 0);
+    while i < got.len().min(data.len()) {
+        if got[i] != 0 {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < got.len().min(data.len()) && got[i] == 0 {
+            i += 1;
+        }
+        if data[start..i].iter().any(|&d| d != 0) && i - start > best.1 {
+            best = (start, i - start);
+        }
+    }
+    best
+}
+
+/// A 30 MiB file onto a vault whose backing store has room for about 20: the application
+/// checks every `write`, `fsync` and `close`. What the mount must do:
+/// - the writer is told ENOSPC — at `write` itself when the file was opened on a disk
+///   already low on space (the mount then writes that file through, without the write-back
+///   cache), else at the `fsync` or `close` after the write-back failed;
+/// - what a successful `fsync` confirmed is there after a remount;
+/// - the size the mount shows after `close` is the size stored, and stays so after a
+///   remount;
+/// - no byte the writer gave reads back as zero (no hole where a write was refused), every
+///   block authenticates (`veilfs fsck` exit 0), and the file is a prefix of what was written.
+///
+/// `fill_after_open`: the backing store is roomy at open and fills after it (a file opened
+/// before the disk ran low: the write-back cache keeps it). `sync_every`: bytes between two
+/// `fsync`s (0: none, only `close`).
+fn bigger_than_the_disk(extra: &[&str], fill_after_open: bool, sync_every: usize) -> Option<At> {
+    if !root_only("fills its backing store, which must be a tmpfs of its own (only root mounts one)") {
+        return None;
+    }
+    let mut m = Mounted::new(if fill_after_open { "160m" } else { "20m" }, extra)?;
+    let data = pattern(30 * MIB, 9);
+    let p = m.m("big");
+    // SAFETY: a plain syscall on a NUL-terminated path.
+    let fd = unsafe { libc::open(c(&p).as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644) };
+    assert!(fd >= 0, "open: {}", errno());
+    if fill_after_open {
+        fill_backing(&m, 20 * MIB as u64);
+    }
+    let started = std::time::Instant::now();
+    let (t, at) = checking_writer(fd, &data, sync_every);
+    let took = started.elapsed();
+    let shown_at_close = std::fs::metadata(&p).map(|s| s.len()).unwrap_or(0);
+    // The kernel sends RELEASE after close returns: the mount's last word on the file.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let shown = std::fs::metadata(&p).map(|s| s.len()).unwrap_or(0);
+    umount_and_wait(&mut m);
+    let fsck = run(&BIN, &["fsck", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()]);
+    m.mount();
+    let got = std::fs::read(&p).unwrap_or_else(|e| panic!("reading the file whole after remount: {e}"));
+    let (zoff, zlen) = zero_run(&got, &data);
+    eprintln!(
+        "full disk {extra:?}, {}, fsync every {sync_every}: told {} at {at:?} after {} bytes acknowledged ({} fsynced) in {took:?}; \
+         shown {shown_at_close} bytes at close, {shown} after its release, {} after remount; longest run of zeros {zlen} bytes at {zoff}; \
+         fsck exit {:?}",
+        if fill_after_open { "filled after open" } else { "low at open" },
+        name(t.err),
+        t.acked,
+        t.synced,
+        got.len(),
+        fsck.status.code()
+    );
+    assert_enospc("a file bigger than the disk", &t);
+    assert_eq!(zlen, 0, "{zlen} bytes the writer gave read back as zeros, from offset {zoff}");
+    assert!(got.len() as u64 >= t.synced, "{} bytes after remount, {} were fsynced", got.len(), t.synced);
+    assert!(got[..] == data[..got.len()], "the file after remount is not a prefix of what was written");
+    assert_eq!(shown, got.len() as u64, "the size shown after close differs from the size stored");
+    assert!(fsck.status.success(), "fsck after a full disk: {}", text(&fsck));
+    if at == At::Write {
+        assert_eq!(got.len() as u64, t.acked, "told ENOSPC at write(): exactly what was acknowledged is stored");
+    }
+    Some(at)
+}
+
+#[test]
+fn bigger_than_the_disk_low_at_open_writeback() {
+    let at = bigger_than_the_disk(WB, false, 4 * MIB);
+    assert!(at.is_none_or(|a| a == At::Write), "a file opened on a disk low on space is told at write(): {at:?}");
+}
+
+#[test]
+fn bigger_than_the_disk_low_at_open_no_writeback() {
+    let at = bigger_than_the_disk(NO_WB, false, 4 * MIB);
+    assert!(at.is_none_or(|a| a == At::Write), "without the write-back cache ENOSPC comes at write(): {at:?}");
+}
+
+#[test]
+fn bigger_than_the_disk_filled_after_open_writeback() {
+    bigger_than_the_disk(WB, true, 4 * MIB);
+}
+
+#[test]
+fn bigger_than_the_disk_closed_without_fsync_writeback() {
+    let at = bigger_than_the_disk(WB, false, 0);
+    assert!(at.is_none_or(|a| a == At::Write), "a file opened on a disk low on space is told at write(): {at:?}");
+}
+
+#[test]
+fn bigger_than_the_disk_filled_after_open_closed_without_fsync_writeback() {
+    bigger_than_the_disk(WB, true, 0);
 }

@@ -9,6 +9,7 @@ pub mod info;
 pub mod init;
 pub mod ls;
 pub mod mount;
+pub mod mountargs;
 pub mod mountopts;
 pub mod passwd;
 pub mod paths;

@@ -15,7 +15,7 @@
 //! `nofail`, `x-systemd.*`, …) is ignored. `remount` changes the flags of the live mount
 //! (see `mount::remount`); the daemon's own options then keep their values.
 
-use super::mount::{parse_duration, parse_threads, Args};
+use super::mountargs::{parse_duration, parse_threads, Args};
 use crate::exit::{Exit, MOUNT, USAGE};
 use anyhow::Result;
 use std::path::PathBuf;

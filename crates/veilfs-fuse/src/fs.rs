@@ -67,6 +67,17 @@ impl VeilFs {
         }
     }
 
+    /// `FOPEN_DIRECT_IO` for a file opened for writing (`flags`) while the backing store is
+    /// low on space (see `VeilFs::space_low`): each write then reaches the daemon and gets
+    /// its own ENOSPC.
+    fn write_through(&self, flags: i32) -> FopenFlags {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY && self.space_low() {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
     fn keep_cache(&self) -> FopenFlags {
         if self.opts.shared_storage {
             FopenFlags::empty()
@@ -94,7 +105,9 @@ impl Filesystem for VeilFs {
         if !self.opts.shared_storage {
             want |= InitFlags::FUSE_CACHE_SYMLINKS;
             if self.opts.writeback {
-                want |= InitFlags::FUSE_WRITEBACK_CACHE;
+                // Shared mappings of a file written through on a disk low on space
+                // (`FOPEN_DIRECT_IO`, see `write_through`) go through the page cache.
+                want |= InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
             }
         }
         let granted = want & config.capabilities();
@@ -239,7 +252,10 @@ impl Filesystem for VeilFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.touch();
         match self.do_open(ino.0, flags.0, caller(req)) {
-            Ok((fh, keep)) => reply.opened(FileHandle(fh), if keep { self.keep_cache() } else { FopenFlags::empty() }),
+            Ok((fh, keep)) => {
+                let cache = if keep { self.keep_cache() } else { FopenFlags::empty() };
+                reply.opened(FileHandle(fh), cache | self.write_through(flags.0))
+            }
             Err(e) => reply.error(e.into()),
         }
     }
@@ -288,7 +304,12 @@ impl Filesystem for VeilFs {
                 }
                 reply.written(n as u32)
             }
-            Err(e) => reply.error(e.into()),
+            Err(e) => {
+                if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+                    self.note_lost_write(fh.0, offset);
+                }
+                reply.error(e.into())
+            }
         }
     }
 
@@ -476,7 +497,8 @@ impl Filesystem for VeilFs {
         let c = caller(req);
         match self.acting(c).and_then(|_as| self.do_create(parent.0, name.as_bytes(), mode, flags, c)) {
             Ok((node, st, fh)) => {
-                reply.created(&self.opts.ttl, &self.attr_of(&node, &st), GEN, FileHandle(fh), self.keep_cache())
+                let open = self.keep_cache() | self.write_through(flags);
+                reply.created(&self.opts.ttl, &self.attr_of(&node, &st), GEN, FileHandle(fh), open)
             }
             Err(e) => reply.error(e.into()),
         }

@@ -82,14 +82,97 @@ impl VeilFs {
     /// Drops one user of the inode's open file; the last one settles it (declares the holes
     /// that writes left) before it is closed. Settling writes the header, which moves the
     /// backing times after the kernel last heard of them: it is told.
+    ///
+    /// A file whose write-back failed part-way is first cut where the first refused write
+    /// left a hole ([`CryptFile::drop_lost`]), and the kernel drops what it caches of it:
+    /// the pages that were never stored, and (by forgetting its names, so that the inode
+    /// goes once unused) the size it kept for itself, which with the write-back cache no
+    /// reply can correct.
     pub(crate) fn release_file(&self, node: &Node) {
         if let Some(f) = &node.file {
-            f.release(|c| match c.settle() {
-                Ok(true) => self.invalidate_attr(node.id),
-                Ok(false) => {}
-                Err(e) => tracing::error!("{e}"),
+            let mut lost = false;
+            f.release(|c| {
+                match c.drop_lost() {
+                    Ok(Some(_)) => lost = true,
+                    Ok(None) => {}
+                    Err(e) => tracing::error!("{e}"),
+                }
+                match c.settle() {
+                    Ok(true) => self.invalidate_attr(node.id),
+                    Ok(false) => {}
+                    Err(e) => tracing::error!("{e}"),
+                }
             });
+            if lost {
+                self.forget_cached(node);
+            }
         }
+    }
+
+    /// After the write-back of a file failed: the kernel drops its cached pages and
+    /// attributes, and its names, so that the inode, unused, is evicted and the next lookup
+    /// reads the size from the backing file. From another thread (the kernel takes the
+    /// parent's lock for a name, which a request in flight may hold).
+    fn forget_cached(&self, node: &Node) {
+        let Some(n) = self.notifier.get().cloned() else { return };
+        let mut names = Vec::new();
+        for l in node.links() {
+            let Some(parent) = l.parent.dir.as_ref() else { continue };
+            let Ok(d) = self.decode_d(parent, &l.on_disk) else { continue };
+            if let Ok(name) = self.names.decrypt_name(&parent.cd.iv, &d) {
+                names.push((l.parent.id, name));
+            }
+        }
+        let id = node.id;
+        // From another thread: dropping the pages waits for any of them under write-back,
+        // whose WRITE needs a worker thread.
+        std::thread::spawn(move || {
+            if let Err(e) = n.inval_inode(fuser::INodeNo(id), 0, 0) {
+                tracing::debug!("node {id}: page invalidation: {e}");
+            }
+            for (parent, name) in names {
+                if let Err(e) =
+                    n.inval_entry(fuser::INodeNo(parent), std::os::unix::ffi::OsStrExt::from_bytes(&name[..]))
+                {
+                    tracing::debug!("node {parent}: entry invalidation: {e}");
+                }
+            }
+        });
+    }
+
+    /// After a WRITE from the kernel's write-back cache failed: its application was told
+    /// the write succeeded, and hears of the failure only at `fsync` or `close`; the last
+    /// close then cuts the file where the write left a hole ([`release_file`](Self::release_file)).
+    pub(crate) fn note_lost_write(&self, fh: u64, off: u64) {
+        if let Ok(h) = self.handles.file(fh) {
+            h.crypt.lost_write(off);
+        }
+    }
+
+    /// Whether files opened for writing now bypass the write-back cache (`FOPEN_DIRECT_IO`):
+    /// the backing store has less than [`LOW_SPACE`] free. The cache acknowledges a `write`
+    /// before the data reaches the daemon, so on a full disk the application would hear of
+    /// the failure only at `fsync` or `close`; written through, each `write` gets its own
+    /// ENOSPC. One `fstatvfs` at most every [`SPACE_CHECK_MS`] milliseconds, at open.
+    pub(crate) fn space_low(&self) -> bool {
+        if !self.writeback {
+            return false;
+        }
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let last = self.space.checked.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < SPACE_CHECK_MS && last != 0 {
+            return self.space.low.load(Ordering::Relaxed);
+        }
+        let low = self
+            .nodes
+            .get(crate::inodes::ROOT)
+            .and_then(|root| sys::fstatvfs(root.dir()?.cd.fd()))
+            .map(|s| s.f_bavail.saturating_mul(s.f_frsize) < LOW_SPACE)
+            .unwrap_or(false);
+        self.space.low.store(low, Ordering::Relaxed);
+        self.space.checked.store(now, Ordering::Relaxed);
+        low
     }
 
     /// FSYNC: flushes the file (settling its header, which the kernel is told of as at
@@ -108,6 +191,9 @@ impl VeilFs {
     /// a clean unmount.
     pub(crate) fn settle_open_files(&self) {
         for h in self.handles.open_files() {
+            if let Err(e) = h.crypt.drop_lost() {
+                tracing::error!("{e}");
+            }
             if let Err(e) = h.crypt.settle() {
                 tracing::error!("{e}");
             }
@@ -354,6 +440,28 @@ impl VeilFs {
             _ => Err(errno(libc::EINVAL)),
         }
     }
+}
+
+/// Free space on the backing store below which files opened for writing bypass the
+/// write-back cache ([`VeilFs::space_low`]). A small disk, or one nearly full, is where a
+/// file outgrows the free space; there each `write` is told ENOSPC itself. It does not cover
+/// every case: the kernel lets one FUSE mount hold up to 1 % of its dirty limit unwritten
+/// (about 46 MiB on a machine with 24 GB), so a file opened with more free than this can
+/// still fill the disk from the cache (then `fsync` and `close` tell, and the last close cuts
+/// the file to what was stored, see [`VeilFs::release_file`]). Not higher, because the cache
+/// is what makes small writes fast.
+pub(crate) const LOW_SPACE: u64 = 32 << 20;
+
+/// How old (ms) the free-space reading [`VeilFs::space_low`] uses may be.
+const SPACE_CHECK_MS: u64 = 100;
+
+/// The last free-space reading of the backing store.
+#[derive(Debug, Default)]
+pub(crate) struct FreeSpace {
+    /// When it was taken (ms since the epoch; 0: never).
+    checked: std::sync::atomic::AtomicU64,
+    /// Whether there was less than [`LOW_SPACE`] free.
+    low: std::sync::atomic::AtomicBool,
 }
 
 /// Reads of the backing file leave its access time alone (`O_NOATIME`): the mount keeps it

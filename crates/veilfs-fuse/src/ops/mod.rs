@@ -171,6 +171,8 @@ pub struct VeilFs {
     pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// Keys of the READDIR offsets (`VeilFs::listing`).
     pub(crate) cookie_keys: std::hash::RandomState,
+    /// Whether the backing store is low on space (`VeilFs::space_low`).
+    pub(crate) space: data::FreeSpace,
 }
 
 pub(crate) fn errno(n: i32) -> io::Error {
@@ -234,6 +236,7 @@ impl VeilFs {
             activity,
             notifier: Arc::default(),
             cookie_keys: std::hash::RandomState::new(),
+            space: data::FreeSpace::default(),
         };
         Ok(fs)
     }
