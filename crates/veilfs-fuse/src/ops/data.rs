@@ -84,10 +84,20 @@ impl VeilFs {
     /// backing times after the kernel last heard of them: it is told.
     pub(crate) fn release_file(&self, node: &Node) {
         if let Some(f) = &node.file {
-            f.release(|c| match c.settle() {
-                Ok(true) => self.invalidate_attr(node.id),
-                Ok(false) => {}
-                Err(e) => tracing::error!("{e}"),
+            f.release(|c| {
+                match c.settle() {
+                    Ok(true) => self.invalidate_attr(node.id),
+                    Ok(false) => {}
+                    Err(e) => tracing::error!("{e}"),
+                }
+                // CIPHERDIR's watch reports the close that follows: after writes, the file
+                // is as the mount left it. (Not after reads only: the file may have been
+                // rewritten by others since the kernel last heard of it, see `watch.rs`.)
+                if f.take_written() {
+                    if let Ok(st) = sys::fstat(c.backing().as_fd()) {
+                        f.note_own(&st);
+                    }
+                }
             });
         }
     }
@@ -203,6 +213,7 @@ impl VeilFs {
         self.check_writable()?;
         let h = self.handles.file(fh)?;
         let f = h.node.file()?;
+        f.wrote();
         if let Some(c) = unprivileged {
             if self.drop_setid(&h.node, &h.crypt, c, true)? {
                 self.invalidate_attr(h.node.id);
@@ -246,6 +257,9 @@ impl VeilFs {
     /// clear set-id bits).
     pub(crate) fn resize(&self, node: &Node, crypt: &CryptFile, size: u64, caller: Caller) -> io::Result<()> {
         self.check_writable()?;
+        if let Some(f) = &node.file {
+            f.wrote();
+        }
         if size > i64::MAX as u64 / 2 {
             return Err(errno(libc::EFBIG));
         }
@@ -263,6 +277,7 @@ impl VeilFs {
         self.check_writable()?;
         let h = self.handles.file(fh)?;
         let f = h.node.file()?;
+        f.wrote();
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
             return Err(errno(libc::EOPNOTSUPP));
         }
