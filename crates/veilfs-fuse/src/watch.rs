@@ -30,6 +30,7 @@
 //!   file causes such an event. A file rewritten in place by others becomes a new inode to the
 //!   kernel (the writeback cache keeps a file's size and times as the kernel's own, so
 //!   invalidating its attributes would not show the new size).
+//!
 //! Names that are not entries (IV copies, long-name side files, temporary names, a sync tool's
 //! own files) are left alone, except that a long name whose side file had not arrived yet is
 //! tried again later ([`PENDING_FOR`]).
