@@ -154,6 +154,10 @@ fn a_default_mount_sees_what_another_machine_wrote_within_seconds() {
     assert_eq!(names(&m.m("d")), names(&other.m("d")));
     let worst = took.iter().max().unwrap();
     assert!(*worst <= FRESH, "a remote change took {worst:?} to show (limit {FRESH:?}): {took:?}");
+    // A sync is no damage: a read that came between the delivery and the watch's report
+    // looked the name up again instead of failing.
+    let log = fs::read_to_string(m.tmpfs.path.join("veilfs.log")).unwrap_or_default();
+    assert!(!log.contains("ERROR"), "{log}");
     // Its own changes still work as before beside the watch.
     fs::write(m.m("mine"), "mine").unwrap();
     fs::rename(m.m("mine"), m.m("mine2")).unwrap();

@@ -65,7 +65,12 @@ impl VeilFs {
                             }
                         }
                     }
-                    Err(e @ veilfs_core::Error::Auth { .. }) => return Err(cerr(e)),
+                    Err(e @ veilfs_core::Error::Auth { .. }) => {
+                        if self.replaced_behind(dir, &l.on_disk, node) {
+                            return Err(errno(libc::ESTALE));
+                        }
+                        return Err(cerr(e));
+                    }
                     Err(e) => {
                         last = cerr(e);
                         continue;
@@ -77,6 +82,28 @@ impl VeilFs {
             }
             Err(last)
         })
+    }
+
+    /// Whether entry `on_disk` of `dir`, which names `node`, now holds another regular file
+    /// whose entry binding verifies: what a sync tool delivering another machine's edit (a new
+    /// file renamed over the name) leaves until CIPHERDIR's watch has told the kernel
+    /// (`watch.rs`). Opening the node's old inode then answers ESTALE, not an integrity
+    /// error: the kernel looks the name up again (`LOOKUP_REVAL`) and opens the new file, which
+    /// is verified as any other. A planted FIFO, device or link, or a file whose binding fails,
+    /// stays an integrity error.
+    fn replaced_behind(&self, dir: &DirState, on_disk: &str, node: &Node) -> bool {
+        if self.opts.shared_storage {
+            return false;
+        }
+        let Ok(st) = Self::stat_entry(dir, on_disk) else { return false };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_ino == node.backing_ino {
+            return false;
+        }
+        let ok = self.vault.entry_d(&dir.cd, on_disk).is_ok_and(|d| self.identity(dir, &d, on_disk, &st).is_ok());
+        if ok {
+            tracing::debug!("{}: replaced behind the mount; the kernel looks it up again", dir.cd.child_path(on_disk));
+        }
+        ok
     }
 
     /// Drops one user of the inode's open file; the last one settles it (declares the holes
