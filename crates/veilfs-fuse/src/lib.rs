@@ -19,8 +19,13 @@
 //!    lock is taken while one is held (a new directory's node is built before `nodes` is
 //!    locked for the insert).
 //! 7. Leaves, held only for a copy or an insert: `Node::links`, `Node::gone`, the `Handles`
-//!    tables, `DirState::listing` (the listing READDIR serves without a handle), the
-//!    caller-credential switch of `sys::act_as` (per thread, no lock).
+//!    tables, `DirState::listing` (the listing READDIR serves without a handle), a
+//!    `FileState`'s note of its own last state (`note_own`), the watch's table of watched
+//!    directories (`watch::Watcher`), the caller-credential switch of `sys::act_as` (per
+//!    thread, no lock).
+//!
+//! The watch's thread (`watch.rs`) takes a directory's `ops` lock, then its index (read), then
+//! the node table, as a request would; it tells the kernel only after releasing them all.
 //!
 //! I/O on the backing store happens under 1, 4 and 5, never under 3's write lock except the
 //! directory listing that (re)builds an index.

@@ -390,44 +390,61 @@ fn changed(
     notes: &mut Vec<Note>,
     pending: &mut Vec<(Weak<Node>, String, Instant)>,
 ) {
-    let mut theirs: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+    // Whether a create, delete or rename of `on_disk` (found as `st` now) is the mount's own,
+    // by the index `idx`; with the name's plaintext from the index when it has it.
+    let judge = |idx: &Option<crate::dirs::Index>, on_disk: &str, st: &Option<sys::Stat>| {
+        let known = idx.as_ref().map(|i| indexed(i, on_disk));
+        let own = match (st, &known) {
+            // Held by the index under an inode this mount made or looked up.
+            (Some(st), Some(Some(_))) => nodes.id_of(st.st_ino).is_some(),
+            // Gone from both: the mount's own removal (or a name that came and went).
+            (None, Some(None)) => true,
+            _ => false,
+        };
+        (own, known.flatten().flatten())
+    };
+    let mut suspects: Vec<&str> = Vec::new();
     let mut rewritten: Vec<Arc<Node>> = Vec::new();
     {
-        // A change of the mount's own in flight finishes (and updates the index) first.
-        let _ops = dir.ops.lock();
+        // First without the directory's `ops` lock, so the mount's own busy directory is not
+        // held up: a change the index already shows is finished.
         let idx = dir.peek();
         for (on_disk, mask) in names {
             let st = Vault::stat_entry(&dir.cd, on_disk.as_bytes()).ok();
-            if mask.intersects(NAMESPACE) {
-                let known = idx.as_ref().map(|i| indexed(i, on_disk));
-                let own = match (&st, &known) {
-                    // Held by the index under an inode this mount made or looked up.
-                    (Some(st), Some(Some(_))) => nodes.id_of(st.st_ino).is_some(),
-                    // Gone from both: the mount's own removal (or a name that came and went).
-                    (None, Some(None)) => true,
-                    _ => false,
-                };
-                if !own {
-                    let plain = known.flatten().flatten();
-                    theirs.push((on_disk.clone(), plain));
-                    continue;
-                }
+            if mask.intersects(NAMESPACE) && !judge(&idx, on_disk, &st).0 {
+                suspects.push(on_disk);
+                continue;
             }
             if mask.intersects(ReadFlags::CLOSE_WRITE | ReadFlags::ATTRIB) {
                 let Some(st) = st else { continue };
                 // Only a file the kernel knows has anything cached.
                 let Some(n) = nodes.id_of(st.st_ino).and_then(|id| nodes.get(id).ok()) else { continue };
                 match &n.file {
+                    // As the mount left it (its own close, chmod or utimes: the reply carried
+                    // the attributes).
+                    Some(f) if f.is_own(&st) => {}
                     // Rewritten in place by someone else. A file the mount holds open is left
                     // alone (both sides wrote it: a conflict, whichever way it is resolved).
                     Some(f) if mask.contains(ReadFlags::CLOSE_WRITE) => {
-                        if !f.is_own(&st) && f.opened().is_none() {
+                        if f.opened().is_none() {
                             nodes.backing_gone(st.st_ino);
                             rewritten.push(n);
                         }
                     }
                     _ => notes.push(Note::Inode(n.id, -1)),
                 }
+            }
+        }
+    }
+    let mut theirs: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+    if !suspects.is_empty() {
+        // A change of the mount's own in flight finishes (and updates the index) first.
+        let _ops = dir.ops.lock();
+        let idx = dir.peek();
+        for on_disk in suspects {
+            let st = Vault::stat_entry(&dir.cd, on_disk.as_bytes()).ok();
+            if let (false, plain) = judge(&idx, on_disk, &st) {
+                theirs.push((on_disk.to_string(), plain));
             }
         }
         drop(idx);
