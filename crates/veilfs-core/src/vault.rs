@@ -253,27 +253,25 @@ impl Vault {
         Ok(dir)
     }
 
-    /// Opens the top directory without checking (or restoring) its IV copy (fsck checks it
-    /// itself and must not write).
+    /// Opens the top directory without checking its IV copy (fsck checks it itself).
     pub fn root_dir(&self) -> Result<CipherDir> {
         let fd = sys::open_dir_path(&self.root_path).ctx(|| format!("opening {}", self.root_path.display()))?;
         let iv = self.config.root_iv().expect("checked at load");
         Ok(CipherDir { fd, iv, path: self.root_path.clone() })
     }
 
-    /// Checks that `dir`'s IV copy (F§7.1) names the IV its entry promises; a missing one (a
-    /// crash right after `mkdir`) is restored from the authenticated entry.
+    /// Checks that `dir`'s IV copy (F§7.1) names the IV its entry promises. A missing (or, in
+    /// the old form, empty) copy is not an error and is not written here: the IV comes from
+    /// the authenticated entry, and opening a directory is a read. In a synced folder the copy
+    /// may simply not have arrived yet, and a reader that wrote it would race the sync tool
+    /// delivering it (the tool then sees a file it did not write, and the folder a change
+    /// nobody made). `mkdir` writes the copy before the directory gets its name, so no crash
+    /// leaves one missing; `fsck --repair` restores it.
     pub fn check_diriv(&self, dir: &CipherDir) -> Result<()> {
-        if self.verify_diriv(dir)? {
-            Ok(())
-        } else {
-            self.restore_diriv(dir).or_else(|e| {
-                // The IV itself comes from the authenticated entry, so a vault on read-only
-                // storage still opens when the copy cannot be written.
-                tracing::warn!("could not restore the IV copy of {}: {e}", dir.path.display());
-                Ok(())
-            })
+        if !self.verify_diriv(dir)? {
+            tracing::debug!("{}: no IV copy (yet); using the IV of its entry", dir.path.display());
         }
+        Ok(())
     }
 
     /// Whether `dir`'s IV copy names the IV its entry promises (`Ok(false)`: missing, or an

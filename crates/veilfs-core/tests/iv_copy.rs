@@ -101,7 +101,9 @@ fn planted_fifo_directory_or_symlink_as_the_iv_copy_is_an_integrity_error_not_a_
 }
 
 #[test]
-fn removed_iv_copy_is_restored_not_an_error() {
+fn removed_iv_copy_is_read_without_writing_it() {
+    // A reader never writes: in a synced folder the copy may still be on its way, and a
+    // reader that restored it would race the sync tool. `fsck --repair` restores it.
     for iv_in_name in [true, false] {
         let t = tempfile::tempdir().unwrap();
         let (v, root, d) = with_dir(t.path(), iv_in_name);
@@ -109,7 +111,9 @@ fn removed_iv_copy_is_restored_not_an_error() {
         std::fs::remove_file(&at).unwrap();
         let d2 = open_d(&v, &root).unwrap();
         assert_eq!(read_file(&v, &d2, "f").unwrap(), b"inside d");
-        assert!(std::fs::symlink_metadata(&at).unwrap().is_file(), "restored ({iv_in_name})");
+        assert!(std::fs::symlink_metadata(&at).is_err(), "written by a reader ({iv_in_name})");
+        assert!(!v.verify_diriv(&d2).unwrap());
+        v.restore_diriv(&d2).unwrap();
         assert!(v.verify_diriv(&d2).unwrap());
     }
 }
@@ -162,10 +166,14 @@ fn old_vault_without_iv_in_name_still_reads_and_writes_its_iv_file() {
     }
     assert_eq!(read_file(&v, &d, "f").unwrap(), b"inside d");
     assert_eq!(read_file(&v, &sub, "g").unwrap(), b"deeper");
-    // An empty `veilfs.diriv` (a crash between creating and writing it) is restored.
+    // An empty `veilfs.diriv` (a crash between creating and writing it, or a sync tool still
+    // writing it) is read past, not written by a reader; the repair restores it.
     std::fs::remove_file(sub.path.join(DIRIV_NAME)).unwrap();
     std::fs::write(sub.path.join(DIRIV_NAME), b"").unwrap();
     let d2 = open_d(&v, &root2).unwrap();
     let sub2 = v.open_dir(&d2, &v.lookup(&d2, b"sub").unwrap().unwrap()).unwrap();
+    assert_eq!(read_file(&v, &sub2, "g").unwrap(), b"deeper");
+    assert_eq!(std::fs::read(sub2.path.join(DIRIV_NAME)).unwrap(), b"");
+    v.restore_diriv(&sub2).unwrap();
     assert_eq!(std::fs::read(sub2.path.join(DIRIV_NAME)).unwrap(), sub.iv);
 }

@@ -209,6 +209,11 @@ impl DirState {
         }
     }
 
+    /// The index as it is, without building it (`None`: not built).
+    pub fn peek(&self) -> RwLockReadGuard<'_, Option<Index>> {
+        self.index.read()
+    }
+
     /// Forgets the index (memory pressure, or it may be stale).
     pub fn drop_index(&self) {
         *self.index.write() = None;

@@ -38,6 +38,15 @@ pub struct FileState {
     ranges: crate::rangelock::RangeLock,
     /// The next READ must check whether the access time is due (see `ops/atime.rs`).
     pub atime_due: std::sync::atomic::AtomicBool,
+    /// The backing file's modification time and size as the kernel knows the file: when its
+    /// node was made (the LOOKUP or CREATE reply), then as this mount left it (its last close
+    /// after writes, a SETATTR). The close of a file opened for writing is reported by
+    /// CIPHERDIR's watch, and this tells the mount's own close from another writer's
+    /// (`watch.rs`). Not the change time, which the mount's own rename or chmod moves while
+    /// the report of its close is still on its way.
+    own: Mutex<Option<(i64, i64, i64)>>,
+    /// Written (or resized) since the open file was last noted.
+    written: std::sync::atomic::AtomicBool,
 }
 
 impl FileState {
@@ -94,6 +103,27 @@ impl FileState {
                 *g = None;
             }
         }
+    }
+
+    /// Notes the backing file's state `st` as this mount leaves it.
+    pub fn note_own(&self, st: &Stat) {
+        *self.own.lock() = Some((st.st_mtime, st.st_mtime_nsec, st.st_size));
+    }
+
+    /// Notes a write or size change through the mount.
+    pub fn wrote(&self) {
+        self.written.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the file was written since this was last asked.
+    pub fn take_written(&self) -> bool {
+        self.written.swap(false, Ordering::Relaxed)
+    }
+
+    /// Whether the backing file, found as `st` after a close that wrote, is as this mount
+    /// last left it.
+    pub fn is_own(&self, st: &Stat) -> bool {
+        *self.own.lock() == Some((st.st_mtime, st.st_mtime_nsec, st.st_size))
     }
 
     /// The cached plaintext size (valid while open).
@@ -231,6 +261,9 @@ pub struct NodeTable {
     /// backing inode → (node id, identity); kept after a forget so numbers stay stable.
     ids: Mutex<HashMap<u64, (u64, Identity)>>,
     next: AtomicU64,
+    /// CIPHERDIR's watch (a mount that caches): every directory node is watched while the
+    /// kernel knows it (`watch.rs`).
+    watcher: std::sync::OnceLock<Arc<crate::watch::Watcher>>,
 }
 
 impl NodeTable {
@@ -251,7 +284,20 @@ impl NodeTable {
         nodes.insert(ROOT, node);
         let mut ids = HashMap::new();
         ids.insert(backing_ino, (ROOT, root_iv));
-        NodeTable { nodes: RwLock::new(nodes), ids: Mutex::new(ids), next: AtomicU64::new(2) }
+        NodeTable {
+            nodes: RwLock::new(nodes),
+            ids: Mutex::new(ids),
+            next: AtomicU64::new(2),
+            watcher: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Watches every directory node from now on, the ones known already included.
+    pub fn set_watcher(&self, w: Arc<crate::watch::Watcher>) {
+        let dirs: Vec<Arc<Node>> = self.nodes.read().values().filter(|n| n.dir.is_some()).cloned().collect();
+        if self.watcher.set(w.clone()).is_ok() {
+            dirs.iter().for_each(|n| w.watch(n));
+        }
     }
 
     /// The node with id `id` (ESTALE-like ENOENT if the kernel refers to a forgotten node).
@@ -288,7 +334,11 @@ impl NodeTable {
             links: Mutex::new(vec![Link { parent: parent.clone(), on_disk: on_disk.to_string() }]),
             gone: Mutex::new(None),
             dir,
-            file: (kind == EntryKind::File).then(FileState::default),
+            file: (kind == EntryKind::File).then(|| {
+                let f = FileState::default();
+                f.note_own(st);
+                f
+            }),
         });
         let mut nodes = self.nodes.write();
         if let Some(existing) = nodes.get(&id) {
@@ -298,6 +348,10 @@ impl NodeTable {
             return Ok(existing.clone());
         }
         nodes.insert(id, node.clone());
+        drop(nodes);
+        if let (Some(w), true) = (self.watcher.get(), node.dir.is_some()) {
+            w.watch(&node);
+        }
         Ok(node)
     }
 
@@ -325,7 +379,12 @@ impl NodeTable {
         if let Some(node) = nodes.get(&id) {
             let prev = node.lookups.fetch_sub(n, Ordering::Relaxed);
             if prev <= n {
+                let dir = node.dir.is_some();
                 nodes.remove(&id);
+                drop(nodes);
+                if let (Some(w), true) = (self.watcher.get(), dir) {
+                    w.unwatch(id);
+                }
             }
         }
     }

@@ -19,8 +19,13 @@
 //!    lock is taken while one is held (a new directory's node is built before `nodes` is
 //!    locked for the insert).
 //! 7. Leaves, held only for a copy or an insert: `Node::links`, `Node::gone`, the `Handles`
-//!    tables, `DirState::listing` (the listing READDIR serves without a handle), the
-//!    caller-credential switch of `sys::act_as` (per thread, no lock).
+//!    tables, `DirState::listing` (the listing READDIR serves without a handle), a
+//!    `FileState`'s note of its own last state (`note_own`), the watch's table of watched
+//!    directories (`watch::Watcher`), the caller-credential switch of `sys::act_as` (per
+//!    thread, no lock).
+//!
+//! The watch's thread (`watch.rs`) takes a directory's `ops` lock, then its index (read), then
+//! the node table, as a request would; it tells the kernel only after releasing them all.
 //!
 //! I/O on the backing store happens under 1, 4 and 5, never under 3's write lock except the
 //! directory listing that (re)builds an index.
@@ -46,8 +51,10 @@
 //!   for a moment (`sys::with_owner_rwx`: at open, in READDIR, when a directory denying its
 //!   owner is opened) or by putting back set-id bits the backing store cleared.
 //!
-//! Names never change behind the kernel's back on such a mount (the crash sweep runs before
-//! it is mounted), so no entry is invalidated. With `--shared-storage` nothing is cached.
+//! Names change behind the kernel's back on such a mount only when something else writes
+//! CIPHERDIR (a sync tool delivering another machine's work; the crash sweep runs before it is
+//! mounted): `watch.rs` watches the loaded ciphertext directories and invalidates what others
+//! changed. With `--shared-storage` nothing is cached.
 //!
 //! # Modules
 //!
@@ -56,7 +63,7 @@
 //! `ops/xattrs.rs`, `ops/perms.rs`); `perm` the permission rules a mount without
 //! `default_permissions` applies itself; `fs` is the fuser `Filesystem` shell; `inodes` the node table and each
 //! file's shared state; `dirs` each directory's fd, IV and name index; `handles`; `rangelock`;
-//! `attr` (stat conversion); `reverse` the read-only view of `veilfs mount --reverse`, a
+//! `attr` (stat conversion); `watch` the watch of CIPHERDIR for others' changes; `reverse` the read-only view of `veilfs mount --reverse`, a
 //! front end of its own over `veilfs_core::reverse`; `tests` drives `ops` on a temporary vault without /dev/fuse.
 
 #![forbid(unsafe_code)]
@@ -73,6 +80,7 @@ mod rangelock;
 pub mod reverse;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 pub use fs::MAX_WRITE;
 pub use ops::{Activity, FsOptions, VeilFs};
@@ -142,6 +150,7 @@ pub fn mount(
     let mut opts = cfg.fs.clone();
     opts.check_permissions = !cfg.allow_other;
     let fs = VeilFs::new(vault, opts, activity)?;
+    fs.start_watch();
     let notifier = fs.notifier.clone();
     let mut options = vec![
         fuser::MountOption::FSName(cfg.fsname.clone()),

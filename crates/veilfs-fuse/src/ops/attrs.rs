@@ -6,6 +6,21 @@ impl VeilFs {
     /// SETATTR.
     pub(crate) fn do_setattr(&self, ino: u64, a: &SetAttr, fh: Option<u64>, caller: Caller) -> io::Result<FileAttr> {
         let node = self.nodes.get(ino)?;
+        let r = self.setattr_node(&node, a, fh, caller);
+        // A regular file's new times and size are the mount's own (see `FileState::note_own`).
+        if let (Ok(_), Some(f)) = (&r, &node.file) {
+            if !self.opts.shared_storage {
+                if let Ok(st) = self.do_getattr(&node, fh) {
+                    f.note_own(&st);
+                }
+            }
+        }
+        r
+    }
+
+    fn setattr_node(&self, node: &Arc<Node>, a: &SetAttr, fh: Option<u64>, caller: Caller) -> io::Result<FileAttr> {
+        let ino = node.id;
+        let node = node.clone();
         if a.changes_anything() {
             self.check_writable()?;
         }

@@ -65,7 +65,12 @@ impl VeilFs {
                             }
                         }
                     }
-                    Err(e @ veilfs_core::Error::Auth { .. }) => return Err(cerr(e)),
+                    Err(e @ veilfs_core::Error::Auth { .. }) => {
+                        if self.replaced_behind(dir, &l.on_disk, node) {
+                            return Err(errno(libc::ESTALE));
+                        }
+                        return Err(cerr(e));
+                    }
                     Err(e) => {
                         last = cerr(e);
                         continue;
@@ -77,6 +82,28 @@ impl VeilFs {
             }
             Err(last)
         })
+    }
+
+    /// Whether entry `on_disk` of `dir`, which names `node`, now holds another regular file
+    /// whose entry binding verifies: what a sync tool delivering another machine's edit (a new
+    /// file renamed over the name) leaves until CIPHERDIR's watch has told the kernel
+    /// (`watch.rs`). Opening the node's old inode then answers ESTALE, not an integrity
+    /// error: the kernel looks the name up again (`LOOKUP_REVAL`) and opens the new file, which
+    /// is verified as any other. A planted FIFO, device or link, or a file whose binding fails,
+    /// stays an integrity error.
+    fn replaced_behind(&self, dir: &DirState, on_disk: &str, node: &Node) -> bool {
+        if self.opts.shared_storage {
+            return false;
+        }
+        let Ok(st) = Self::stat_entry(dir, on_disk) else { return false };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_ino == node.backing_ino {
+            return false;
+        }
+        let ok = self.vault.entry_d(&dir.cd, on_disk).is_ok_and(|d| self.identity(dir, &d, on_disk, &st).is_ok());
+        if ok {
+            tracing::debug!("{}: replaced behind the mount; the kernel looks it up again", dir.cd.child_path(on_disk));
+        }
+        ok
     }
 
     /// Drops one user of the inode's open file; the last one settles it (declares the holes
@@ -101,6 +128,14 @@ impl VeilFs {
                     Ok(true) => self.invalidate_attr(node.id),
                     Ok(false) => {}
                     Err(e) => tracing::error!("{e}"),
+                }
+                // CIPHERDIR's watch reports the close that follows: after writes, the file
+                // is as the mount left it. (Not after reads only: the file may have been
+                // rewritten by others since the kernel last heard of it, see `watch.rs`.)
+                if f.take_written() {
+                    if let Ok(st) = sys::fstat(c.backing().as_fd()) {
+                        f.note_own(&st);
+                    }
                 }
             });
             if lost {
@@ -289,6 +324,7 @@ impl VeilFs {
         self.check_writable()?;
         let h = self.handles.file(fh)?;
         let f = h.node.file()?;
+        f.wrote();
         if let Some(c) = unprivileged {
             if self.drop_setid(&h.node, &h.crypt, c, true)? {
                 self.invalidate_attr(h.node.id);
@@ -332,6 +368,9 @@ impl VeilFs {
     /// clear set-id bits).
     pub(crate) fn resize(&self, node: &Node, crypt: &CryptFile, size: u64, caller: Caller) -> io::Result<()> {
         self.check_writable()?;
+        if let Some(f) = &node.file {
+            f.wrote();
+        }
         if size > i64::MAX as u64 / 2 {
             return Err(errno(libc::EFBIG));
         }
@@ -349,6 +388,7 @@ impl VeilFs {
         self.check_writable()?;
         let h = self.handles.file(fh)?;
         let f = h.node.file()?;
+        f.wrote();
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
             return Err(errno(libc::EOPNOTSUPP));
         }

@@ -158,7 +158,7 @@ pub struct VeilFs {
     pub(crate) ctx: ContentCtx,
     pub(crate) layout: Layout,
     pub(crate) xattr: XattrCipher,
-    pub(crate) nodes: NodeTable,
+    pub(crate) nodes: Arc<NodeTable>,
     pub(crate) handles: Handles,
     pub(crate) opts: FsOptions,
     pub(crate) writeback: bool,
@@ -222,7 +222,7 @@ impl VeilFs {
         let layout = ctx.layout;
         let euid = sys::euid();
         let fs = VeilFs {
-            nodes: NodeTable::new(DirState::new(root, opts.shared_storage), iv, st.st_ino),
+            nodes: Arc::new(NodeTable::new(DirState::new(root, opts.shared_storage), iv, st.st_ino)),
             vault,
             names,
             ctx,
@@ -239,6 +239,25 @@ impl VeilFs {
             space: data::FreeSpace::default(),
         };
         Ok(fs)
+    }
+
+    /// A mount that caches starts watching CIPHERDIR, so changes others make there (a sync
+    /// tool delivering another machine's work) reach the kernel's caches (`watch.rs`). A
+    /// `--shared-storage` mount caches nothing and needs no watch.
+    pub(crate) fn start_watch(&self) {
+        if self.opts.shared_storage {
+            return;
+        }
+        let w = crate::watch::Watcher::new();
+        self.nodes.set_watcher(w.clone());
+        let cx = crate::watch::Context {
+            nodes: Arc::downgrade(&self.nodes),
+            vault: Arc::downgrade(&self.vault),
+            notifier: self.notifier.clone(),
+        };
+        if let Err(e) = crate::watch::spawn(w, cx) {
+            tracing::warn!("cannot watch CIPHERDIR for changes made by others: {e}");
+        }
     }
 
     /// For a daemon running as root: acts as `c` (fsuid, fsgid, supplementary groups) on this
