@@ -370,13 +370,15 @@ fn no_os_locks(e: &std::io::Error) -> bool {
 
 impl Drop for VaultLock {
     fn drop(&mut self) {
-        // The OS locks go with the fds; the lock file stays (see the module docs).
-        let held = self.held.take().is_some();
+        // The mark goes first, while the lock is still held: a writer that takes the lock next
+        // must not find the mark of a writer that ended cleanly. Then the OS locks go with
+        // the fds; the lock file stays (see the module docs).
         if let Some(mark) = self.mark.take() {
-            if held && (!self.crashed || self.swept) {
+            if self.held.is_some() && (!self.crashed || self.swept) {
                 mark.clear();
             }
         }
+        drop(self.held.take());
     }
 }
 
