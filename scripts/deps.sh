@@ -15,6 +15,9 @@ for arg in "$@"; do
   esac
 done
 need=(fuse3 rsync attr python3 python3-matplotlib stress-ng util-linux man-db)
+# The vault between two machines (tests/sync.rs): a real sync client, and a network file
+# system — sshfs, served over loopback by OpenSSH's sftp-server alone (no sshd is started).
+need+=(syncthing sshfs openssh-sftp-server)
 if $bench; then
   need+=(gocryptfs encfs cryfs securefs fio stress-ng linux-source-6.1 python3-matplotlib e2fsprogs fscryptctl)
 fi

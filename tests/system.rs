@@ -58,6 +58,44 @@ impl Drop for Link {
     }
 }
 
+/// The start most tests here share: /dev/fuse (skip, or fail under CI=true, without it), a
+/// tmpfs holding a new vault (`cipher`, an empty mount point `mnt`, a passfile `pass`), and,
+/// for a test that changes the machine (`machine: Some(what it changes)`), root, the machine
+/// lock and, with `helper`, the mount helper linked to the binary under test. Fields drop in
+/// order: the mount goes first (also on panic), then the tmpfs, the helper link, the lock.
+struct Setup {
+    _u: UnmountOnDrop,
+    cipher: PathBuf,
+    mnt: PathBuf,
+    pass: PathBuf,
+    fs: Tmpfs,
+    _helper: Option<Link>,
+    _l: Option<std::sync::MutexGuard<'static, ()>>,
+}
+
+impl Setup {
+    /// `(cipher, mnt, pass)`.
+    fn paths(&self) -> (PathBuf, PathBuf, PathBuf) {
+        (self.cipher.clone(), self.mnt.clone(), self.pass.clone())
+    }
+}
+
+fn setup(machine: Option<&str>, helper: bool) -> Option<Setup> {
+    if let Some(what) = machine {
+        if !root_only(what) {
+            return None;
+        }
+    }
+    if !fuse_available() {
+        return None;
+    }
+    let _l = machine.map(|_| machine_lock());
+    let _helper = helper.then(Link::helper);
+    let fs = Tmpfs::new("64m");
+    let (cipher, mnt, pass) = new_vault(&fs.path);
+    Some(Setup { _u: UnmountOnDrop(mnt.clone()), cipher, mnt, pass, fs, _helper, _l })
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -72,17 +110,10 @@ fn code(o: &std::process::Output) -> i32 {
 /// message), `umount MNT` unmounts.
 #[test]
 fn mount8_with_type_fuse_veilfs() {
-    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
+    let Some(t) = setup(Some("links /usr/sbin/mount.fuse.veilfs"), true) else {
         return;
-    }
-    if !fuse_available() {
-        return;
-    }
-    let _l = machine_lock();
-    let _helper = Link::helper();
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
+    };
+    let (cipher, mnt, pass) = t.paths();
     let opts = format!("passfile={},allow_other,idle=30m,threads=2,nofail,x-systemd.automount,_netdev", s(&pass));
     let o = run("mount", &["-t", "fuse.veilfs", s(&cipher), s(&mnt), "-o", &opts]);
     assert!(o.status.success(), "mount -t fuse.veilfs: {}", text(&o));
@@ -135,18 +166,12 @@ fn mount8_with_type_fuse_veilfs() {
 /// binary under test is linked as /usr/local/bin/veilfs for the test.
 #[test]
 fn mount_fuse3_runs_veilfs_from_path() {
-    if !root_only("links /usr/local/bin/veilfs") {
+    let Some(t) = setup(Some("links /usr/local/bin/veilfs"), false) else {
         return;
-    }
-    if !fuse_available() {
-        return;
-    }
-    let _l = machine_lock();
+    };
+    let (cipher, mnt, pass) = t.paths();
     let _helper = Link::set(HELPER, None);
     let _bin = Link::set("/usr/local/bin/veilfs", Some(&*BIN));
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
     let opt = format!("passfile={}", s(&pass));
     for (ty, source) in [("fuse.veilfs", s(&cipher).to_string()), ("fuse", format!("veilfs#{}", s(&cipher)))] {
         let o = run("mount", &["-t", ty, &source, s(&mnt), "-o", &opt]);
@@ -163,12 +188,10 @@ fn mount_fuse3_runs_veilfs_from_path() {
 /// and remount of what is not mounted a path error (4), both before any password is read.
 #[test]
 fn veilfs_mount_dash_o() {
-    if !fuse_available() {
+    let Some(t) = setup(None, false) else {
         return;
-    }
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
+    };
+    let (cipher, mnt, pass) = t.paths();
     let generic = "rw,defaults,user,noauto,nofail,_netdev,dev,suid,exec,x-systemd.automount,x-systemd.idle-timeout=5";
     let opts = format!("{generic},passfile={},fsname=my\\,vault,shared_storage,attr_timeout=0,no_writeback", s(&pass));
     let o = run(&BIN, &["mount", s(&cipher), s(&mnt), "-o", &opts]);
@@ -218,17 +241,10 @@ fn runs(path: &Path) -> Result<(), std::io::Error> {
 /// `veilfs mount -o remount,…`, which changes only what it names.
 #[test]
 fn mount8_generic_options_are_applied() {
-    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
+    let Some(t) = setup(Some("links /usr/sbin/mount.fuse.veilfs"), true) else {
         return;
-    }
-    if !fuse_available() {
-        return;
-    }
-    let _l = machine_lock();
-    let _helper = Link::helper();
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
+    };
+    let (cipher, mnt, pass) = t.paths();
     let opts = format!("passfile={},noexec,nodiratime,nosymfollow,sync,dirsync,lazytime,strictatime", s(&pass));
     let o = run("mount", &["-t", "fuse.veilfs", s(&cipher), s(&mnt), "-o", &opts]);
     assert!(o.status.success(), "mount: {}", text(&o));
@@ -301,17 +317,10 @@ fn mount8_generic_options_are_applied() {
 /// The fstab line of the issue, as root: `mount MNT`, `umount MNT`.
 #[test]
 fn fstab_line_as_root() {
-    if !root_only("edits /etc/fstab") {
+    let Some(t) = setup(Some("edits /etc/fstab"), true) else {
         return;
-    }
-    if !fuse_available() {
-        return;
-    }
-    let _l = machine_lock();
-    let _helper = Link::helper();
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
+    };
+    let (cipher, mnt, pass) = t.paths();
     let line =
         format!("{} {} fuse.veilfs noauto,passfile={},nofail,x-systemd.automount 0 0\n", s(&cipher), s(&mnt), s(&pass));
     let fstab = FileGuard::set("/etc/fstab", None);
@@ -331,18 +340,14 @@ fn fstab_line_as_root() {
 /// WHAT WHERE -t TYPE -o OPTIONS`) then mounts the vault.
 #[test]
 fn fstab_example_through_systemd_fstab_generator() {
-    if !root_only("links /usr/sbin/mount.fuse.veilfs") {
-        return;
-    }
     let generator = "/lib/systemd/system-generators/systemd-fstab-generator";
-    if !fuse_available() || !Path::new(generator).exists() {
+    let Some(t) = setup(Some("links /usr/sbin/mount.fuse.veilfs"), true) else {
+        return;
+    };
+    if !Path::new(generator).exists() {
         return;
     }
-    let _l = machine_lock();
-    let _helper = Link::helper();
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
+    let ((cipher, mnt, pass), fs) = (t.paths(), &t.fs);
     let example =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/contrib/systemd/fstab.example")).unwrap();
     let line = example.lines().find(|l| l.contains("x-systemd.automount") && !l.starts_with('#')).unwrap();
@@ -590,12 +595,10 @@ fn lossy(b: &[u8]) -> String {
 /// MAINPID naming the daemon); `STOPPING=1` when it unmounts.
 #[test]
 fn notify_socket_ready_once_mounted() {
-    if !fuse_available() {
+    let Some(t) = setup(None, false) else {
         return;
-    }
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
+    };
+    let ((cipher, mnt, pass), fs) = (t.paths(), &t.fs);
     let sock_path = fs.path.join("notify");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
 
@@ -653,13 +656,14 @@ fn daemon_logs_to_the_journal_when_there() {
         return;
     }
     let path = Path::new("/run/systemd/journal/socket");
-    if !fuse_available() || path.symlink_metadata().is_ok() {
+    if path.symlink_metadata().is_ok() {
         return;
     }
+    let Some(t) = setup(None, false) else {
+        return;
+    };
     require_sandbox("/run/systemd/journal/socket");
-    let fs = Tmpfs::new("64m");
-    let (cipher, mnt, pass) = new_vault(&fs.path);
-    let _u = UnmountOnDrop(mnt.clone());
+    let ((cipher, mnt, pass), fs) = (t.paths(), &t.fs);
     // The socket and the directories made for it go on drop.
     struct Remove(Vec<PathBuf>);
     impl Drop for Remove {

@@ -9,7 +9,13 @@
 //! be open to the user, and since a user cannot mount a tmpfs of its own, each test's
 //! "tmpfs" is a directory in `$TMPDIR`, which must itself be a tmpfs. Tests that need root
 //! say so with [`root_only`], which reports them as not run.
+//!
+//! Two machines sharing a vault: [`syncthing`] runs two Syncthing instances on 127.0.0.1
+//! that sync one folder, [`sshfs`] mounts a directory through sshfs over loopback.
 #![allow(dead_code)]
+
+pub mod sshfs;
+pub mod syncthing;
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};

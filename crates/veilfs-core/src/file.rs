@@ -305,32 +305,54 @@ impl CryptFile {
         }
         let l = self.ctx.layout;
         let cb = l.cipher_block() as usize;
-        let mut ns: Vec<u64> = {
+        let ranges: Vec<(u64, u64)> = {
             let g = self.found.lock().unwrap_or_else(|e| e.into_inner());
-            g.as_ref().map(|f| f.blocks().into_iter().filter(|&n| n + 1 < blocks).collect()).unwrap_or_default()
+            g.as_ref().map(|f| f.ranges()).unwrap_or_default()
         };
-        ns.sort_unstable();
         let (mut ct, mut plain) = (vec![0u8; cb], vec![0u8; l.block_size as usize]);
         let mut restored = 0;
-        for n in ns {
-            let got =
-                sys::pread_full(self.fd(), &mut ct, l.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
-            let hole = self.header_state() == HDR_SPARSE && ct[..got].iter().all(|&b| b == 0);
-            if got == cb && (hole || self.codec.open_into(n, false, &ct, &mut plain, &self.what).is_ok()) {
-                continue;
+        for (a, b) in ranges {
+            // Inner blocks only: the final block is the end rules' business.
+            let mut n = a;
+            while n < b.min(blocks.saturating_sub(1)) {
+                // What the backing file holds as a hole was never written, so no crash tore
+                // it: skip to the next data (a hole record may span a whole sparse file).
+                match sys::seek_data(self.fd(), l.block_offset(n)) {
+                    Ok(off) if off >= l.block_offset(n + 1) => {
+                        n = (off - l.block_offset(0)) / cb as u64;
+                        continue;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
+                    _ => {}
+                }
+                if self.restore_block(n, &mut ct, &mut plain)? {
+                    restored += 1;
+                }
+                n += 1;
             }
-            let Some(len) = self.stashed_block(n, &mut plain) else { continue };
-            let is_hole = self.header_state() == HDR_SPARSE && plain[..len].iter().all(|&b| b == 0);
-            if is_hole {
-                ct.fill(0);
-            } else {
-                self.codec.seal_into(n, false, &plain[..len], &mut ct);
-            }
-            sys::pwrite_all(self.fd(), &ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
-            tracing::warn!("{}: block {n} torn by a crash; written back from its record in the stash", self.what);
-            restored += 1;
         }
         Ok(restored)
+    }
+
+    /// Puts back inner block `n` from its newest record that authenticates, if the block
+    /// itself does not (`ct`, `plain`: buffers of a cipher and a plain block); true if it did.
+    fn restore_block(&self, n: u64, ct: &mut [u8], plain: &mut [u8]) -> Result<bool> {
+        let l = self.ctx.layout;
+        let got = sys::pread_full(self.fd(), ct, l.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
+        let hole = self.header_state() == HDR_SPARSE && ct[..got].iter().all(|&b| b == 0);
+        if got == ct.len() && (hole || self.codec.open_into(n, false, ct, plain, &self.what).is_ok()) {
+            return Ok(false);
+        }
+        let Some(len) = self.stashed_block(n, plain) else { return Ok(false) };
+        let is_hole = self.header_state() == HDR_SPARSE && plain[..len].iter().all(|&b| b == 0);
+        if is_hole {
+            ct.fill(0);
+        } else {
+            self.codec.seal_into(n, false, &plain[..len], ct);
+        }
+        sys::pwrite_all(self.fd(), ct, l.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
+        tracing::warn!("{}: block {n} torn by a crash; written back from its record in the stash", self.what);
+        Ok(true)
     }
 
     /// Removes the found stash (the file is settled).

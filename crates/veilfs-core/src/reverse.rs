@@ -515,14 +515,16 @@ impl ReverseVault {
     /// Opens the ciphertext view of the regular file `e` of `dir` (`e.stat` is the `lstat`
     /// the caller just checked). The owner of PLAINDIR's files can swap the file for a FIFO,
     /// device or another file between that `lstat` and the open: the open never follows a
-    /// link and never blocks (`O_NONBLOCK`: a FIFO opens at once instead of waiting for a
-    /// writer), and the fd must be the very regular file `e.stat` describes. Anything else
+    /// link, never blocks and never opens anything but a regular file for I/O (a device's
+    /// driver does not run, a FIFO's blocked writer is not woken: the object is type-checked
+    /// through an `O_PATH` handle first), and the fd must be the very regular file `e.stat`
+    /// describes. Anything else
     /// is ENOENT (the name is now another kind of object, as [`Self::refreshed`] answers) or
     /// ESTALE (another regular file: the kernel looks the name up again and retries once).
     /// `O_NONBLOCK` stays on the fd: it changes nothing for a regular file.
     pub fn open_file(&self, dir: &PlainDir, e: &ViewEntry) -> Result<ViewFile> {
         let what = self.plain_path(dir, &e.name);
-        let (fd, st) = match sys::open_regular_at(dir.fd(), &e.name, libc::O_RDONLY) {
+        let (fd, st) = match sys::open_regular_untouched_at(dir.fd(), &e.name, libc::O_RDONLY) {
             Ok(opened) => opened,
             Err(Ok(_other_type)) => return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::ENOENT))),
             Err(Err(err)) => return Err(Error::io(what, err)),
@@ -938,5 +940,37 @@ mod tests {
         assert!(o.success());
         let err = rv.open_file(&root, &e).unwrap_err();
         assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
+    }
+
+    /// A swapped-in special file is type-checked through an `O_PATH` handle, never opened for
+    /// I/O: opening a device would run its driver. A FIFO makes that visible without a device:
+    /// a writer blocked in `open(O_WRONLY)` is woken by any reader's open, so it must stay
+    /// blocked while the view refuses the name.
+    #[test]
+    fn a_special_file_swapped_in_is_never_opened_for_io() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("f"), b"data").unwrap();
+        let rv = reverse(t.path());
+        let root = rv.root().unwrap();
+        let e = rv.entry(&root, b"f").unwrap().unwrap();
+        std::fs::remove_file(t.path().join("f")).unwrap();
+        let fifo = t.path().join("f");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer_path = fifo.clone();
+        let writer = std::thread::spawn(move || {
+            let opened = std::fs::OpenOptions::new().write(true).open(&writer_path);
+            tx.send(()).unwrap();
+            opened
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let err = rv.open_file(&root, &e).unwrap_err();
+        assert!(matches!(&err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT)), "{err}");
+        let woken = rx.recv_timeout(std::time::Duration::from_millis(300)).is_ok();
+        // Release the writer (a reader of our own) before asserting, so the thread ends.
+        let _reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(!woken, "the view opened the FIFO for reading: its blocked writer was woken");
     }
 }

@@ -200,13 +200,22 @@ impl Records {
         v.into_iter().map(|(_, k)| k).collect()
     }
 
-    /// Every block some record speaks of, in order.
-    pub fn blocks(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.at.keys().copied().collect();
-        v.extend(self.holes.iter().flat_map(|&(_, a, b)| a..b));
+    /// The blocks some record speaks of, as sorted, disjoint, non-adjacent ranges
+    /// `[a, b)`. Ranges, never a list of blocks: one hole record may speak of every block of a
+    /// large sparse file, and a planted stash holds thousands of such records, so a list
+    /// could need terabytes where these take at most one pair per record.
+    pub fn ranges(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self.at.keys().map(|&n| (n, n + 1)).collect();
+        v.extend(self.holes.iter().map(|&(_, a, b)| (a, b)));
         v.sort_unstable();
-        v.dedup();
-        v
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for (a, b) in v {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        merged
     }
 }
 
@@ -225,9 +234,9 @@ impl Found {
         self.records.of(n)
     }
 
-    /// Every block some record speaks of, in order.
-    pub fn blocks(&self) -> Vec<u64> {
-        self.records.blocks()
+    /// The blocks some record speaks of, as ranges (see [`Records::ranges`]).
+    pub fn ranges(&self) -> Vec<(u64, u64)> {
+        self.records.ranges()
     }
 }
 
@@ -305,7 +314,7 @@ mod tests {
         assert_eq!(f.of(9), vec![Kept::Block(40)]);
         assert_eq!(f.of(4), vec![Kept::Hole]);
         assert_eq!(f.of(7), vec![]);
-        assert_eq!(f.blocks(), vec![4, 5, 6, 9], "a block past the file's end is not listed");
+        assert_eq!(f.ranges(), vec![(4, 7), (9, 10)], "a block past the file's end is not listed");
         // A second session starts from an empty stash.
         let fd2 = s.create(&id).unwrap();
         assert_eq!(sys::fstat(fd2.as_fd()).unwrap().st_size, 0);
@@ -339,5 +348,18 @@ mod tests {
         assert!(s.open(&id, 24, 10).unwrap().is_none());
         s.create(&id).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+
+    /// A planted stash of hole records each speaking of every block of a huge sparse file
+    /// costs one range, not a list of its blocks.
+    #[test]
+    fn hole_records_over_a_huge_file_stay_ranges() {
+        let cb = 8usize;
+        let mut bytes = Vec::new();
+        for i in 0..2000u64 {
+            hole_record(&mut bytes, i, 1 << 40, cb);
+        }
+        let r = Records::parse(&bytes, RECORD_HEAD + cb, 1 << 40);
+        assert_eq!(r.ranges(), vec![(0, 1 << 40)]);
     }
 }

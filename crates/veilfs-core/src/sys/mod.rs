@@ -598,6 +598,25 @@ pub fn open_regular_at(
     Ok((fd, st))
 }
 
+/// As [`open_regular_at`], but the object is first held by an `O_PATH` handle and type-checked,
+/// and only a regular file is then opened for I/O (through [`reopen`], which reaches that very
+/// inode). For trees whose owner is not trusted (reverse mode's PLAINDIR): opening a device
+/// node runs its driver even with `O_NONBLOCK` (a tape rewinds, a modem line drops), and
+/// opening a FIFO wakes a writer blocked in its own `open`; neither may happen because a user
+/// swapped a file. One more syscall per open than [`open_regular_at`].
+pub fn open_regular_untouched_at(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    flags: libc::c_int,
+) -> Result<(OwnedFd, Stat), Result<u32, io::Error>> {
+    let (handle, st) = open_path_at(dir, name).map_err(Err)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Ok(st.st_mode));
+    }
+    let fd = reopen(handle.as_fd(), flags).map_err(Err)?;
+    Ok((fd, st))
+}
+
 /// `/proc/self/fd/N`: reaches the object behind `fd` itself (for calls that have no fd form
 /// taking an `O_PATH` handle).
 pub fn fd_path(fd: BorrowedFd<'_>) -> CString {

@@ -1,0 +1,724 @@
+//! A vault in a folder that Syncthing keeps in sync between two machines, with the real
+//! client (tests/common/syncthing.rs): two instances on 127.0.0.1, one vault, A and B.
+//!
+//! B plays another machine: its veilfs commands run in a UTS namespace of their own under
+//! another host name, so the lock file that travels from A names a host that is not B's.
+//! What must hold: a vault made on A reads on B exactly as on A; an edit on A reaches a
+//! mount on B; after the sync converges `fsck` is clean on both sides however many of
+//! Syncthing's own files lie in the folder, and `export` of both sides is the same.
+//!
+//! The last group shares the vault the other way two machines do: on a network file system,
+//! sshfs over loopback (tests/common/sshfs.rs), with a `--shared-storage` mount on the
+//! vault's machine and one through sshfs.
+//!
+//! The tests marked `#[ignore]` are the scenarios that need work still to come (they fail
+//! today, each for the reason its mark names); `cargo test --test sync -- --ignored` runs
+//! them. Each test keeps to a time budget (asserted), the file to well under three minutes.
+
+mod common;
+use common::sshfs::Sshfs;
+use common::syncthing::SyncPair;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// B's host name (A keeps the machine's).
+const HOST_B: &str = "veilfs-test-b";
+/// How long one sync may take to converge.
+const CONVERGE: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Side {
+    A,
+    B,
+}
+
+/// A vault on A, synced to B, and the places each side mounts and exports to.
+struct Synced {
+    sync: SyncPair,
+    pass: PathBuf,
+    log: PathBuf,
+    root: PathBuf,
+    _mounts: Vec<UnmountOnDrop>,
+    // Last: the folders go after Syncthing and the mounts are gone.
+    _tmpfs: Tmpfs,
+}
+
+impl Synced {
+    /// A new vault on A (filled through a mount by `fill`), Syncthing started on both sides
+    /// and in sync. `None` (a skip) without FUSE, root or Syncthing outside CI.
+    fn new(fill: impl FnOnce(&Path)) -> Option<Synced> {
+        if !fuse_available() || !root_only("side B runs as another host, in a UTS namespace of its own") {
+            return None;
+        }
+        if !common::syncthing::syncthing_available() {
+            return None;
+        }
+        let tmpfs = Tmpfs::new("512m");
+        let root = tmpfs.path.clone();
+        let (cipher_a, _, pass) = new_vault(&root.join("a"));
+        let log = root.join("veilfs.log");
+        let mnt = root.join("fill");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let o = mount_at(Side::A, &log, &cipher_a, &mnt, &pass, &[]);
+        assert!(o.status.success(), "mount on A: {}", text(&o));
+        let guard = UnmountOnDrop(mnt.clone());
+        fill(&mnt);
+        umount(&mnt);
+        drop(guard);
+        let sync = SyncPair::start(&root, &cipher_a, &root.join("b").join("cipher"))?;
+        sync.wait_in_sync(CONVERGE);
+        Some(Synced { sync, pass, log, root, _mounts: Vec::new(), _tmpfs: tmpfs })
+    }
+
+    fn cipher(&self, side: Side) -> &Path {
+        match side {
+            Side::A => &self.sync.a.dir,
+            Side::B => &self.sync.b.dir,
+        }
+    }
+
+    /// `veilfs ARGS… CIPHERDIR --passfile PASS` on `side`.
+    fn veilfs(&self, side: Side, args: &[&str]) -> Output {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend([self.cipher(side).to_str().unwrap(), "--passfile", self.pass.to_str().unwrap()]);
+        veilfs_at(side, &self.log, &all)
+    }
+
+    /// Mounts `side`'s vault at a new mount point named `name` with `extra` options; the
+    /// output of `veilfs mount` (a failure is the caller's to judge) and the mount point.
+    fn try_mount(&mut self, side: Side, name: &str, extra: &[&str]) -> (Output, PathBuf) {
+        let mnt = self.root.join(name);
+        std::fs::create_dir_all(&mnt).unwrap();
+        let o = mount_at(side, &self.log, self.cipher(side), &mnt, &self.pass, extra);
+        if o.status.success() {
+            self._mounts.push(UnmountOnDrop(mnt.clone()));
+        }
+        (o, mnt)
+    }
+
+    /// Mounts `side`'s vault (it must work); the mount point.
+    fn mount(&mut self, side: Side, name: &str, extra: &[&str]) -> PathBuf {
+        let (o, mnt) = self.try_mount(side, name, extra);
+        assert!(o.status.success(), "mount on {side:?}: {}", text(&o));
+        mnt
+    }
+
+    /// `fsck` of `side` exits 0; its output.
+    fn fsck_clean(&self, side: Side) -> String {
+        let o = self.veilfs(side, &["fsck"]);
+        assert!(o.status.success(), "fsck on {side:?} after the sync converged: {}", text(&o));
+        text(&o)
+    }
+
+    /// `side`'s vault exported into a new folder (it must exit 0), dumped.
+    fn export(&self, side: Side) -> Vec<u8> {
+        let dest = self.root.join(format!("export-{side:?}-{}", rand_suffix()));
+        let o = veilfs_at(
+            side,
+            &self.log,
+            &[
+                "export",
+                self.cipher(side).to_str().unwrap(),
+                dest.to_str().unwrap(),
+                "--passfile",
+                self.pass.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "export on {side:?}: {}", text(&o));
+        assert!(!dest.join("lost+found").exists(), "{side:?}: something went to /lost+found");
+        dump_tree(&dest)
+    }
+
+    /// Both sides exported the same, fsck clean on both; A's export dump.
+    fn converged_and_clean(&self) -> Vec<u8> {
+        self.fsck_clean(Side::A);
+        self.fsck_clean(Side::B);
+        let a = self.export(Side::A);
+        assert!(a == self.export(Side::B), "the exports of A and B differ after the sync converged");
+        a
+    }
+
+    /// Ciphertext names on `side` that Syncthing made as conflict copies.
+    fn conflict_copies(&self, side: Side) -> Vec<String> {
+        let o = run("find", &[self.cipher(side).to_str().unwrap(), "-name", "*sync-conflict*"]);
+        String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect()
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `veilfs ARGS…` as `side`: on B in a UTS namespace under [`HOST_B`] (a mount's daemon
+/// stays there), logging to `log`.
+fn veilfs_at(side: Side, log: &Path, args: &[&str]) -> Output {
+    let mut cmd = match side {
+        Side::A => Command::new(&BIN),
+        Side::B => {
+            let mut c = Command::new("unshare");
+            c.args(["-u", "sh", "-c", r#"hostname "$0" && exec "$@""#, HOST_B, &BIN]);
+            c
+        }
+    };
+    cmd.args(args).env("VEILFS_LOG_FILE", log).stdin(Stdio::null()).output().unwrap()
+}
+
+/// `veilfs mount CIPHER MNT --passfile PASS EXTRA…` as `side`; the output.
+fn mount_at(side: Side, log: &Path, cipher: &Path, mnt: &Path, pass: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["mount", cipher.to_str().unwrap(), mnt.to_str().unwrap(), "--passfile", pass.to_str().unwrap()];
+    args.extend(extra);
+    veilfs_at(side, log, &args)
+}
+
+/// Unmounts `mnt` and waits until its daemon is gone (it removes its lock file last; that
+/// removal must be in the folder before the next sync counts as converged).
+fn umount(mnt: &Path) {
+    let pid = daemon_pid(mnt);
+    let o = run(&BIN, &["umount", mnt.to_str().unwrap()]);
+    assert!(o.status.success(), "umount {}: {}", mnt.display(), text(&o));
+    let t = Instant::now();
+    while pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the daemon of {} did not end", mnt.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `n` bytes that differ from file to file (`seed`) and do not compress.
+fn pattern(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 56) as u8
+        })
+        .collect()
+}
+
+/// What a user keeps in a vault: nested and empty directories, files across block
+/// boundaries, names long enough for side files, non-ASCII names, symlinks of every kind.
+fn fill_tree(m: &Path) {
+    use std::fs;
+    fs::create_dir_all(m.join("docs/2026/drafts")).unwrap();
+    fs::create_dir_all(m.join("empty")).unwrap();
+    for (i, n) in [0usize, 1, 4095, 4096, 4097, 70_000, 1_000_000].iter().enumerate() {
+        fs::write(m.join(format!("docs/f{n}.bin")), pattern(i as u64, *n)).unwrap();
+    }
+    fs::write(m.join("docs/2026/drafts/notes.txt"), "synced notes\n").unwrap();
+    let long = "n".repeat(240);
+    fs::write(m.join(&long), "long name\n").unwrap();
+    fs::create_dir_all(m.join(format!("{}/inner", "d".repeat(250)))).unwrap();
+    fs::write(m.join(format!("{}/inner/x", "d".repeat(250))), "deep\n").unwrap();
+    fs::write(m.join("Grüße ✓ résumé.txt"), "unicode\n").unwrap();
+    std::os::unix::fs::symlink("docs/2026/drafts/notes.txt", m.join("to-notes")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", m.join("absolute")).unwrap();
+    std::os::unix::fs::symlink("nowhere/at/all", m.join("dangling")).unwrap();
+    std::os::unix::fs::symlink(&long, m.join("to-long")).unwrap();
+}
+
+fn within(t: Instant, budget: u64, what: &str) {
+    let e = t.elapsed();
+    assert!(e < Duration::from_secs(budget), "{what} took {e:?}, over its budget of {budget} s");
+}
+
+/// A vault made on A reads on B exactly as on A: fsck clean (Syncthing's folder marker
+/// named as foreign, exit 0), the same export, and a mount on B shows the same tree.
+#[test]
+fn a_vault_made_on_a_reads_the_same_on_b() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(fill_tree) else { return };
+    let fsck_b = s.fsck_clean(Side::B);
+    assert!(fsck_b.contains("foreign") && fsck_b.contains(".stfolder"), "fsck on B does not name the marker: {fsck_b}");
+    let a = s.converged_and_clean();
+    assert!(contains(&a, &pattern(5, 70_000)) && contains(&a, b"deep\n"), "the export lacks the files written");
+    let mnt = s.mount(Side::B, "mnt-b", &[]);
+    assert!(dump_tree(&mnt) == a, "B's mount differs from A's export");
+    assert_eq!(std::fs::read_link(mnt.join("absolute")).unwrap(), Path::new("/etc/hostname"));
+    umount(&mnt);
+    within(t, 60, "create on A, read on B");
+}
+
+/// What A writes reaches a `--shared-storage` mount open on B, which reads throughout
+/// without an integrity error while Syncthing delivers the files.
+#[test]
+fn an_edit_on_a_reaches_a_shared_storage_mount_on_b() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| {
+        std::fs::create_dir_all(m.join("d")).unwrap();
+        std::fs::write(m.join("d/report.txt"), "version 1\n").unwrap();
+        std::fs::write(m.join("d/old-name.txt"), "renamed on A\n").unwrap();
+    }) else {
+        return;
+    };
+    let mnt_b = s.mount(Side::B, "mnt-b", &["--shared-storage"]);
+    assert_eq!(std::fs::read_to_string(mnt_b.join("d/report.txt")).unwrap(), "version 1\n");
+    // B reads everything over and over while A writes and Syncthing delivers.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, mnt_b) = (stop.clone(), mnt_b.clone());
+        std::thread::spawn(move || {
+            let (mut passes, mut eio) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(names) = std::fs::read_dir(mnt_b.join("d")) else { continue };
+                for e in names.flatten() {
+                    let p = e.path();
+                    if let Err(err) = std::fs::read(&p) {
+                        if err.raw_os_error() == Some(libc::EIO) {
+                            eio.push(format!("{}: {err}", p.display()));
+                        }
+                    }
+                }
+                passes += 1;
+            }
+            (passes, eio)
+        })
+    };
+    let mnt_a = s.mount(Side::A, "mnt-a", &[]);
+    for i in 0..20 {
+        std::fs::write(mnt_a.join("d/report.txt"), format!("version {}\n", i + 2)).unwrap();
+        std::fs::write(mnt_a.join(format!("d/new-{i}.bin")), pattern(i, 30_000)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::rename(mnt_a.join("d/old-name.txt"), mnt_a.join("d/new-name.txt")).unwrap();
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (passes, eio) = reader.join().unwrap();
+    assert!(eio.is_empty(), "B's mount read EIO while the sync delivered ({passes} passes): {eio:?}");
+    assert!(passes > 0);
+    assert_eq!(std::fs::read_to_string(mnt_b.join("d/report.txt")).unwrap(), "version 21\n");
+    assert_eq!(std::fs::read(mnt_b.join("d/new-19.bin")).unwrap(), pattern(19, 30_000));
+    assert_eq!(std::fs::read_to_string(mnt_b.join("d/new-name.txt")).unwrap(), "renamed on A\n");
+    assert!(!mnt_b.join("d/old-name.txt").exists(), "the old name is still there on B");
+    let a = s.converged_and_clean();
+    assert!(dump_tree(&mnt_b) == a, "B's mount differs from A's export");
+    umount(&mnt_b);
+    within(t, 60, "edit on A, read on B");
+}
+
+/// A mount on B that only reads writes nothing into the synced folder, also while
+/// Syncthing is still delivering A's new directories (their IV files among them): every file
+/// of the folder is, for Syncthing, as A made it.
+#[test]
+#[ignore = "needs a mount that never writes because it read: today a --shared-storage mount on B re-creates veilfs.diriv.* files Syncthing is still delivering, so B authors some of A's files"]
+fn a_mount_that_only_reads_writes_nothing_into_the_synced_folder() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| std::fs::write(m.join("first.txt"), "first\n").unwrap()) else { return };
+    let mnt_b = s.mount(Side::B, "mnt-b", &["--shared-storage"]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, mnt_b) = (stop.clone(), mnt_b.clone());
+        std::thread::spawn(move || {
+            let mut passes = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = run("find", &[mnt_b.to_str().unwrap(), "-type", "f", "-exec", "cat", "{}", "+"]);
+                passes += 1;
+            }
+            passes
+        })
+    };
+    let mnt_a = s.mount(Side::A, "mnt-a", &[]);
+    for i in 0..15 {
+        std::fs::create_dir_all(mnt_a.join(format!("d{i}/sub"))).unwrap();
+        std::fs::write(mnt_a.join(format!("d{i}/sub/f")), pattern(i, 5000)).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    umount(&mnt_b);
+    s.sync.wait_in_sync(CONVERGE);
+    let listing = Command::new("find")
+        .args([".", "-path", "./.stfolder", "-prune", "-o", "-type", "f", "-printf", "%P\\n"])
+        .current_dir(s.cipher(Side::B))
+        .output()
+        .unwrap();
+    // Syncthing's own temporary files are in no index.
+    let files: Vec<String> = String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .filter(|f| !f.rsplit('/').next().unwrap().starts_with(".syncthing."))
+        .map(String::from)
+        .collect();
+    assert!(files.len() > 30, "{files:?}");
+    let by_b: Vec<&String> = files.iter().filter(|f| s.sync.b.modified_by(f) != s.sync.a.short_id()).collect();
+    assert!(by_b.is_empty(), "B, only reading, changed {} of {} files: {by_b:?}", by_b.len(), files.len());
+    s.converged_and_clean();
+    within(t, 60, "a mount that only reads");
+}
+
+/// Files Syncthing leaves behind are not damage: a transfer cut off (B receives slowly,
+/// the connection drops mid-file, A deletes the file meanwhile) leaves B a
+/// `.syncthing.*.tmp` with part of the ciphertext, kept for a day. After the sync
+/// converges fsck is clean on both sides, names it as foreign, `--repair` leaves it where it
+/// is, and both exports are the same.
+#[test]
+fn fsck_is_clean_after_convergence_with_syncthing_temporaries_left() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| std::fs::write(m.join("keep.txt"), "kept\n").unwrap()) else { return };
+    // B receives at 100 KiB/s (a LAN connection is limited only when told so).
+    s.sync.b.patch("/rest/config/options", &serde_json::json!({"maxRecvKbps": 100, "limitBandwidthInLan": true}));
+    let mnt_a = s.mount(Side::A, "mnt-a", &[]);
+    std::fs::create_dir_all(mnt_a.join("big")).unwrap();
+    std::fs::write(mnt_a.join("big/video.bin"), pattern(7, 4 << 20)).unwrap();
+    umount(&mnt_a);
+    s.sync.a.scan();
+    // Wait for B's temporary file of it, with data in it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let tmp = loop {
+        let o = run("find", &[s.cipher(Side::B).to_str().unwrap(), "-name", ".syncthing.*.tmp", "-size", "+16k"]);
+        if let Some(l) = String::from_utf8_lossy(&o.stdout).lines().next() {
+            break PathBuf::from(l);
+        }
+        assert!(Instant::now() < deadline, "B never began receiving the big file\nB:\n{}", s.sync.b.log_tail());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    s.sync.pause();
+    let mnt_a = s.mount(Side::A, "mnt-a", &[]);
+    std::fs::remove_file(mnt_a.join("big/video.bin")).unwrap();
+    umount(&mnt_a);
+    s.sync.b.patch("/rest/config/options", &serde_json::json!({"maxRecvKbps": 0, "limitBandwidthInLan": false}));
+    s.sync.resume();
+    s.sync.wait_in_sync(CONVERGE);
+    assert!(tmp.exists(), "Syncthing removed its temporary file: the test needs another way to leave one");
+    let fsck_b = s.fsck_clean(Side::B);
+    assert!(
+        fsck_b.contains("foreign") && fsck_b.contains(".syncthing."),
+        "fsck on B does not name the temporary file: {fsck_b}"
+    );
+    let a = s.converged_and_clean();
+    assert!(contains(&a, b"kept\n") && !contains(&a, b"video.bin"));
+    let o = s.veilfs(Side::B, &["fsck", "--repair"]);
+    assert!(o.status.success(), "fsck --repair on B: {}", text(&o));
+    assert!(tmp.exists(), "fsck --repair moved Syncthing's temporary file");
+    assert!(!s.cipher(Side::B).join("lost+found").exists() && s.export(Side::B) == a);
+    within(t, 90, "temporaries left by Syncthing");
+}
+
+/// The same file edited on both machines while they are apart, and another renamed to
+/// different names on each: once they sync again both versions are visible on both sides,
+/// the losing one under a conflict name `notes (…).txt`.
+#[test]
+#[ignore = "needs conflict copies shown as files: today Syncthing's *.sync-conflict-* copy is hidden and export/fsck call it damage"]
+fn edits_on_both_sides_while_apart_both_stay_visible() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| {
+        std::fs::write(m.join("notes.txt"), "base\n").unwrap();
+        std::fs::write(m.join("r.txt"), "renamed twice\n").unwrap();
+    }) else {
+        return;
+    };
+    s.sync.pause();
+    for (side, name) in [(Side::A, "mnt-a"), (Side::B, "mnt-b")] {
+        let m = s.mount(side, name, &[]);
+        std::fs::write(m.join("notes.txt"), format!("edited on {side:?}\n")).unwrap();
+        std::fs::rename(m.join("r.txt"), m.join(format!("r-{side:?}.txt"))).unwrap();
+        umount(&m);
+        // Apart by some seconds, so the two versions' times differ as on two machines.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    s.sync.resume();
+    s.sync.wait_in_sync(CONVERGE);
+    let a = s.converged_and_clean();
+    assert!(contains(&a, b"edited on A\n") && contains(&a, b"edited on B\n"), "a version was lost");
+    for side in [Side::A, Side::B] {
+        let m = s.mount(side, &format!("check-{side:?}"), &[]);
+        let names: Vec<String> =
+            std::fs::read_dir(&m).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert!(
+            names.iter().any(|n| n.starts_with("notes (") && n.ends_with(").txt")),
+            "{side:?}: no conflict name in {names:?}"
+        );
+        assert!(names.contains(&"r-A.txt".into()) && names.contains(&"r-B.txt".into()), "{side:?}: {names:?}");
+        assert!(dump_tree(&m) == a);
+        umount(&m);
+    }
+    within(t, 90, "concurrent edits");
+}
+
+/// A default (caching) mount on B sees what A creates and deletes within 5 s of the files'
+/// arrival, also a name B looked up before it existed.
+#[test]
+#[ignore = "needs inotify freshness for default mounts: today B's mount caches names and entries and still shows the old state"]
+fn a_remote_create_and_delete_show_on_a_default_mount_within_5_s() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| {
+        std::fs::create_dir_all(m.join("d")).unwrap();
+        std::fs::write(m.join("d/old.txt"), "old\n").unwrap();
+    }) else {
+        return;
+    };
+    let mnt_b = s.mount(Side::B, "mnt-b", &[]);
+    assert!(mnt_b.join("d/old.txt").exists() && !mnt_b.join("d/new.txt").exists());
+    let _ = std::fs::read_dir(mnt_b.join("d")).unwrap().count();
+    // A writes beside B's lock: a --shared-storage mount takes no lock file.
+    let mnt_a = s.mount(Side::A, "mnt-a", &["--shared-storage"]);
+    std::fs::write(mnt_a.join("d/new.txt"), "fresh\n").unwrap();
+    std::fs::remove_file(mnt_a.join("d/old.txt")).unwrap();
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    let arrived = Instant::now();
+    while std::fs::read_to_string(mnt_b.join("d/new.txt")).ok().as_deref() != Some("fresh\n")
+        || mnt_b.join("d/old.txt").exists()
+    {
+        assert!(
+            arrived.elapsed() < Duration::from_secs(5),
+            "B's default mount does not show A's create and delete 5 s after they arrived"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    umount(&mnt_b);
+    s.converged_and_clean();
+    within(t, 60, "remote create on a default mount");
+}
+
+/// Two machines that mount the synced vault at the same time both work: while apart (and
+/// still mounted when they meet again), and while connected, where A's lock file reaches
+/// B. They converge with no conflict copy of the lock and fsck clean.
+#[test]
+#[ignore = "needs a lock that suits sync: today A's veilfs.lock reaches B and B's mount is refused (exit 9); mounted on both while apart leaves a veilfs.sync-conflict-*.lock"]
+fn two_machines_mounted_at_once_both_work_and_converge() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| std::fs::write(m.join("shared.txt"), "shared\n").unwrap()) else { return };
+    // Apart: both mount, then they meet while both are mounted.
+    s.sync.pause();
+    let mnt_a = s.mount(Side::A, "mnt-a", &[]);
+    let mnt_b = s.mount(Side::B, "mnt-b", &[]);
+    s.sync.resume();
+    s.sync.wait_in_sync(CONVERGE);
+    std::fs::write(mnt_a.join("from-a.txt"), "A\n").unwrap();
+    std::fs::write(mnt_b.join("from-b.txt"), "B\n").unwrap();
+    umount(&mnt_a);
+    umount(&mnt_b);
+    s.sync.wait_in_sync(CONVERGE);
+    for side in [Side::A, Side::B] {
+        assert!(s.conflict_copies(side).is_empty(), "{side:?}: {:?}", s.conflict_copies(side));
+    }
+    let a = s.converged_and_clean();
+    assert!(contains(&a, b"A\n") && contains(&a, b"B\n"));
+    // Connected: A mounts first, its lock file reaches B, B mounts.
+    let mnt_a = s.mount(Side::A, "mnt-a2", &[]);
+    s.sync.wait_in_sync(CONVERGE);
+    let mnt_b = s.mount(Side::B, "mnt-b2", &[]);
+    std::fs::write(mnt_b.join("while-a-mounted.txt"), "B again\n").unwrap();
+    umount(&mnt_b);
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    for side in [Side::A, Side::B] {
+        assert!(s.conflict_copies(side).is_empty(), "{side:?}: {:?}", s.conflict_copies(side));
+    }
+    assert!(contains(&s.converged_and_clean(), b"B again\n"));
+    within(t, 90, "two machines mounted at once");
+}
+
+/// A machine that crashes while mounted (its daemon killed, its lock file already synced)
+/// blocks nothing on the other: B mounts and writes, and A mounts again afterwards.
+#[test]
+#[ignore = "needs a lock that suits sync: today the lock file of crashed host A, synced to B, makes B's mount exit 9"]
+fn a_crashed_machines_synced_lock_blocks_nothing() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| std::fs::write(m.join("before.txt"), "before\n").unwrap()) else { return };
+    let mnt_a = s.mount(Side::A, "mnt-a", &[]);
+    std::fs::write(mnt_a.join("from-a.txt"), "written before the crash\n").unwrap();
+    s.sync.wait_in_sync(CONVERGE);
+    assert!(s.cipher(Side::B).join("veilfs.lock").exists(), "A's lock file did not reach B");
+    // A crashes: its daemon dies at once, the kernel's mount goes with it.
+    let pid = daemon_pid(&mnt_a).expect("A's daemon");
+    run("kill", &["-KILL", &pid.to_string()]);
+    lazy_unmount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    let (o, mnt_b) = s.try_mount(Side::B, "mnt-b", &[]);
+    assert!(o.status.success(), "B's mount refused after A crashed: {}", text(&o));
+    assert_eq!(std::fs::read_to_string(mnt_b.join("from-a.txt")).unwrap(), "written before the crash\n");
+    std::fs::write(mnt_b.join("from-b.txt"), "after the crash\n").unwrap();
+    umount(&mnt_b);
+    s.sync.wait_in_sync(CONVERGE);
+    let mnt_a = s.mount(Side::A, "mnt-a2", &[]);
+    assert_eq!(std::fs::read_to_string(mnt_a.join("from-b.txt")).unwrap(), "after the crash\n");
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    for side in [Side::A, Side::B] {
+        assert!(s.conflict_copies(side).is_empty(), "{side:?}: {:?}", s.conflict_copies(side));
+    }
+    s.converged_and_clean();
+    within(t, 90, "crash of one side");
+}
+
+/// The vault's machine (A) and another reaching it through sshfs (B): a `--shared-storage`
+/// mount on each, which is how two machines share a vault on a network file system.
+struct OverSshfs {
+    a: PathBuf,
+    b: PathBuf,
+    pass: PathBuf,
+    log: PathBuf,
+    cipher: PathBuf,
+    // Drop order: the veilfs mounts, then sshfs, then the folders.
+    _mounts: Vec<UnmountOnDrop>,
+    net: Sshfs,
+    _tmpfs: Tmpfs,
+}
+
+impl OverSshfs {
+    fn new() -> Option<OverSshfs> {
+        if !fuse_available() || !root_only("side B runs as another host, in a UTS namespace of its own") {
+            return None;
+        }
+        let tmpfs = Tmpfs::new("256m");
+        let root = tmpfs.path.clone();
+        let (cipher, _, pass) = new_vault(&root.join("a"));
+        // Without sshfs's own cache of listings and attributes (20 s by default), what B
+        // sees of A's writes is up to veilfs alone.
+        let net = Sshfs::mount(&cipher, &root.join("net"), &["dir_cache=no"])?;
+        let log = root.join("veilfs.log");
+        let (a, b) = (root.join("mnt-a"), root.join("mnt-b"));
+        let mut mounts = Vec::new();
+        for (side, c, m) in [(Side::A, &cipher, &a), (Side::B, &net.mnt, &b)] {
+            std::fs::create_dir_all(m).unwrap();
+            let o = mount_at(side, &log, c, m, &pass, &["--shared-storage"]);
+            assert!(o.status.success(), "--shared-storage mount on {side:?}: {}", text(&o));
+            mounts.push(UnmountOnDrop(m.clone()));
+        }
+        Some(OverSshfs { a, b, pass, log, cipher, _mounts: mounts, net, _tmpfs: tmpfs })
+    }
+
+    /// Unmounts both, then waits (up to 5 s) for sshfs to remove its `.fuse_hidden*` files:
+    /// a file deleted through sshfs while still open (FUSE sends the close of a file
+    /// after `close(2)` has returned, so B's daemon may hold one a moment longer) is renamed
+    /// to one, and removed when its last handle goes.
+    fn unmount(&self) {
+        umount(&self.a);
+        umount(&self.b);
+        let t = Instant::now();
+        let hidden = || {
+            std::fs::read_dir(&self.cipher)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".fuse_hidden"))
+                .collect::<Vec<_>>()
+        };
+        while !hidden().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(5), "sshfs left {:?} after both mounts ended", hidden());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `fsck` clean and `export` of the vault through `side`'s path to it (B's: sshfs); the
+    /// export.
+    fn checked_through(&self, side: Side) -> Vec<u8> {
+        let c = if side == Side::A { &self.cipher } else { &self.net.mnt };
+        let p = self.pass.to_str().unwrap();
+        let o = veilfs_at(side, &self.log, &["fsck", c.to_str().unwrap(), "--passfile", p]);
+        assert!(o.status.success(), "fsck on {side:?}: {}", text(&o));
+        let dest = self.cipher.with_file_name(format!("export-{side:?}"));
+        let o = veilfs_at(side, &self.log, &["export", c.to_str().unwrap(), dest.to_str().unwrap(), "--passfile", p]);
+        assert!(o.status.success(), "export on {side:?}: {}", text(&o));
+        dump_tree(&dest)
+    }
+}
+
+/// Files written at `w` — new, across blocks, overwritten, appended to, symlinks — read
+/// back exactly at `r` at once (names end in `-{i}`).
+fn written_here_read_there(w: &Path, r: &Path, i: u64) {
+    use std::io::Write;
+    let big = pattern(100 + i, 1_000_000);
+    let f = |name: &str| format!("{name}-{i}");
+    std::fs::write(w.join(f("big")), &big).unwrap();
+    std::fs::write(w.join(f("small")), "first\n").unwrap();
+    std::fs::write(w.join(f("small")), "second, longer\n").unwrap();
+    std::fs::OpenOptions::new().append(true).open(w.join(f("small"))).unwrap().write_all(b"appended\n").unwrap();
+    std::os::unix::fs::symlink(f("big"), w.join(f("link"))).unwrap();
+    let read = std::fs::read(r.join(f("big")));
+    assert!(read.as_ref().is_ok_and(|b| *b == big), "{} on the other side: {:?}", f("big"), read.map(|b| b.len()));
+    assert_eq!(std::fs::read_to_string(r.join(f("small"))).unwrap(), "second, longer\nappended\n");
+    assert_eq!(std::fs::read_link(r.join(f("link"))).unwrap(), Path::new(&f("big")));
+}
+
+/// What B writes through sshfs A reads at once, and B reads it back; fsck clean and the
+/// export the same as the mounts on the vault's machine.
+#[test]
+fn a_shared_storage_mount_through_sshfs_writes_what_the_vaults_machine_reads() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    written_here_read_there(&v.b, &v.a, 0);
+    written_here_read_there(&v.b, &v.b, 1);
+    let a = dump_tree(&v.a);
+    assert!(dump_tree(&v.b) == a, "the two mounts show different trees");
+    v.unmount();
+    assert!(v.checked_through(Side::A) == a, "the export differs from what the mounts showed");
+    within(t, 60, "sshfs");
+}
+
+/// `fsck` and `export` through sshfs, which has no extended attributes, agree with the
+/// vault's machine.
+#[test]
+#[ignore = "needs a backing store without xattrs treated as having none: through sshfs fsck calls every file damaged (xattr: EOPNOTSUPP)"]
+fn fsck_and_export_through_sshfs_agree_with_the_vaults_machine() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    written_here_read_there(&v.b, &v.b, 0);
+    v.unmount();
+    assert!(v.checked_through(Side::B) == v.checked_through(Side::A), "the exports through sshfs and on A differ");
+    within(t, 60, "fsck through sshfs");
+}
+
+/// Files written and deleted at once through sshfs leave nothing behind.
+#[test]
+#[ignore = "needs deletes through FUSE-backed stores after the file's last release: the close arrives late, sshfs renames the still-open ciphertext to .fuse_hidden* and keeps it, which fsck calls damage"]
+fn files_deleted_at_once_through_sshfs_leave_nothing_behind() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    for i in 0..20 {
+        let p = v.b.join(format!("short-lived-{i}"));
+        std::fs::write(&p, "deleted soon\n").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"deleted soon\n");
+        std::fs::remove_file(&p).unwrap();
+    }
+    v.unmount();
+    assert!(!contains(&v.checked_through(Side::A), b"short-lived"));
+    within(t, 60, "deletes through sshfs");
+}
+
+/// What A writes on the vault's machine a `--shared-storage` mount through sshfs reads at
+/// once, also in the second in which B last looked at the directory.
+#[test]
+#[ignore = "needs a shared-storage freshness check that does not trust whole-second ctimes: sshfs reports seconds, so a file A makes in the second of B's last look stays invisible on B until B lists the directory"]
+fn the_vaults_machine_writes_what_a_shared_storage_mount_through_sshfs_reads() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    for i in 0..5 {
+        // Early in a second, so B's look and A's write fall into the same one.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        std::thread::sleep(Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos())));
+        assert!(!v.b.join(format!("big-{i}")).exists());
+        written_here_read_there(&v.a, &v.b, i);
+    }
+    let a = dump_tree(&v.a);
+    assert!(dump_tree(&v.b) == a, "the two mounts show different trees");
+    v.unmount();
+    assert!(v.checked_through(Side::A) == a);
+    within(t, 60, "sshfs");
+}
+
+/// Directories and renames through sshfs: made and renamed on B, seen on A.
+#[test]
+#[ignore = "needs a fallback where renameat2 flags are refused: sshfs answers RENAME_NOREPLACE with EINVAL, so mkdir and rename through it fail"]
+fn directories_and_renames_work_through_sshfs() {
+    let t = Instant::now();
+    let Some(v) = OverSshfs::new() else { return };
+    std::fs::create_dir_all(v.b.join("d/e")).unwrap();
+    std::fs::write(v.b.join("d/e/f.txt"), "in a directory\n").unwrap();
+    std::fs::rename(v.b.join("d/e/f.txt"), v.b.join("d/g.txt")).unwrap();
+    std::fs::write(v.b.join("d/h.txt"), "replaced\n").unwrap();
+    std::fs::rename(v.b.join("d/g.txt"), v.b.join("d/h.txt")).unwrap();
+    std::fs::rename(v.b.join("d/e"), v.b.join("d/e2")).unwrap();
+    assert_eq!(std::fs::read_to_string(v.a.join("d/h.txt")).unwrap(), "in a directory\n");
+    assert!(v.a.join("d/e2").is_dir() && !v.a.join("d/e").exists() && !v.a.join("d/g.txt").exists());
+    let a = dump_tree(&v.a);
+    v.unmount();
+    assert!(v.checked_through(Side::A) == a);
+    within(t, 60, "sshfs directories and renames");
+}
