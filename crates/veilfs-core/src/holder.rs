@@ -71,6 +71,9 @@ impl Holder {
             format!("mounted by pid {} on host {}", self.pid, self.host)
         } else if !self.command.is_empty() {
             format!("in use by `veilfs {}` (pid {}) on host {}", self.command, self.pid, self.host)
+        } else if self.program == "veilfs" {
+            // Its command line is gone: it is exiting.
+            format!("in use by veilfs (pid {}, ending) on host {}", self.pid, self.host)
         } else {
             let program = if self.program.is_empty() { "?" } else { &self.program };
             format!("locked by pid {} (`{}`, not veilfs) on host {}", self.pid, program.replace('\n', " "), self.host)

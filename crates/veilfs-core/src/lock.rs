@@ -59,6 +59,12 @@ use std::time::{Duration, Instant};
 /// begun: `fusermount3 -u` returns before the daemon has let go of the lock).
 const ENDING_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a new lock retries while the holder is not a veilfs command it can name. A
+/// process that is exiting has its command line gone, and then its file table, before its
+/// last close of the lock file has run (the kernel defers it): for a moment the lock is held
+/// by a process without a command, or by none it can name; it is free at once after.
+const UNNAMED_GRACE: Duration = Duration::from_secs(1);
+
 /// How the lock file is opened: read-only (nothing is written through it; `flock` needs no
 /// write access, and a read-only open leaves a sync tool's watch quiet), created empty when
 /// missing, never through a symbolic link, never blocking on a planted FIFO.
@@ -122,7 +128,8 @@ impl VaultLock {
         state: Option<&Path>,
     ) -> Result<Self> {
         let path = cipherdir.join(LOCK_NAME);
-        let deadline = Instant::now() + ENDING_GRACE;
+        let started = Instant::now();
+        let deadline = started + ENDING_GRACE;
         let mut replaced = 0;
         loop {
             let dir = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
@@ -156,7 +163,8 @@ impl VaultLock {
                 }
                 Ok(false) => {
                     let holder = holder_of(&st, true);
-                    if ending(&holder) && Instant::now() < deadline {
+                    let unnamed = holder.command.is_empty() && started.elapsed() < UNNAMED_GRACE;
+                    if unnamed || (ending(&holder) && Instant::now() < deadline) {
                         std::thread::sleep(Duration::from_millis(50));
                         continue;
                     }
@@ -179,7 +187,8 @@ impl VaultLock {
                     Ok(false) => {
                         let dst = sys::fstat(dir.as_fd()).ctx(|| cipherdir.display().to_string())?;
                         let holder = holder_of(&dst, true);
-                        if ending(&holder) && Instant::now() < deadline {
+                        let unnamed = holder.command.is_empty() && started.elapsed() < UNNAMED_GRACE;
+                        if unnamed || (ending(&holder) && Instant::now() < deadline) {
                             std::thread::sleep(Duration::from_millis(50));
                             continue;
                         }
