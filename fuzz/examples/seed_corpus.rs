@@ -15,7 +15,6 @@ use veilfs_core::content::header::HEADER_LEN;
 use veilfs_core::content::ContentCipher;
 use veilfs_core::content::{BlockCodec, FileHeader};
 use veilfs_core::kdf::Argon2Params;
-use veilfs_core::lock::Holder;
 use veilfs_core::names::{ParsedEntry, DIRIV_NAME};
 use veilfs_core::record::ExchangeIntent;
 use veilfs_core::stash::{block_record, hole_record, number, RECORD_HEAD};
@@ -236,13 +235,9 @@ fn records(out: &Out) {
     v.extend_from_slice(&[0x12; 100]); // a record cut short by a crash
     out.put("stash_records", "mixed", &[&sel[..], &6u16.to_be_bytes(), &v].concat());
 
-    let h = Holder { pid: 4242, host: "build-1".into(), since: 1_700_000_000, command: "mount".into() };
-    out.put(
-        "lock_holder",
-        "mount",
-        format!("pid={}\nhost={}\nsince={}\ncommand={}\n", h.pid, h.host, h.since, h.command).as_bytes(),
-    );
-    out.put("lock_holder", "shared", b"pid=0\nhost=build-1\nsince=0\ncommand=mount --shared-storage\n");
+    out.put("lock_holder", "proc-locks", b"1: FLOCK  ADVISORY  WRITE 25544 fe:00:5415163 0 EOF\n2: -> FLOCK  ADVISORY  WRITE 7 08:01:42 0 EOF\n");
+    out.put("lock_holder", "cmdline-mount", b"/usr/bin/veilfs\0mount\0/v\0/m\0--passfile\0p\0");
+    out.put("lock_holder", "cmdline-helper", b"/sbin/mount.fuse.veilfs\0/v\0/m\0-o\0rw\0");
     out.put("lock_holder", "empty", b"");
 
     for conf in ["fixed-aes", "fixed-xchacha", "init-aes"] {

@@ -22,8 +22,8 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
+use veilfs_core::holder::Holder;
 use veilfs_core::kdf::{Argon2Params, KdfCeiling};
-use veilfs_core::lock::Holder;
 use veilfs_core::names;
 use veilfs_core::reverse::{ReverseVault, REVERSE_CONFIG_NAME};
 use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig, VaultLock};
@@ -50,10 +50,10 @@ pub struct UnlockArgs {
 /// fsck --repair).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LockArgs {
-    /// Take over the vault lock of another machine: only when nothing there uses the vault
-    /// any more (CIPHERDIR was copied or synced from there, or that machine crashed). A lock
-    /// of this machine needs no help: it is taken over once its holder is gone.
-    #[arg(long)]
+    /// Accepted for older command lines and fstab entries; does nothing. The vault lock is an
+    /// OS lock that dies with its holder, and a lock file that came from another machine
+    /// (synced or copied) never blocks, so there is nothing to break.
+    #[arg(long, hide = true)]
     pub break_lock: bool,
 }
 
@@ -64,13 +64,16 @@ impl LockArgs {
     /// for a moment (`fusermount3 -u` returns before the daemon lets go of the lock).
     pub fn take(&self, cipherdir: &Path, command: &str) -> Result<VaultLock> {
         VaultConfig::load(cipherdir)?;
+        if self.break_lock {
+            tracing::info!("--break-lock is no longer needed and does nothing: a lock file never blocks by itself");
+        }
         let source = cipherdir.canonicalize().unwrap_or_else(|_| cipherdir.to_path_buf());
         let ending = |h: &Holder| {
             h.command == "mount"
                 && h.is_this_host()
                 && matches!(crate::mountinfo::find_veilfs_source(&source), Ok(None))
         };
-        Ok(VaultLock::acquire(cipherdir, command, self.break_lock, &ending)?)
+        Ok(VaultLock::acquire(cipherdir, command, &ending)?)
     }
 }
 

@@ -148,26 +148,29 @@ pub fn run(mut a: Args) -> Result<i32> {
     }
     let mut lock = take_lock(&a, &cipherdir)?;
     let vault = Arc::new(a.unlock.open(&cipherdir)?);
-    if lock.took_over() && !a.read_only {
+    if lock.last_writer_crashed() && !a.read_only {
         // The last writer crashed: settle the files it left mid-write before serving
         // (docs/FORMAT.md §5.8), so the kernel never caches a size the crash rules shorten,
         // and finish its interrupted exchanges (§10).
         match veilfs_core::settle::crash_sweep(&vault) {
-            Ok(n) if n == Default::default() => {}
-            Ok(n) => tracing::warn!(
-                "{}: recovered crash state: settled {} file(s) left mid-write, finished {} exchange(s)",
-                cipherdir.display(),
-                n.files,
-                n.exchanges
-            ),
+            Ok(n) => {
+                if n != Default::default() {
+                    tracing::warn!(
+                        "{}: recovered crash state: settled {} file(s) left mid-write, finished {} exchange(s)",
+                        cipherdir.display(),
+                        n.files,
+                        n.exchanges
+                    );
+                }
+                // Swept: a clean end of this mount clears the crash mark.
+                if let MountLock::Vault(l) = &mut lock {
+                    l.swept();
+                }
+            }
             Err(e) => tracing::warn!("{}: crash sweep: {e}", cipherdir.display()),
         }
     }
     let ready = if a.foreground { None } else { Some(daemonize()?) };
-    if let MountLock::Vault(l) = &mut lock {
-        // The daemon holds the OS lock now (the open file came along): it names itself.
-        l.now_held_by_this_process()?;
-    }
     serve(&a, &cipherdir, &mountpoint, ready, lock, |cfg, activity| {
         veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity)
     })?;
@@ -254,9 +257,9 @@ enum MountLock {
 }
 
 impl MountLock {
-    /// Whether the vault lock was taken over from a writer that crashed.
-    fn took_over(&self) -> bool {
-        matches!(self, MountLock::Vault(l) if l.took_over())
+    /// Whether the last writer of the vault on this machine did not end cleanly.
+    fn last_writer_crashed(&self) -> bool {
+        matches!(self, MountLock::Vault(l) if l.last_writer_crashed())
     }
 }
 
@@ -272,7 +275,7 @@ fn take_lock(a: &Args, cipherdir: &Path) -> Result<MountLock> {
     };
     if a.shared_storage {
         veilfs_core::VaultConfig::load(cipherdir)?;
-        let ending = |h: &veilfs_core::lock::Holder| h.command == "mount" && h.is_this_host() && here().is_empty();
+        let ending = |h: &veilfs_core::holder::Holder| h.command == "mount" && h.is_this_host() && here().is_empty();
         return Ok(MountLock::Shared { _held: veilfs_core::lock::SharedLock::acquire(cipherdir, &ending)? });
     }
     let lock = a.lock.take(cipherdir, "mount")?;

@@ -28,10 +28,12 @@ an excluded directory (exclude `dir/*` and then `!dir/keep` instead). Later patt
 come before --exclude patterns. Excludes go by path and a hard link is another path to the same content, so while \
 any exclude is active, files with more than one link are left out of the view under every name (each named once \
 in the log): break the links or back them up from a view without excludes.\n\n\
-A mount locks its vault (the file veilfs.lock in CIPHERDIR, removed at unmount): a second mount and \
-the commands that write it (import, passwd, fsck --repair) are refused with exit code 9, naming the process that \
-holds it; reading commands (cat, ls, export, info, fsck) work. The lock of a daemon that died is taken over with a \
-warning; that of another machine (CIPHERDIR synced from there) only with --break-lock. Being the only writer, \
+A mount locks its vault (an OS lock on the empty file veilfs.lock in CIPHERDIR, which is never written or \
+removed): a second mount of this machine and the commands that write it (import, fsck --repair) are refused with \
+exit code 9, naming the process that holds it; reading commands (cat, ls, export, info, fsck) and passwd work. A \
+daemon that died holds nothing: the next mount says the last writer did not end cleanly and runs the crash \
+sweep. The lock does not reach other machines through a synced folder (nothing can); its file never blocks them. \
+Being the only writer, \
 a locked mount lets the kernel cache names and attributes for an hour (--attr-timeout) and tells it of every \
 change it makes itself. Use --shared-storage when several writers share CIPHERDIR (mounts on several machines, \
 or a mount and offline imports): such a mount takes no vault lock and caches nothing (slower, but never stale); \
@@ -61,7 +63,7 @@ pub struct Args {
     /// Several writers at once: CIPHERDIR may change underneath (another mount, an offline
     /// `veilfs import`, a sync tool). Takes no vault lock and caches nothing (slower, never
     /// stale); refused while a mount without it is live. Without it a mount locks the vault:
-    /// a second mount and the commands that write (import, passwd, fsck --repair) are
+    /// a second mount and the commands that write (import, fsck --repair) are
     /// refused while it is mounted.
     #[arg(long)]
     pub shared_storage: bool,

@@ -249,6 +249,21 @@ impl Mounted {
         }
     }
 
+    /// Kills the mount's daemon with SIGKILL (a crash: no destructor, no clean release) and
+    /// detaches the dead mount; returns the daemon's pid.
+    pub fn kill_daemon(&mut self) -> u32 {
+        let pid = daemon_pid(&self.mnt).expect("the daemon's pid");
+        assert!(run("kill", &["-KILL", &pid.to_string()]).status.success());
+        let t = std::time::Instant::now();
+        while daemon_pid(&self.mnt).is_some() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "the daemon did not die");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(run("fusermount3", &["-uz", self.mnt.to_str().unwrap()]).status.success());
+        self.mounted = false;
+        pid
+    }
+
     pub fn remount(&mut self) {
         self.umount();
         self.mount();
@@ -330,6 +345,13 @@ impl Drop for TestUser {
         let _ = run("pkill", &["-KILL", "-u", &self.uid.to_string()]);
         let _ = run("userdel", &[&self.name]);
     }
+}
+
+/// Whether the vault lock of `cipherdir` is free: nobody holds an `flock` on its
+/// `veilfs.lock` (asked with util-linux `flock -n`, which takes and drops it at once).
+pub fn vault_lock_is_free(cipherdir: &Path) -> bool {
+    let lock = cipherdir.join("veilfs.lock");
+    run("flock", &["-n", "-x", lock.to_str().unwrap(), "true"]).status.success()
 }
 
 /// Runs `cmd args` with a time limit; `None` if it had to be killed (it hung).

@@ -69,24 +69,21 @@ pub enum Error {
     BadName(String),
 
     /// The vault is in use by another writer: it holds the vault lock ([`crate::lock`]).
-    #[error("{}", locked_message(cipherdir, holder, *breakable, *shared))]
+    #[error("{}", locked_message(cipherdir, holder, *shared))]
     Locked {
         /// The vault.
         cipherdir: PathBuf,
-        /// Who holds the lock.
-        holder: crate::lock::Holder,
-        /// The holder is another machine and its lock is not held here: it may be a copy
-        /// (CIPHERDIR synced from there) or a leftover, which `--break-lock` takes over.
-        breakable: bool,
+        /// Who holds the lock, as the kernel says.
+        holder: crate::holder::Holder,
         /// Asked for by a `--shared-storage` mount (refused by a mount that caches).
         shared: bool,
     },
 }
 
 /// The message of [`Error::Locked`]: who holds the vault, and what to do.
-fn locked_message(cipherdir: &std::path::Path, holder: &crate::lock::Holder, breakable: bool, shared: bool) -> String {
+fn locked_message(cipherdir: &std::path::Path, holder: &crate::holder::Holder, shared: bool) -> String {
     let what = format!("{} is {}", cipherdir.display(), holder.describe());
-    if holder.command == crate::lock::SHARED_MOUNTS {
+    if holder.command == crate::holder::SHARED_MOUNTS {
         format!(
             "{what}; a mount that caches needs the vault to itself: unmount those first, or mount with \
              --shared-storage too (veilfs mount --help)"
@@ -95,12 +92,6 @@ fn locked_message(cipherdir: &std::path::Path, holder: &crate::lock::Holder, bre
         format!(
             "{what}, a mount that caches, which would not see a --shared-storage mount's changes; unmount it \
              first, then mount every writer with --shared-storage (veilfs mount --help)"
-        )
-    } else if breakable {
-        format!(
-            "{what}, another machine; if nothing there uses this vault any more (CIPHERDIR was copied or synced \
-             from there, or that machine crashed), take the lock over with --break-lock, or delete {}",
-            cipherdir.join(crate::names::LOCK_NAME).display()
         )
     } else if holder.command == "mount" {
         format!("{what}; unmount it first, or use --shared-storage (veilfs mount --help)")

@@ -28,7 +28,13 @@ enum Rule {
     PrefixThen(&'static str, &'static str),
     /// The infix anywhere.
     Contains(&'static str),
+    /// A sync tool's copy of the vault lock file ([`crate::lock::is_conflict_copy`]).
+    LockCopy,
 }
+
+/// The tool named for a copy of `veilfs.lock` (any sync tool's: the lock file has no content,
+/// so a copy of it is as harmless as its original; see [`crate::lock`]).
+pub const LOCK_COPY_TOOL: &str = "a sync tool (a copy of veilfs.lock, ignored)";
 
 /// The list, by tool (docs/GUIDE.md "Synced folders" shows it to users).
 const PATTERNS: &[Pattern] = &[
@@ -53,6 +59,9 @@ const PATTERNS: &[Pattern] = &[
     Pattern { tool: "macOS Finder", rule: Rule::Exact(".DS_Store") },
     Pattern { tool: "macOS Finder", rule: Rule::Affix("._", "") },
     Pattern { tool: "KDE Dolphin", rule: Rule::Exact(".directory") },
+    // `veilfs (1).lock`, `veilfs-HOST.lock`, `veilfs (… conflicted copy …).lock`; Syncthing's
+    // `veilfs.sync-conflict-….lock` has the reserved prefix and fsck names it the same way.
+    Pattern { tool: LOCK_COPY_TOOL, rule: Rule::LockCopy },
 ];
 
 /// The tool that leaves a file named `name` in synced folders, if any.
@@ -67,6 +76,7 @@ fn matches(rule: &Rule, name: &str) -> bool {
         Rule::Affix(pre, suf) => name.len() >= pre.len() + suf.len() && name.starts_with(pre) && name.ends_with(suf),
         Rule::PrefixThen(pre, inner) => name.strip_prefix(pre).is_some_and(|rest| rest.contains(inner)),
         Rule::Contains(inner) => name.contains(inner),
+        Rule::LockCopy => crate::lock::is_conflict_copy(name.as_bytes()),
     }
 }
 
@@ -102,6 +112,9 @@ mod tests {
         (".DS_Store", "macOS Finder"),
         ("._Zm9vYmFyYmF6cXV4", "macOS Finder"),
         (".directory", "KDE Dolphin"),
+        ("veilfs (1).lock", LOCK_COPY_TOOL),
+        ("veilfs (laptop's conflicted copy 2026-11-27).lock", LOCK_COPY_TOOL),
+        ("veilfs-LAPTOP.lock", LOCK_COPY_TOOL),
     ];
 
     #[test]

@@ -257,6 +257,13 @@ impl<'a> Checker<'a> {
             if top && (r.name == CONFIG_NAME.as_bytes() || is_lock_file(&name)) {
                 continue;
             }
+            // A sync tool's copy of the lock file: means nothing (the lock is an flock on the
+            // original), named and left alone.
+            if top && crate::lock::is_conflict_copy(&r.name) {
+                let tool = crate::foreign::LOCK_COPY_TOOL;
+                self.report.sync_files.push(SyncFile { cipher_path: dir.path.join(&name), tool });
+                continue;
+            }
             // A sync tool's file is named and left alone (and its directories, such as
             // Syncthing's version store, are not walked).
             if let ParsedEntry::SyncTool(tool) = ParsedEntry::parse(&r.name) {

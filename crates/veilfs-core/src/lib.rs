@@ -12,6 +12,7 @@ pub mod crash;
 pub mod diriv;
 pub mod error;
 pub mod foreign;
+pub mod holder;
 pub mod keys;
 pub mod names;
 pub mod plaintree;
@@ -32,6 +33,7 @@ pub mod stash;
 pub mod symlink;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod unclean;
 pub mod vault;
 pub mod xattr;
 

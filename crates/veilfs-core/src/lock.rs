@@ -1,5 +1,5 @@
-//! The vault lock: one writer at a time, unless the user asks otherwise, and a mount that
-//! caches never beside a `--shared-storage` one.
+//! The vault lock: one writer at a time on this machine, unless the user asks otherwise, and a
+//! mount that caches never beside a `--shared-storage` one.
 //!
 //! Why: a mount keeps each directory's entries in memory, and the kernel caches names,
 //! attributes and pages — for an hour on a mount that holds this lock (`veilfs mount` says
@@ -10,32 +10,47 @@
 //! `info`, `fsck`) only read and take none. `passwd` changes only the config's key slots,
 //! which a mount does not read again: it takes [`ConfigLock`] instead.
 //!
-//! The lock is the file `veilfs.lock` in CIPHERDIR (a reserved name, F§2 and F§6.5) holding
-//! who took it (`key=value` lines: `pid`, `host`, `since` in Unix seconds, `command`), plus
-//! an `flock(2)` on it held for as long as the holder lives. The OS lock is what decides:
-//! the kernel drops it when the holder dies, however it dies, so a crashed daemon's lock is
-//! stale by construction and taken over with a warning. Where the filesystem has no `flock`
-//! (some network filesystems), a lock of this host whose pid is gone is stale. A lock of
-//! another host cannot be checked from here (CIPHERDIR may be a synced copy whose lock file
-//! came along, or a network filesystem whose OS locks are not shared): it is refused, naming
-//! the host, and `break_lock` takes it over. The holder removes the file when done.
+//! The lock is an `flock(2)` on the file `veilfs.lock` in CIPHERDIR (a reserved name, F§2 and
+//! F§6.5), held for as long as the holder lives; the kernel drops it when the holder dies,
+//! however it dies, so a crashed writer never blocks anyone. The file has no content: `init`
+//! (or the first writer of a vault made before) creates it empty, and nothing ever writes,
+//! replaces or removes it, so a sync tool never sees it change: no conflict copies, no lock
+//! file that arrives from another machine and refuses a mount there, no file that vanishes
+//! under `cp -a` after an unmount. A lock file of an older version, which held its holder's
+//! pid and host, opens like an empty one: its content is never read. Who holds the lock is
+//! asked of the kernel for messages ([`crate::holder`]), never of the file. The lock must be a
+//! regular file with one link, opened without following a link and without blocking: a hard
+//! link to the config, a FIFO, a symbolic link or a directory planted under its name is
+//! refused as damage and never written through (nothing is ever written through it anyway).
+//!
+//! What it cannot do, by design: an `flock` excludes writers of this machine, and of machines
+//! that share CIPHERDIR over a network filesystem whose locks reach across machines (NFS, SMB
+//! with working locks). Two machines that share a vault through a sync tool each hold their
+//! own copy's lock: no file can exclude across a sync, so none pretends to. Their writes meet
+//! in the sync tool, and what it makes of concurrent changes (conflict copies, two entries for
+//! one name) is read as such by veilfs (docs/GUIDE.md, "Synced folders"). A sync tool's
+//! conflict copy of the lock file itself ([`is_conflict_copy`]) is ignored everywhere.
+//!
+//! Whether the last writer of this machine ended cleanly, which the crash sweep needs to know,
+//! is kept outside CIPHERDIR for the same reason ([`crate::unclean`]).
 //!
 //! Mounts with `--shared-storage` cache nothing and expect other writers: they do not take
 //! the lock file, so several of them and offline writers may work on one vault. They must
 //! never meet a mount that caches, which would not see their changes. So there is a second
 //! OS lock, on the CIPHERDIR directory itself: a mount that caches holds it exclusively
 //! ([`VaultLock::exclude_shared_mounts`], taken after the lock file), a shared-storage mount
-//! shared ([`SharedLock`]). Each kind is refused while the other is live (exit code 9); a
-//! shared-storage mount names the caching mount from the lock file, a caching mount can only
-//! say that shared-storage mounts hold the vault (they write no file: several at once would
-//! overwrite each other's name). Offline writers take only the lock file, so they still work
-//! beside shared-storage mounts. Like the lock file's, this OS lock dies with its holder; on
-//! a filesystem without `flock` it is skipped (debug log), and the rule rests on the user.
+//! and every other writer shared ([`SharedLock`]; the directory, unlike the file, is never
+//! replaced by a sync tool, so a caching mount stays exclusive even if its lock file was).
+//! Each kind of mount is refused while the other is live (exit code 9), naming what the
+//! kernel says holds it. Like the file's, this OS lock dies with its holder; on a filesystem
+//! without `flock` both are skipped (said once), and the rule rests on the user.
 
 use crate::error::{Error, IoContext, Result};
+use crate::holder::{holder_of, Holder};
 use crate::names::LOCK_NAME;
 use crate::sys;
 use crate::sys::Stat;
+use crate::unclean::UncleanMark;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -44,135 +59,84 @@ use std::time::{Duration, Instant};
 /// begun: `fusermount3 -u` returns before the daemon has let go of the lock).
 const ENDING_GRACE: Duration = Duration::from_secs(5);
 
-/// The [`Holder::command`] that stands for `--shared-storage` mounts, which keep a mount that
-/// caches out (see [`SharedLock`]) without naming themselves.
-pub const SHARED_MOUNTS: &str = "mount --shared-storage";
+/// How long a new lock retries while the holder is not a veilfs command it can name. A
+/// process that is exiting has its command line gone, and then its file table, before its
+/// last close of the lock file has run (the kernel defers it): for a moment the lock is held
+/// by a process without a command, or by none it can name; it is free at once after.
+const UNNAMED_GRACE: Duration = Duration::from_secs(1);
 
-/// Who holds (or held) a vault lock, as its lock file says.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
-    /// Process id of the holder (0: unknown).
-    pub pid: u32,
-    /// Host name of the holder's machine.
-    pub host: String,
-    /// When the lock was taken, in seconds since the Unix epoch.
-    pub since: u64,
-    /// The veilfs command holding it: `mount`, `import`, `passwd`, `fsck`.
-    pub command: String,
+/// How the lock file is opened: read-only (nothing is written through it; `flock` needs no
+/// write access, and a read-only open leaves a sync tool's watch quiet), created empty when
+/// missing, never through a symbolic link, never blocking on a planted FIFO.
+const LOCK_OPEN: libc::c_int = libc::O_RDONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+
+/// Creates the (empty) lock file in the new vault whose top directory is `dir` (`init`), so
+/// that every copy of the vault, synced or not, has the same one from the start.
+pub fn create_lock_file(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    sys::openat(dir, LOCK_NAME.as_bytes(), LOCK_OPEN | libc::O_EXCL, 0o644).map(drop)
 }
 
-impl Holder {
-    fn me(command: &str) -> Holder {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Holder { pid: std::process::id(), host: sys::host_name(), since, command: command.to_string() }
-    }
-
-    /// The holder that stands for live `--shared-storage` mounts (no pid: there may be many).
-    pub fn shared_mounts() -> Holder {
-        Holder { pid: 0, host: sys::host_name(), since: 0, command: SHARED_MOUNTS.to_string() }
-    }
-
-    /// The lock file's contents.
-    fn to_text(&self) -> String {
-        let clean = |s: &str| s.replace(['\n', '\r'], " ");
-        format!(
-            "pid={}\nhost={}\nsince={}\ncommand={}\n",
-            self.pid,
-            clean(&self.host),
-            self.since,
-            clean(&self.command)
-        )
-    }
-
-    /// Parses a lock file; `None` when it names no holder (empty: the holder is still writing
-    /// it, or crashed before it could).
-    pub fn parse(text: &str) -> Option<Holder> {
-        let mut h = Holder { pid: 0, host: String::new(), since: 0, command: String::new() };
-        for line in text.lines() {
-            match line.split_once('=') {
-                Some(("pid", v)) => h.pid = v.trim().parse().unwrap_or(0),
-                Some(("host", v)) => h.host = v.to_string(),
-                Some(("since", v)) => h.since = v.trim().parse().unwrap_or(0),
-                Some(("command", v)) => h.command = v.to_string(),
-                _ => {}
-            }
-        }
-        (h.pid != 0 || !h.host.is_empty()).then_some(h)
-    }
-
-    /// Whether the holder runs on this machine.
-    pub fn is_this_host(&self) -> bool {
-        self.host == sys::host_name()
-    }
-
-    /// "mounted by pid 12 on host h since 2025-01-02 03:04:05 UTC", or "in use by `veilfs
-    /// import` (pid 12) on host h since …".
-    pub fn describe(&self) -> String {
-        let since = utc_text(self.since);
-        if self.command == SHARED_MOUNTS {
-            "mounted with --shared-storage (by this machine or another sharing CIPHERDIR)".to_string()
-        } else if self.command == "mount" {
-            format!("mounted by pid {} on host {} since {since}", self.pid, self.host)
-        } else {
-            format!("in use by `veilfs {}` (pid {}) on host {} since {since}", self.command, self.pid, self.host)
-        }
-    }
+/// Whether `name` (in CIPHERDIR's top directory) is a sync tool's copy of the lock file:
+/// `veilfs<something>.lock` other than `veilfs.lock` itself, as Syncthing
+/// (`veilfs.sync-conflict-20261127-101010-ABCDEFG.lock`), Dropbox and Nextcloud
+/// (`veilfs (… conflicted copy …).lock`), OneDrive (`veilfs-HOST.lock`) and Google Drive
+/// (`veilfs (1).lock`) name them. Such a copy means nothing (the lock is the `flock` on the
+/// original): everything ignores it, fsck names it as a sync tool's file and never touches it.
+/// No name veilfs writes has this form (entry names are base64url with a 22-character
+/// binding; reserved names never end in `.lock`).
+pub fn is_conflict_copy(name: &[u8]) -> bool {
+    name.len() > "veilfs.lock".len()
+        && name.starts_with(b"veilfs")
+        && name.ends_with(b".lock")
+        && std::str::from_utf8(name).is_ok()
+        && !name.contains(&b'/')
 }
 
-/// `secs` since the epoch as "YYYY-MM-DD hh:mm:ss UTC" (days to a civil date: the
-/// proleptic Gregorian calendar, H. Hinnant's algorithm).
-fn utc_text(secs: u64) -> String {
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
-/// A held vault lock; dropping it removes the lock file (if it is still this lock's) and
-/// releases the OS lock.
+/// A held vault lock; dropping it releases the OS locks (the file stays: see the module docs)
+/// and, unless a crash it found is still unswept, clears the host-local crash mark.
 #[derive(Debug)]
 pub struct VaultLock {
     /// CIPHERDIR and the lock file, open and `flock`ed (`None`: no lock could be taken on
     /// read-only or foreign storage, and none is held by anyone else).
     held: Option<(OwnedFd, OwnedFd)>,
     path: PathBuf,
-    holder: Holder,
-    /// A dead holder's lock was taken over: it crashed (see [`took_over`](Self::took_over)).
-    took_over: bool,
+    /// This writer's host-local mark ([`crate::unclean`]), set while the lock is held.
+    mark: Option<UncleanMark>,
+    /// The last writer on this machine did not end cleanly (see [`Self::last_writer_crashed`]).
+    crashed: bool,
+    /// The crash sweep ran under this lock ([`Self::swept`]).
+    swept: bool,
 }
 
 impl VaultLock {
     /// Takes the lock of the vault in `cipherdir` for `command` (`mount`, `import`, …).
     ///
-    /// A live lock is an [`Error::Locked`] naming its holder. A stale one (its OS lock is
-    /// free, or on a filesystem without OS locks its pid is gone) of this host is taken over
-    /// with a warning; one of another host only when `break_lock`. While `ending(holder)` says
-    /// a live holder is going away (a mount whose unmount has begun), it is waited for, up to
-    /// 5 s. Storage where the lock file cannot be made (read-only, not writable by this user)
-    /// gives a lock that holds nothing, unless someone else holds one there.
-    pub fn acquire(
+    /// A live lock is an [`Error::Locked`] naming its holder as the kernel knows it. While
+    /// `ending(holder)` says a live holder is going away (a mount whose unmount has begun), it
+    /// is waited for, up to 5 s. Storage where the lock file cannot be made (read-only, not
+    /// writable by this user) gives a lock that holds nothing, unless someone else holds one
+    /// there. The lock file's content, if any (an older version's), is never read.
+    pub fn acquire(cipherdir: &Path, command: &str, ending: &dyn Fn(&Holder) -> bool) -> Result<Self> {
+        Self::acquire_marked(cipherdir, command, ending, crate::unclean::state_dir().as_deref())
+    }
+
+    /// [`acquire`](Self::acquire), keeping the crash mark in `state`.
+    pub fn acquire_marked(
         cipherdir: &Path,
         command: &str,
-        break_lock: bool,
         ending: &dyn Fn(&Holder) -> bool,
+        state: Option<&Path>,
     ) -> Result<Self> {
         let path = cipherdir.join(LOCK_NAME);
-        let me = Holder::me(command);
-        let deadline = Instant::now() + ENDING_GRACE;
+        let started = Instant::now();
+        let deadline = started + ENDING_GRACE;
+        let mut replaced = 0;
         loop {
             let dir = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
-            let flags = libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-            let fd = match sys::openat(dir.as_fd(), LOCK_NAME.as_bytes(), flags, 0o644) {
+            let fd = match sys::openat(dir.as_fd(), LOCK_NAME.as_bytes(), LOCK_OPEN, 0o644) {
                 Ok(fd) => fd,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS)) => {
-                    return Self::unwritable(dir, path, me, e);
+                    return Self::unwritable(dir, path, e);
                 }
                 // A symbolic link or a directory planted under the lock's name.
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::EISDIR)) => {
@@ -182,88 +146,78 @@ impl VaultLock {
                 Err(e) => return Err(Error::io(path.display().to_string(), e)),
             };
             let st = sys::fstat(fd.as_fd()).ctx(|| path.display().to_string())?;
-            // Checked on the open file before anything is written through it: a hard link to
-            // another file of the vault (its config) would otherwise be overwritten.
+            // Checked on the open file: a hard link to another file of the vault (its config)
+            // or a FIFO is not a lock file veilfs made.
             if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
                 return Err(not_a_lock(&path, &st));
             }
-            let os_lock = sys::try_flock_exclusive(fd.as_fd());
-            // The holder may have removed the file between our open and our flock: a lock on
-            // an unlinked file guards nothing. Start again on the file now at the name.
-            if os_lock.as_ref().is_ok_and(|&taken| taken) && !same_file(&dir, &st) {
-                continue;
-            }
-            let previous = read_holder(&fd);
-            let live = match os_lock {
-                Ok(taken) => !taken,
+            match sys::try_flock_exclusive(fd.as_fd()) {
+                Ok(true) => {
+                    // A sync tool may have replaced the file (a new version from elsewhere is
+                    // written aside and renamed over it) between our open and our flock: a
+                    // lock on a file no longer at the name guards nothing.
+                    if !same_name(&dir, LOCK_NAME, &st) && replaced < 10 {
+                        replaced += 1;
+                        continue;
+                    }
+                }
+                Ok(false) => {
+                    let holder = holder_of(&st, true);
+                    let unnamed = holder.command.is_empty() && started.elapsed() < UNNAMED_GRACE;
+                    if unnamed || (ending(&holder) && Instant::now() < deadline) {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, shared: false });
+                }
                 Err(e) if no_os_locks(&e) => {
-                    tracing::debug!("{}: no OS locks here ({e}); the pid decides", path.display());
-                    previous.as_ref().is_some_and(|h| h.is_this_host() && h.pid != me.pid && sys::process_exists(h.pid))
+                    tracing::warn!(
+                        "{}: this filesystem has no OS locks ({e}): veilfs cannot keep a second writer out; \
+                         mount with --shared-storage if several may write",
+                        path.display()
+                    );
                 }
                 Err(e) => return Err(Error::io(format!("locking {}", path.display()), e)),
-            };
-            if live {
-                let holder = match previous {
-                    Some(h) => h,
-                    // Just created: its holder writes its name next.
-                    None => Self::wait_for_name(&fd, &me),
-                };
-                if ending(&holder) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(50));
-                    continue;
-                }
-                return Err(Error::Locked {
-                    cipherdir: cipherdir.to_path_buf(),
-                    holder,
-                    breakable: false,
-                    shared: false,
-                });
             }
-            let previous_existed = previous.is_some();
-            if let Some(h) = previous {
-                if !h.is_this_host() && !break_lock {
-                    return Err(Error::Locked {
-                        cipherdir: cipherdir.to_path_buf(),
-                        holder: h,
-                        breakable: true,
-                        shared: false,
-                    });
+            // Every writer also holds CIPHERDIR shared: a mount that caches holds it
+            // exclusively, also if its lock file was replaced since it took it.
+            loop {
+                match sys::try_flock_shared(dir.as_fd()) {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        let dst = sys::fstat(dir.as_fd()).ctx(|| cipherdir.display().to_string())?;
+                        let holder = holder_of(&dst, true);
+                        let unnamed = holder.command.is_empty() && started.elapsed() < UNNAMED_GRACE;
+                        if unnamed || (ending(&holder) && Instant::now() < deadline) {
+                            std::thread::sleep(Duration::from_millis(50));
+                            continue;
+                        }
+                        return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, shared: false });
+                    }
+                    Err(e) if no_os_locks(&e) => break,
+                    Err(e) => return Err(Error::io(format!("locking {}", cipherdir.display()), e)),
                 }
+            }
+            let (mark, crashed) = UncleanMark::set(cipherdir, state, command);
+            if crashed {
                 tracing::warn!(
-                    "{}: taking over the lock of {} (pid {} on host {} since {}): {}",
-                    cipherdir.display(),
-                    if h.command == "mount" { "a mount" } else { "veilfs" },
-                    h.pid,
-                    h.host,
-                    utc_text(h.since),
-                    if h.is_this_host() { "that process is gone" } else { "--break-lock" }
+                    "{}: the last veilfs writer of this vault on this machine did not end cleanly (it crashed or \
+                     was killed)",
+                    cipherdir.display()
                 );
             }
-            let lock = VaultLock { held: Some((dir, fd)), path, holder: me, took_over: previous_existed };
-            lock.write_holder()?;
-            return Ok(lock);
+            return Ok(VaultLock { held: Some((dir, fd)), path, mark: Some(mark), crashed, swept: false });
         }
-    }
-
-    /// The holder of a lock file that was empty when read: waits a moment for its name.
-    fn wait_for_name(fd: &OwnedFd, me: &Holder) -> Holder {
-        for _ in 0..20 {
-            std::thread::sleep(Duration::from_millis(25));
-            if let Some(h) = read_holder(fd) {
-                return h;
-            }
-        }
-        Holder { pid: 0, host: me.host.clone(), since: 0, command: "an unknown command".into() }
     }
 
     /// No lock file can be made here: refused if someone else holds one, else a lock that
     /// holds nothing (read-only storage needs none; otherwise said once).
-    fn unwritable(dir: OwnedFd, path: PathBuf, me: Holder, e: std::io::Error) -> Result<Self> {
+    fn unwritable(dir: OwnedFd, path: PathBuf, e: std::io::Error) -> Result<Self> {
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
         if let Ok(fd) = sys::openat(dir.as_fd(), LOCK_NAME.as_bytes(), flags, 0) {
-            if let (Ok(false), Some(holder)) = (sys::try_flock_exclusive(fd.as_fd()), read_holder(&fd)) {
+            if let (Ok(st), Ok(false)) = (sys::fstat(fd.as_fd()), sys::try_flock_exclusive(fd.as_fd())) {
                 let cipherdir = path.parent().unwrap_or(Path::new("")).to_path_buf();
-                return Err(Error::Locked { cipherdir, holder, breakable: false, shared: false });
+                return Err(Error::Locked { cipherdir, holder: holder_of(&st, true), shared: false });
             }
         }
         if e.raw_os_error() == Some(libc::EROFS) {
@@ -271,32 +225,26 @@ impl VaultLock {
         } else {
             tracing::warn!("cannot take the vault lock {}: {e}; going on without it", path.display());
         }
-        Ok(VaultLock { held: None, path, holder: me, took_over: false })
+        Ok(VaultLock { held: None, path, mark: None, crashed: false, swept: false })
     }
 
-    /// Whether this lock was taken over from a holder that died holding it (a crash): its
-    /// writes may have left files for the crash sweep ([`crate::settle`]).
-    pub fn took_over(&self) -> bool {
-        self.took_over
+    /// Whether the last writer of this vault on this machine did not end cleanly (it crashed,
+    /// was killed, or the machine lost power): its writes may have left files for the crash
+    /// sweep ([`crate::settle`]).
+    pub fn last_writer_crashed(&self) -> bool {
+        self.crashed
     }
 
-    /// Records this process as the holder: after a fork, the daemon that now holds the lock
-    /// (the OS lock goes with the open file) names itself.
-    pub fn now_held_by_this_process(&mut self) -> Result<()> {
-        self.holder.pid = std::process::id();
-        self.write_holder()
+    /// Records that the crash sweep ran under this lock: a clean end then clears the crash
+    /// mark. Without it the mark of a crash found stays for the next writer (a read-only
+    /// mount or an import does not sweep).
+    pub fn swept(&mut self) {
+        self.swept = true;
     }
 
     /// Whether an OS lock is held (false on storage where no lock file could be made).
     pub fn is_held(&self) -> bool {
         self.held.is_some()
-    }
-
-    fn write_holder(&self) -> Result<()> {
-        let Some((_, fd)) = &self.held else { return Ok(()) };
-        let what = || format!("writing {}", self.path.display());
-        sys::ftruncate(fd.as_fd(), 0).ctx(what)?;
-        sys::pwrite_all(fd.as_fd(), self.holder.to_text().as_bytes(), 0).ctx(what)
     }
 
     /// Releases the lock now (what dropping it does).
@@ -316,7 +264,7 @@ impl VaultLock {
                 Ok(false) if ending() && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
                 Ok(false) => {
                     let holder = Holder::shared_mounts();
-                    return Err(Error::Locked { cipherdir: cipherdir(), holder, breakable: false, shared: false });
+                    return Err(Error::Locked { cipherdir: cipherdir(), holder, shared: false });
                 }
                 Err(e) if no_os_locks(&e) => {
                     tracing::debug!("{}: no OS locks on the directory ({e})", cipherdir().display());
@@ -347,23 +295,17 @@ impl SharedLock {
             match sys::try_flock_shared(dir.as_fd()) {
                 Ok(true) => return Ok(SharedLock { _dir: Some(dir) }),
                 Ok(false) => {
-                    // The caching mount wrote its name before it locked the directory.
-                    let holder = holder(cipherdir).unwrap_or_else(|| Holder {
-                        pid: 0,
-                        host: sys::host_name(),
-                        since: 0,
-                        command: "mount".into(),
-                    });
+                    // The kernel names the mount that holds the directory exclusively.
+                    let st = sys::fstat(dir.as_fd()).ctx(|| cipherdir.display().to_string())?;
+                    let mut holder = holder_of(&st, true);
+                    if holder.pid == 0 {
+                        holder = Holder { command: "mount".into(), host: sys::host_name(), ..holder };
+                    }
                     if ending(&holder) && Instant::now() < deadline {
                         std::thread::sleep(Duration::from_millis(50));
                         continue;
                     }
-                    return Err(Error::Locked {
-                        cipherdir: cipherdir.to_path_buf(),
-                        holder,
-                        breakable: false,
-                        shared: true,
-                    });
+                    return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, shared: true });
                 }
                 Err(e) if no_os_locks(&e) => {
                     tracing::debug!("{}: no OS locks on the directory ({e})", cipherdir.display());
@@ -437,22 +379,16 @@ fn no_os_locks(e: &std::io::Error) -> bool {
 
 impl Drop for VaultLock {
     fn drop(&mut self) {
-        if let Some((dir, fd)) = self.held.take() {
-            // Removed only while it is still this lock's file; the OS lock goes with the fd.
-            if let Ok(st) = sys::fstat(fd.as_fd()) {
-                if same_file(&dir, &st) {
-                    if let Err(e) = sys::unlinkat(dir.as_fd(), LOCK_NAME.as_bytes(), false) {
-                        tracing::warn!("cannot remove the vault lock {}: {e}", self.path.display());
-                    }
-                }
+        // The mark goes first, while the lock is still held: a writer that takes the lock next
+        // must not find the mark of a writer that ended cleanly. Then the OS locks go with
+        // the fds; the lock file stays (see the module docs).
+        if let Some(mark) = self.mark.take() {
+            if self.held.is_some() && (!self.crashed || self.swept) {
+                mark.clear();
             }
         }
+        drop(self.held.take());
     }
-}
-
-/// Whether `st` (of an open lock file) is the file now named `veilfs.lock` in `dir`.
-fn same_file(dir: &OwnedFd, st: &Stat) -> bool {
-    same_name(dir, LOCK_NAME, st)
 }
 
 /// Whether `st` (of an open file) is the file now named `name` in `dir`.
@@ -460,22 +396,14 @@ fn same_name(dir: &OwnedFd, name: &str, st: &Stat) -> bool {
     sys::fstatat(dir.as_fd(), name.as_bytes()).is_ok_and(|now| (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
 }
 
-fn read_holder(fd: &OwnedFd) -> Option<Holder> {
-    let mut buf = vec![0u8; 4096];
-    let n = sys::pread_full(fd.as_fd(), &mut buf, 0).ok()?;
-    Holder::parse(&String::from_utf8_lossy(&buf[..n]))
-}
-
-/// The holder of the vault lock in `cipherdir`, if a live one holds it (for messages; takes
-/// nothing).
+/// The holder of the vault lock in `cipherdir`, if a live one holds it (for messages and
+/// waits; takes nothing, the kernel is asked).
 pub fn holder(cipherdir: &Path) -> Option<Holder> {
     let dir = sys::open_dir_path(cipherdir).ok()?;
     let fd =
         sys::openat(dir.as_fd(), LOCK_NAME.as_bytes(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0).ok()?;
-    match sys::try_flock_exclusive(fd.as_fd()) {
-        Ok(false) => read_holder(&fd),
-        _ => None,
-    }
+    let st = sys::fstat(fd.as_fd()).ok()?;
+    crate::holder::holders_of(&st, true).into_iter().next()
 }
 
 #[cfg(test)]
@@ -486,40 +414,74 @@ mod tests {
         false
     }
 
-    #[test]
-    fn utc_dates() {
-        assert_eq!(utc_text(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc_text(951_782_400), "2000-02-29 00:00:00 UTC");
-        assert_eq!(utc_text(1_700_000_000), "2023-11-14 22:13:20 UTC");
+    /// Takes the lock with its crash mark in `state`.
+    fn take(dir: &Path, command: &str, state: &Path) -> Result<VaultLock> {
+        VaultLock::acquire_marked(dir, command, &never, Some(state))
     }
 
     #[test]
-    fn a_held_lock_refuses_and_is_removed_when_dropped() {
-        let t = tempfile::tempdir().unwrap();
-        let lock = VaultLock::acquire(t.path(), "import", false, &never).unwrap();
-        assert!(lock.is_held());
-        let text = std::fs::read_to_string(t.path().join(LOCK_NAME)).unwrap();
-        assert!(text.contains(&format!("pid={}\n", std::process::id())) && text.contains("command=import"), "{text}");
-        // A second open file description of this process is refused like another process.
-        let e = VaultLock::acquire(t.path(), "mount", false, &never).unwrap_err();
-        assert!(matches!(e, Error::Locked { breakable: false, .. }), "{e}");
-        assert!(e.to_string().contains("in use by `veilfs import`"), "{e}");
-        assert_eq!(holder(t.path()).map(|h| h.command), Some("import".to_string()));
+    fn a_held_lock_refuses_naming_the_process_and_its_file_stays_empty_and_in_place() {
+        let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let lock = take(t.path(), "import", state.path()).unwrap();
+        assert!(lock.is_held() && !lock.last_writer_crashed());
+        // A second open file description of this process is refused like another process,
+        // and the kernel names the holder.
+        let e = take(t.path(), "mount", state.path()).unwrap_err();
+        assert!(matches!(&e, Error::Locked { holder, .. } if holder.pid == std::process::id()), "{e}");
+        assert!(e.to_string().contains(&format!("locked by pid {} (`", std::process::id())), "{e}");
+        assert_eq!(holder(t.path()).map(|h| h.pid), Some(std::process::id()));
         drop(lock);
-        assert!(!t.path().join(LOCK_NAME).exists());
+        let meta = std::fs::metadata(t.path().join(LOCK_NAME)).unwrap();
+        assert_eq!(meta.len(), 0, "nothing is ever written into the lock file");
         assert!(holder(t.path()).is_none());
+        let again = take(t.path(), "mount", state.path()).unwrap();
+        assert!(!again.last_writer_crashed(), "a clean release leaves no crash mark");
+        let same = std::fs::metadata(t.path().join(LOCK_NAME)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((same.ino(), same.mtime(), same.mtime_nsec()), (meta.ino(), meta.mtime(), meta.mtime_nsec()));
+    }
+
+    #[test]
+    fn a_lock_file_that_came_from_elsewhere_never_refuses_and_is_not_rewritten() {
+        // The format of older versions: the holder's pid, host and command, here of another
+        // machine (a synced copy) and of a live process of this one (pid 1).
+        for text in [
+            "pid=4242\nhost=laptop.example\nsince=1700000000\ncommand=mount\n".to_string(),
+            format!("pid=1\nhost={}\nsince=0\ncommand=mount\n", sys::host_name()),
+            "\u{0}garbage".to_string(),
+        ] {
+            let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            std::fs::write(t.path().join(LOCK_NAME), &text).unwrap();
+            let lock = take(t.path(), "mount", state.path()).unwrap();
+            assert!(!lock.last_writer_crashed(), "a lock file is no crash mark: {text:?}");
+            drop(lock);
+            assert_eq!(std::fs::read_to_string(t.path().join(LOCK_NAME)).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn a_crash_mark_is_reported_until_the_sweep_ran_under_the_lock() {
+        let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // What a writer that died leaves: its mark (its OS lock died with it).
+        let (_left, _) = UncleanMark::set(t.path(), Some(state.path()), "mount");
+        let lock = take(t.path(), "import", state.path()).unwrap();
+        assert!(lock.last_writer_crashed());
+        drop(lock); // an import does not sweep: the mark stays for the next mount
+        let mut lock = take(t.path(), "mount", state.path()).unwrap();
+        assert!(lock.last_writer_crashed());
+        lock.swept();
+        drop(lock);
+        assert!(!take(t.path(), "mount", state.path()).unwrap().last_writer_crashed());
     }
 
     #[test]
     fn a_lock_planted_as_a_hard_link_to_the_config_is_refused_and_nothing_is_written_through_it() {
-        let t = tempfile::tempdir().unwrap();
+        let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let conf = t.path().join("veilfs.conf");
         std::fs::write(&conf, b"{\"the vault's config\": true}").unwrap();
         std::fs::hard_link(&conf, t.path().join(LOCK_NAME)).unwrap();
-        for break_lock in [false, true] {
-            let e = VaultLock::acquire(t.path(), "mount", break_lock, &never).unwrap_err();
-            assert!(matches!(&e, Error::Auth { detail, .. } if detail.contains("2 hard links")), "{e}");
-        }
+        let e = take(t.path(), "mount", state.path()).unwrap_err();
+        assert!(matches!(&e, Error::Auth { detail, .. } if detail.contains("2 hard links")), "{e}");
         assert_eq!(std::fs::read(&conf).unwrap(), b"{\"the vault's config\": true}");
     }
 
@@ -537,13 +499,60 @@ mod tests {
             ("a symbolic link", &|p: &Path| symlink("veilfs.conf", p).unwrap()),
             ("a directory", &|p: &Path| std::fs::create_dir(p).unwrap()),
         ] {
-            let t = tempfile::tempdir().unwrap();
+            let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
             std::fs::write(t.path().join("veilfs.conf"), b"config").unwrap();
             plant(&t.path().join(LOCK_NAME));
-            let e = VaultLock::acquire(t.path(), "import", true, &never).unwrap_err();
+            let e = take(t.path(), "import", state.path()).unwrap_err();
             assert!(matches!(&e, Error::Auth { detail, .. } if detail.contains(kind)), "{kind}: {e}");
             assert_eq!(std::fs::read(t.path().join("veilfs.conf")).unwrap(), b"config", "{kind}");
         }
+    }
+
+    #[test]
+    fn a_caching_mount_stays_exclusive_when_a_sync_tool_replaces_its_lock_file() {
+        let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mount = take(t.path(), "mount", state.path()).unwrap();
+        mount.exclude_shared_mounts(&|| false).unwrap();
+        // A sync tool writes a new version aside and renames it over the name.
+        std::fs::write(t.path().join(".syncthing.veilfs.lock.tmp"), b"").unwrap();
+        std::fs::rename(t.path().join(".syncthing.veilfs.lock.tmp"), t.path().join(LOCK_NAME)).unwrap();
+        let e = take(t.path(), "import", state.path()).unwrap_err();
+        assert!(matches!(&e, Error::Locked { holder, .. } if holder.pid == std::process::id()), "{e}");
+        drop(mount);
+        take(t.path(), "import", state.path()).unwrap();
+    }
+
+    #[test]
+    fn sync_tools_copies_of_the_lock_file_are_recognised_and_nothing_else_is() {
+        for copy in [
+            "veilfs.sync-conflict-20261127-101010-ABCDEFG.lock",
+            "veilfs (laptop's conflicted copy 2026-11-27).lock",
+            "veilfs (conflicted copy 2026-11-27 101010).lock",
+            "veilfs-LAPTOP.lock",
+            "veilfs (1).lock",
+        ] {
+            assert!(is_conflict_copy(copy.as_bytes()), "{copy}");
+        }
+        for other in [
+            "veilfs.lock",
+            "veilfs.conf",
+            "veilfs.diriv",
+            "veilfs.lock.tmp",
+            "Zm9vYmFyYmF6cXV4cXV1eA.AAAAAAAAAAAAAAAAAAAAAA",
+            "notveilfs.lock",
+        ] {
+            assert!(!is_conflict_copy(other.as_bytes()), "{other}");
+        }
+        assert!(!is_conflict_copy(b"veilfs\xff.lock"));
+    }
+
+    #[test]
+    fn init_creates_the_lock_file_once() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = sys::open_dir_path(t.path()).unwrap();
+        create_lock_file(dir.as_fd()).unwrap();
+        assert_eq!(std::fs::metadata(t.path().join(LOCK_NAME)).unwrap().len(), 0);
+        assert!(create_lock_file(dir.as_fd()).is_err(), "never over an existing file");
     }
 
     #[test]
@@ -567,53 +576,35 @@ mod tests {
     }
 
     #[test]
-    fn a_stale_lock_of_this_host_is_taken_over_and_another_hosts_only_when_broken() {
-        let t = tempfile::tempdir().unwrap();
-        let file = t.path().join(LOCK_NAME);
-        let stale = Holder { pid: 999_999_999, host: sys::host_name(), since: 1, command: "mount".into() };
-        std::fs::write(&file, stale.to_text()).unwrap();
-        let lock = VaultLock::acquire(t.path(), "passwd", false, &never).unwrap();
-        assert!(std::fs::read_to_string(&file).unwrap().contains("command=passwd"));
-        drop(lock);
-        let other = Holder { pid: 42, host: "elsewhere.example".into(), since: 1, command: "mount".into() };
-        std::fs::write(&file, other.to_text()).unwrap();
-        let e = VaultLock::acquire(t.path(), "import", false, &never).unwrap_err();
-        assert!(matches!(e, Error::Locked { breakable: true, .. }), "{e}");
-        assert!(e.to_string().contains("elsewhere.example") && e.to_string().contains("--break-lock"), "{e}");
-        let lock = VaultLock::acquire(t.path(), "import", true, &never).unwrap();
-        assert!(std::fs::read_to_string(&file).unwrap().contains(&format!("host={}", sys::host_name())));
-        drop(lock);
-    }
-
-    #[test]
     fn caching_and_shared_storage_mounts_exclude_each_other() {
-        let t = tempfile::tempdir().unwrap();
+        let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (a, b) = (SharedLock::acquire(t.path(), &never).unwrap(), SharedLock::acquire(t.path(), &never).unwrap());
         // Offline writers work beside shared-storage mounts; a mount that caches does not.
-        let lock = VaultLock::acquire(t.path(), "mount", false, &never).unwrap();
+        let lock = take(t.path(), "mount", state.path()).unwrap();
         let e = lock.exclude_shared_mounts(&|| false).unwrap_err();
-        assert!(matches!(&e, Error::Locked { holder, .. } if holder.command == SHARED_MOUNTS), "{e}");
+        assert!(matches!(&e, Error::Locked { holder, .. } if holder.command == crate::holder::SHARED_MOUNTS), "{e}");
         assert!(e.to_string().contains("mounted with --shared-storage"), "{e}");
         drop((a, b, lock));
-        let lock = VaultLock::acquire(t.path(), "mount", false, &never).unwrap();
+        let lock = take(t.path(), "mount", state.path()).unwrap();
         lock.exclude_shared_mounts(&|| false).unwrap();
         let e = SharedLock::acquire(t.path(), &never).unwrap_err();
         assert!(matches!(&e, Error::Locked { shared: true, .. }), "{e}");
-        assert!(e.to_string().contains(&format!("mounted by pid {} on host", std::process::id())), "{e}");
+        assert!(e.to_string().contains(&format!("locked by pid {} (`", std::process::id())), "{e}");
         drop(lock);
         SharedLock::acquire(t.path(), &never).unwrap();
     }
 
     #[test]
     fn a_holder_that_is_ending_is_waited_for() {
-        let t = tempfile::tempdir().unwrap();
-        let first = VaultLock::acquire(t.path(), "mount", false, &never).unwrap();
+        let (t, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = take(t.path(), "mount", state.path()).unwrap();
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
             drop(first);
         });
         let started = Instant::now();
-        let lock = VaultLock::acquire(t.path(), "mount", false, &|h| h.command == "mount").unwrap();
+        let ending = |h: &Holder| h.pid == std::process::id();
+        let lock = VaultLock::acquire_marked(t.path(), "mount", &ending, Some(state.path())).unwrap();
         assert!(started.elapsed() >= Duration::from_millis(150));
         releaser.join().unwrap();
         drop(lock);

@@ -168,6 +168,8 @@ impl Vault {
         let dirfd = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
         let iv_copy = IvCopy::of(&cfg);
         iv_copy.write(dirfd.as_fd(), &root_iv).ctx(|| cipherdir.join(iv_copy.name(&root_iv)).display().to_string())?;
+        crate::lock::create_lock_file(dirfd.as_fd())
+            .ctx(|| cipherdir.join(crate::names::LOCK_NAME).display().to_string())?;
         sys::fsync(dirfd.as_fd()).ctx(|| format!("syncing {}", cipherdir.display()))?;
         cfg.save(cipherdir)?;
         Ok((Vault::from_parts(cipherdir, cfg, master), rk))
