@@ -24,7 +24,7 @@
 //! older as `name (conflict).ext`.
 
 use crate::error::{Error, IoContext, Result};
-use crate::names::{EntryKind, Identity, NameKey, ParsedEntry, NAME_MAX};
+use crate::names::{NameKey, ParsedEntry, NAME_MAX};
 use crate::sys::Stat;
 use crate::vault::{BadEntry, CipherDir, Entry, Vault};
 use std::collections::{HashMap, HashSet};
@@ -284,15 +284,13 @@ impl Vault {
                     }
                     _ => Ok(None),
                 },
+                // One of several entries for one name; one that does not verify is the entry
+                // path's finding (a listing or lookup reports it), not a copy's.
                 ParsedEntry::Short { key, .. } | ParsedEntry::Long { key, .. } => {
-                    match self.decode_entry(dir, on_disk.as_bytes(), st) {
-                        Ok(Some(e)) => {
-                            groups.entry(key).or_default().push(e);
-                            Ok(None)
-                        }
-                        Ok(None) => Ok(None),
-                        Err(e) => Err(e),
+                    if let Ok(Some(e)) = self.decode_entry(dir, on_disk.as_bytes(), st) {
+                        groups.entry(key).or_default().push(e);
                     }
+                    Ok(None)
                 }
                 _ => Ok(None),
             };
@@ -364,23 +362,35 @@ impl Vault {
         dir: &CipherDir,
         raw: impl Iterator<Item = &'r [u8]>,
     ) -> (Vec<ConflictCopy>, Vec<BadEntry>) {
-        let mut keys: HashMap<String, Vec<String>> = HashMap::new();
+        let mut keys: HashMap<&str, Vec<&'r [u8]>> = HashMap::new();
         let mut candidates = Vec::new();
         for name in raw {
             match ParsedEntry::parse(name) {
                 ParsedEntry::Conflict(_) => candidates.push(String::from_utf8_lossy(name).into_owned()),
+                // Entry names are ASCII, so the key is a slice of `name`.
                 p => {
                     if let Some(k) = p.key() {
-                        keys.entry(k.to_string()).or_default().push(String::from_utf8_lossy(name).into_owned());
+                        let k = std::str::from_utf8(&name[..k.len()]).expect("ASCII");
+                        keys.entry(k).or_default().push(name);
                     }
                 }
             }
         }
-        candidates.extend(keys.values().filter(|v| v.len() > 1).flatten().cloned());
+        let dups = keys.values().filter(|v| v.len() > 1).flatten();
+        candidates.extend(dups.map(|n| String::from_utf8_lossy(n).into_owned()));
         if candidates.is_empty() {
             return (Vec::new(), Vec::new());
         }
         self.conflict_copies(dir, &candidates, |k| keys.contains_key(k))
+    }
+
+    /// [`Vault::keyed_entries`] and the conflict copies of `dir`, from one listing: for a
+    /// front end that keeps its own index of keys (the mount), where each copy goes under the
+    /// key of its shown name.
+    pub fn keyed_entries_and_copies(&self, dir: &CipherDir) -> Result<(Vec<(String, String, u8)>, Vec<ConflictCopy>)> {
+        let raw = crate::sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let (copies, _) = self.conflicts_in(dir, raw.iter().map(|r| r.name.as_slice()));
+        Ok((Self::keyed_from(dir, raw), copies))
     }
 
     /// The conflict copy shown as `name` in `dir`, if any (`raw`: the directory's on-disk
@@ -393,13 +403,6 @@ impl Vault {
     ) -> Result<Option<Entry>> {
         let (copies, _) = self.conflicts_in(dir, raw);
         Ok(copies.into_iter().find(|c| c.entry.name == name).map(|c| c.entry))
-    }
-
-    /// The kind and identity a conflict copy named `on_disk` promises: its original entry's
-    /// binding verified for `D` = `d` (the original name's) and the object there.
-    pub fn unbind_copy(&self, dir: &CipherDir, d: &[u8], c: &ConflictName, st: &Stat) -> Result<(EntryKind, Identity)> {
-        let binding = c.binding().ok_or_else(|| Error::Invalid("not a copy of a user entry".into()))?;
-        self.verified_identity(&dir.iv, d, binding, st)
     }
 }
 
