@@ -28,6 +28,7 @@ use crate::names::{NameKey, ParsedEntry, NAME_MAX};
 use crate::sys::Stat;
 use crate::vault::{BadEntry, CipherDir, Entry, Vault};
 use std::collections::{HashMap, HashSet};
+use std::os::unix::ffi::OsStrExt;
 
 /// The suffix under which the older of two valid entries for one name is shown.
 pub const OLDER_SUFFIX: &str = "conflict";
@@ -52,6 +53,11 @@ impl ConflictName {
     /// The original name, classified (a user entry, or one of veilfs's own files).
     pub fn entry(&self) -> ParsedEntry<'_> {
         ParsedEntry::parse(self.original.as_bytes())
+    }
+
+    /// Whether it copies a user entry (not one of veilfs's own files).
+    pub fn is_of_entry(&self) -> bool {
+        matches!(self.entry(), ParsedEntry::Short { .. } | ParsedEntry::Long { .. })
     }
 
     /// base64url(S) of the original entry, for a copy of a user entry.
@@ -403,6 +409,116 @@ impl Vault {
     ) -> Result<Option<Entry>> {
         let (copies, _) = self.conflicts_in(dir, raw);
         Ok(copies.into_iter().find(|c| c.entry.name == name).map(|c| c.entry))
+    }
+}
+
+/// What a conflict copy of one of veilfs's own files is, by that file's rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InternalCopy {
+    /// A copy of the lock: never a lock (only `veilfs.lock` is), no data; `--repair` removes it.
+    Lock,
+    /// A copy of the config: never read (the vault opens with `veilfs.conf`, which verified);
+    /// left alone, as it may hold key slots the user wants back.
+    Config,
+    /// A copy of a directory's IV copy or of a long name's side file that says exactly what
+    /// the original says (checked): redundant; `--repair` removes it.
+    Same,
+    /// A copy of a directory's IV copy or a side file that says something else: not used
+    /// (the original is what the vault reads), an integrity finding.
+    Differs(String),
+}
+
+/// The rule for `name`, a conflict copy `c` of one of veilfs's own files in `dir`.
+pub fn internal_copy(vault: &Vault, dir: &CipherDir, name: &str, c: &ConflictName) -> InternalCopy {
+    use crate::names::{CONFIG_NAME, DIRIV_LEN, DIRIV_NAME, LOCK_NAME, LONG_NAME_FILE_PREFIX};
+    let read = |max| crate::sys::read_meta_at(dir.fd(), name.as_bytes(), max);
+    match c.original.as_str() {
+        LOCK_NAME => InternalCopy::Lock,
+        CONFIG_NAME => InternalCopy::Config,
+        DIRIV_NAME => match read(DIRIV_LEN) {
+            Ok(iv) if iv == dir.iv => InternalCopy::Same,
+            Ok(_) => InternalCopy::Differs("names another directory IV than this directory's entry promises".into()),
+            Err(e) => InternalCopy::Differs(format!("cannot be read: {e}")),
+        },
+        o => {
+            if let Some(iv) = crate::names::parse_diriv_name(o.as_bytes()) {
+                return if iv == dir.iv {
+                    InternalCopy::Same
+                } else {
+                    InternalCopy::Differs("names another directory IV than this directory's entry promises".into())
+                };
+            }
+            let hash = o.strip_prefix(LONG_NAME_FILE_PREFIX).unwrap_or_default();
+            let key = format!("{}{hash}", crate::names::LONG_PREFIX);
+            match Vault::read_side_file(dir, name) {
+                Ok(text) => {
+                    let parsed = ParsedEntry::Long { key: &key, hash, s: "" };
+                    match vault.names().entry_d(&parsed, |_| Ok(text)) {
+                        Ok(_) => InternalCopy::Same,
+                        Err(e) => InternalCopy::Differs(e.to_string()),
+                    }
+                }
+                Err(e) => InternalCopy::Differs(e.to_string()),
+            }
+        }
+    }
+}
+
+/// One conflict copy found in a vault (see [`Vault::conflicts_under`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FoundCopy {
+    /// Its ciphertext path.
+    pub cipher_path: std::path::PathBuf,
+    /// The plaintext path it is shown under (`None`: a copy of one of veilfs's own files).
+    pub shown_as: Option<std::path::PathBuf>,
+    /// The plaintext path of the entry it copies, or the name of the veilfs file.
+    pub copy_of: std::path::PathBuf,
+    /// The tool that made it.
+    pub tool: &'static str,
+}
+
+impl Vault {
+    /// Every conflict copy in the vault, directory by directory (conflict copies of
+    /// directories are walked too), and the copies that do not verify (integrity errors:
+    /// not shown anywhere). Names and bindings only; no content is read.
+    pub fn conflicts_under(&self) -> Result<(Vec<FoundCopy>, Vec<Error>)> {
+        let (mut found, mut bad) = (Vec::new(), Vec::new());
+        let mut todo = vec![(self.root()?, std::path::PathBuf::new())];
+        while let Some((dir, plain)) = todo.pop() {
+            let raw = crate::sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+            for r in &raw {
+                if let ParsedEntry::Internal | ParsedEntry::Conflict(_) = ParsedEntry::parse(&r.name) {
+                    let Some(c) = parse(&r.name).filter(|c| !c.is_of_entry()) else {
+                        continue;
+                    };
+                    found.push(FoundCopy {
+                        cipher_path: dir.path.join(String::from_utf8_lossy(&r.name).as_ref()),
+                        shown_as: None,
+                        copy_of: c.original.clone().into(),
+                        tool: c.tool,
+                    });
+                }
+            }
+            let (copies, failed) = self.conflicts_in(&dir, raw.iter().map(|r| r.name.as_slice()));
+            bad.extend(failed.into_iter().map(|b| b.error));
+            for c in &copies {
+                found.push(FoundCopy {
+                    cipher_path: dir.path.join(&c.entry.on_disk),
+                    shown_as: Some(plain.join(std::ffi::OsStr::from_bytes(&c.entry.name))),
+                    copy_of: plain.join(std::ffi::OsStr::from_bytes(&c.original)),
+                    tool: c.tool,
+                });
+            }
+            let (entries, _) = self.list(&dir)?;
+            for e in entries.iter().filter(|e| e.kind == crate::names::EntryKind::Dir) {
+                match self.open_dir(&dir, e) {
+                    Ok(sub) => todo.push((sub, plain.join(std::ffi::OsStr::from_bytes(&e.name)))),
+                    Err(e) => bad.push(e),
+                }
+            }
+        }
+        found.sort_by(|a, b| a.cipher_path.cmp(&b.cipher_path));
+        Ok((found, bad))
     }
 }
 
