@@ -94,7 +94,8 @@ fn print_report(a: &Args, r: &Report) -> Result<()> {
     }
     for c in &r.conflicts {
         let shown = c.plain_path.as_ref().map(|p| format!(" (shown as /{})", p.display())).unwrap_or_default();
-        let of = if c.plain_path.is_some() { format!("/{}", c.copy_of.display()) } else { c.copy_of.display().to_string() };
+        let of =
+            if c.plain_path.is_some() { format!("/{}", c.copy_of.display()) } else { c.copy_of.display().to_string() };
         let detail = if c.detail.is_empty() { String::new() } else { format!(": {}", c.detail) };
         let fixed = c.repaired.as_ref().map(|w| format!("; repaired: {w}")).unwrap_or_default();
         eprintln!(

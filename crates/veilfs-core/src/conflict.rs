@@ -242,6 +242,9 @@ pub fn assign(copies: &[(Vec<u8>, String)], mut taken: impl FnMut(&[u8]) -> bool
         .collect()
 }
 
+/// One entry of [`Vault::keyed_entries`]: lookup key, on-disk name, `d_type`.
+pub type KeyedEntry = (String, String, u8);
+
 /// A conflict copy of a user entry whose binding verified, as the directory shows it.
 #[derive(Clone, Debug)]
 pub struct ConflictCopy {
@@ -368,32 +371,40 @@ impl Vault {
         dir: &CipherDir,
         raw: impl Iterator<Item = &'r [u8]>,
     ) -> (Vec<ConflictCopy>, Vec<BadEntry>) {
-        let mut keys: HashMap<&str, Vec<&'r [u8]>> = HashMap::new();
-        let mut candidates = Vec::new();
-        for name in raw {
+        // Every listing passes here: one parse per name and a count per key, no allocation
+        // per entry; the work below is only for directories that hold copies.
+        let names: Vec<&[u8]> = raw.collect();
+        let mut keys: HashMap<&str, u32> = HashMap::with_capacity(names.len());
+        let mut copies = false;
+        for name in &names {
             match ParsedEntry::parse(name) {
-                ParsedEntry::Conflict(_) => candidates.push(String::from_utf8_lossy(name).into_owned()),
-                // Entry names are ASCII, so the key is a slice of `name`.
+                ParsedEntry::Conflict(_) => copies = true,
+                // Entry names are ASCII, so the key is a prefix of `name`.
                 p => {
                     if let Some(k) = p.key() {
-                        let k = std::str::from_utf8(&name[..k.len()]).expect("ASCII");
-                        keys.entry(k).or_default().push(name);
+                        *keys.entry(std::str::from_utf8(&name[..k.len()]).expect("ASCII")).or_default() += 1;
                     }
                 }
             }
         }
-        let dups = keys.values().filter(|v| v.len() > 1).flatten();
-        candidates.extend(dups.map(|n| String::from_utf8_lossy(n).into_owned()));
-        if candidates.is_empty() {
+        if !copies && keys.values().all(|&n| n == 1) {
             return (Vec::new(), Vec::new());
         }
+        let candidates: Vec<String> = names
+            .iter()
+            .filter(|name| match ParsedEntry::parse(name) {
+                ParsedEntry::Conflict(_) => true,
+                p => p.key().is_some_and(|k| keys.get(k).is_some_and(|&n| n > 1)),
+            })
+            .map(|name| String::from_utf8_lossy(name).into_owned())
+            .collect();
         self.conflict_copies(dir, &candidates, |k| keys.contains_key(k))
     }
 
     /// [`Vault::keyed_entries`] and the conflict copies of `dir`, from one listing: for a
     /// front end that keeps its own index of keys (the mount), where each copy goes under the
     /// key of its shown name.
-    pub fn keyed_entries_and_copies(&self, dir: &CipherDir) -> Result<(Vec<(String, String, u8)>, Vec<ConflictCopy>)> {
+    pub fn keyed_entries_and_copies(&self, dir: &CipherDir) -> Result<(Vec<KeyedEntry>, Vec<ConflictCopy>)> {
         let raw = crate::sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
         let (copies, _) = self.conflicts_in(dir, raw.iter().map(|r| r.name.as_slice()));
         Ok((Self::keyed_from(dir, raw), copies))

@@ -462,15 +462,23 @@ impl<'a> Checker<'a> {
         if self.repair {
             // Bound under the shown name (same identity), then one rename in the directory,
             // with the rights of its owner as every repair.
-            let renamed = self.vault.new_entry_name(dir, &entry.name, entry.kind, &entry.identity).and_then(|(key, on)| {
-                let (old, new) = (entry.on_disk.as_bytes(), on.as_bytes());
-                sys::as_owner_of(&[dir.fd()], || {
-                    sys::renameat2(dir.fd(), old, dir.fd(), new, libc::RENAME_NOREPLACE)
-                })
-                .ctx(|| dir.child_path(&entry.on_disk))?;
-                let stat = sys::fstatat(dir.fd(), new).ctx(|| dir.child_path(&on))?;
-                Ok(Entry { name: entry.name.clone(), on_disk: on, key, kind: entry.kind, identity: entry.identity, stat })
-            });
+            let renamed =
+                self.vault.new_entry_name(dir, &entry.name, entry.kind, &entry.identity).and_then(|(key, on)| {
+                    let (old, new) = (entry.on_disk.as_bytes(), on.as_bytes());
+                    sys::as_owner_of(&[dir.fd()], || {
+                        sys::renameat2(dir.fd(), old, dir.fd(), new, libc::RENAME_NOREPLACE)
+                    })
+                    .ctx(|| dir.child_path(&entry.on_disk))?;
+                    let stat = sys::fstatat(dir.fd(), new).ctx(|| dir.child_path(&on))?;
+                    Ok(Entry {
+                        name: entry.name.clone(),
+                        on_disk: on,
+                        key,
+                        kind: entry.kind,
+                        identity: entry.identity,
+                        stat,
+                    })
+                });
             match renamed {
                 Ok(e) => {
                     found.repaired = Some(format!("renamed to /{}", shown.display()));
