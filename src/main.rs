@@ -56,6 +56,8 @@ enum Command {
     Ls(cmd::ls::Args),
     /// Check a whole vault (every name, binding, IV and block); --repair fixes crash leftovers.
     Fsck(cmd::fsck::Args),
+    /// List the sync tools' conflict copies in a vault and the names they are shown under.
+    Conflicts(cmd::conflicts::Args),
     /// Print the ciphertext path of a plaintext path.
     EncryptPath(cmd::paths::EncryptArgs),
     /// Print the plaintext path of a ciphertext path.
@@ -127,6 +129,7 @@ fn main() {
         Command::Cat(a) => cmd::cat::run(a),
         Command::Ls(a) => cmd::ls::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
+        Command::Conflicts(a) => cmd::conflicts::run(a),
         Command::EncryptPath(a) => cmd::paths::encrypt(a),
         Command::DecryptPath(a) => cmd::paths::decrypt(a),
         Command::Speed(a) => cmd::speed::run(a),

@@ -734,3 +734,61 @@ fn import_source_swapped_for_symlink_stores_nothing_unreadable_as_hers() {
     assert!(out.join(format!("backup{}/static", runs - 1)).is_file(), "the imports ran");
     assert!(!tree_holds(&out, b"ROOT-ONLY CANARY"), "the vault holds the content of root's file");
 }
+
+/// Attack: forge a sync tool's conflict copy to inject a name or content. A copy is shown only
+/// if its original entry's binding verifies for the object that is there, and a file's
+/// content must carry the identity that binding promises: a copy named with one entry's `D`
+/// and another's binding is not shown (an integrity error: exit code 6 offline), and a copy
+/// whose name verifies but that holds another file's bytes reads as EIO (exit code 6), never
+/// as that content. (docs/SECURITY.md, "Conflict copies".)
+#[test]
+fn a_forged_conflict_copy_injects_neither_a_name_nor_content() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    fs::write(m.m("a.txt"), "content of a").unwrap();
+    fs::write(m.m("b.txt"), "content of b, which the attacker wants shown as a's").unwrap();
+    m.umount();
+    let mut files = user_entries(&m.cipher);
+    files.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    let (a, b) = (files[0].clone(), files[1].clone());
+    let split = |p: &Path| {
+        let n = p.file_name().unwrap().to_str().unwrap().to_string();
+        let dot = n.rfind('.').unwrap();
+        (n[..dot].to_string(), n[dot + 1..].to_string())
+    };
+    let ((_, sa), (db, _)) = (split(&a), split(&b));
+    let (v, pf) = (m.cipher.to_str().unwrap().to_string(), m.passfile.to_str().unwrap().to_string());
+    let names = |m: &Mounted| {
+        let mut n: Vec<String> =
+            fs::read_dir(&m.mnt).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        n.sort();
+        n
+    };
+
+    // b's name with a's binding (and a's bytes): the binding is for another name.
+    let forged = m.cipher.join(format!("{db}.{SYNCTHING_PART}.{sa}"));
+    fs::copy(&a, &forged).unwrap();
+    m.mount();
+    assert_eq!(names(&m), ["a.txt", "b.txt"]);
+    assert_eq!(fs::read_to_string(m.m("b.txt")).unwrap(), "content of b, which the attacker wants shown as a's");
+    m.umount();
+    let forged_name = forged.file_name().unwrap().to_str().unwrap();
+    for args in [vec!["ls", &v], vec!["export", &v, "/nonexistent-never-written"]] {
+        let o = run(&BIN, &[&args[..], &["--passfile", &pf]].concat());
+        assert_eq!(o.status.code(), Some(6), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(forged_name), "{args:?} names the forged copy: {}", text(&o));
+    }
+    fs::remove_file(&forged).unwrap();
+
+    // a's name and binding, b's bytes: shown under a's copy name, but never readable.
+    let swapped = syncthing_copy_name(&a);
+    fs::copy(&b, &swapped).unwrap();
+    let copy_name = format!("a ({SYNCTHING_PART}).txt");
+    m.mount();
+    assert_eq!(names(&m), [copy_name.as_str(), "a.txt", "b.txt"]);
+    assert_eq!(fs::read(m.m(&copy_name)).map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)));
+    assert_eq!(fs::read_to_string(m.m("a.txt")).unwrap(), "content of a");
+    m.umount();
+    let o = run(&BIN, &["cat", &format!("{v}/{copy_name}"), "--passfile", &pf]);
+    assert_eq!(o.status.code(), Some(6), "cat: {}", text(&o));
+    assert!(o.stdout.is_empty(), "no content of b: {:?}", String::from_utf8_lossy(&o.stdout));
+}

@@ -1566,3 +1566,62 @@ fn a_changed_file_is_a_conflict_unless_overwrite() {
     assert_eq!(code(&o), 0, "{}", err(&o));
     assert_eq!(std::fs::read_to_string(dest.join("d/change")).unwrap(), "second, longer version");
 }
+
+/// Conflict copies offline: `veilfs conflicts` lists a Syncthing and a Dropbox copy of a file
+/// under the names every tool shows them as, and the copies of veilfs's own lock and config;
+/// fsck reports them as conflict copies with exit code 0; `fsck --repair` makes the file
+/// copies ordinary entries (both versions kept), removes the lock's copy (it holds nothing)
+/// and leaves the config's copy alone.
+#[test]
+fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
+    let f = Fixture::new();
+    let src = f.dir.join("tree");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("notes.txt"), "mine").unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let entry = common::user_entries(&f.vault).remove(0);
+    let syncthing = common::syncthing_copy_name(&entry);
+    std::fs::copy(&entry, &syncthing).unwrap();
+    let name = entry.file_name().unwrap().to_str().unwrap();
+    let dot = name.rfind('.').unwrap();
+    let dropbox = f.vault.join(format!("{} (host's conflicted copy 2026-11-27){}", &name[..dot], &name[dot..]));
+    std::fs::copy(&entry, &dropbox).unwrap();
+    let part = common::SYNCTHING_PART;
+    let lock_copy = f.vault.join(format!("veilfs.{part}.lock"));
+    std::fs::write(&lock_copy, "a lock of another machine").unwrap();
+    let conf_copy = f.vault.join(format!("veilfs.{part}.conf"));
+    std::fs::copy(f.vault.join("veilfs.conf"), &conf_copy).unwrap();
+
+    let o = f.run(&["conflicts", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let listed = out(&o);
+    for line in [
+        format!("/notes ({part}).txt\tSyncthing copy of /notes.txt\t{}", syncthing.display()),
+        format!("/notes (host's conflicted copy 2026-11-27).txt\tDropbox copy of /notes.txt\t{}", dropbox.display()),
+        format!("(not shown)\tSyncthing copy of veilfs's veilfs.lock\t{}", lock_copy.display()),
+        format!("(not shown)\tSyncthing copy of veilfs's veilfs.conf\t{}", conf_copy.display()),
+    ] {
+        assert!(listed.contains(&line), "{line:?} in:\n{listed}");
+    }
+    let o = f.run(&["fsck", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains(&format!("conflict copy (Syncthing copy of /notes.txt): {}", syncthing.display())));
+    assert!(err(&o).contains("0 problems"), "{}", err(&o));
+
+    let o = f.run(&["fsck", "--repair", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(!syncthing.exists() && !dropbox.exists() && !lock_copy.exists(), "{}", err(&o));
+    assert!(conf_copy.exists(), "the config's copy is left alone");
+    let o = f.run(&["ls", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(
+        out(&o).lines().collect::<Vec<_>>(),
+        ["notes (host's conflicted copy 2026-11-27).txt", &format!("notes ({part}).txt"), "notes.txt"]
+    );
+    for n in ["notes.txt", &format!("notes ({part}).txt")] {
+        assert_eq!(out(&f.run(&["cat", &format!("{}/{n}", f.v())])), "mine");
+    }
+    let o = f.run(&["conflicts", f.v()]);
+    assert_eq!(out(&o).lines().count(), 1, "only the config's copy is left: {}", out(&o));
+    assert_eq!(code(&f.run(&["fsck", f.v()])), 0);
+}

@@ -1330,3 +1330,76 @@ fn a_time_set_right_after_the_last_close_is_kept_when_the_daemon_settles_the_fil
         }
     }
 }
+
+/// A vault in a synced folder: Syncthing keeps the losing side of a conflicting edit as a
+/// copy of the ciphertext file under `D.sync-conflict-<date>-<time>-<device>.S`, and two
+/// machines that make one name each give two valid entries for it. The mount, `ls`, `cat`
+/// and `export` show every version: the copy as `report (sync-conflict-…).txt`, the older of
+/// two entries as `photos (conflict)`; a copy can be renamed like any file.
+#[test]
+fn conflict_copies_and_two_entries_for_one_name_are_all_shown_and_readable() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    fs::write(m.m("report.txt"), "version A").unwrap();
+    fs::create_dir(m.m("photos")).unwrap();
+    fs::write(m.m("photos/one.jpg"), "first machine").unwrap();
+    m.umount();
+    let entries = user_entries(&m.cipher);
+    let file = entries.iter().find(|p| p.is_file()).unwrap().clone();
+    let dir = entries.iter().find(|p| p.is_dir()).unwrap().clone();
+    // Syncthing: the other machine's version arrives as a copy; this one's goes on changing.
+    fs::copy(&file, syncthing_copy_name(&file)).unwrap();
+    // The other machine made "photos" too: a second directory entry for the same name.
+    let aside = m.tmpfs.path.join("aside");
+    fs::rename(&dir, &aside).unwrap();
+    m.mount();
+    fs::create_dir(m.m("photos")).unwrap();
+    fs::write(m.m("photos/two.jpg"), "second machine").unwrap();
+    fs::write(m.m("report.txt"), "version B, edited here").unwrap();
+    m.umount();
+    fs::rename(&aside, &dir).unwrap();
+
+    let copy_name = format!("report ({SYNCTHING_PART}).txt");
+    let expect = |root: &Path| {
+        let mut names: Vec<String> =
+            fs::read_dir(root).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        assert_eq!(names, ["photos", "photos (conflict)", copy_name.as_str(), "report.txt"], "in {}", root.display());
+        assert_eq!(fs::read_to_string(root.join("report.txt")).unwrap(), "version B, edited here");
+        assert_eq!(fs::read_to_string(root.join(&copy_name)).unwrap(), "version A");
+        let mut photos: Vec<(String, String)> = ["photos", "photos (conflict)"]
+            .iter()
+            .flat_map(|d| fs::read_dir(root.join(d)).unwrap().flatten().map(|e| e.path()))
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), fs::read_to_string(&p).unwrap()))
+            .collect();
+        photos.sort();
+        assert_eq!(photos, [("one.jpg".into(), "first machine".into()), ("two.jpg".into(), "second machine".into())]);
+    };
+    m.mount();
+    expect(&m.mnt);
+    m.umount();
+
+    // The offline tools show the same, with exit code 0.
+    let v = m.cipher.to_str().unwrap();
+    let pf = m.passfile.to_str().unwrap();
+    let o = run(&BIN, &["ls", "-R", v, "--passfile", pf]);
+    assert!(o.status.success(), "ls: {}", text(&o));
+    assert!(text(&o).contains(&copy_name) && text(&o).contains("photos (conflict)"), "{}", text(&o));
+    let o = run(&BIN, &["cat", &format!("{v}/{copy_name}"), "--passfile", pf]);
+    assert!(o.status.success(), "cat: {}", text(&o));
+    assert_eq!(o.stdout, b"version A");
+    let out = m.tmpfs.path.join("exported");
+    let o = run(&BIN, &["export", v, out.to_str().unwrap(), "--passfile", pf]);
+    assert!(o.status.success(), "export: {}", text(&o));
+    expect(&out);
+
+    // A copy is a file like any other: renamed, it becomes an ordinary entry.
+    m.mount();
+    fs::rename(m.m(&copy_name), m.m("report, their version.txt")).unwrap();
+    assert_eq!(fs::read_to_string(m.m("report, their version.txt")).unwrap(), "version A");
+    assert!(!m.m(&copy_name).exists());
+    m.umount();
+    assert!(!syncthing_copy_name(&file).exists(), "the copy's ciphertext name is gone");
+    m.mount();
+    assert_eq!(fs::read_to_string(m.m("report, their version.txt")).unwrap(), "version A");
+    assert_eq!(fs::read_to_string(m.m("report.txt")).unwrap(), "version B, edited here");
+}

@@ -34,7 +34,14 @@ fuzz_target!(|data: &[u8]| {
             assert!(name.starts_with(RESERVED_PREFIX.as_bytes()) || name == b"." || name == b"..")
         }
         ParsedEntry::Foreign => {
-            assert!(veilfs_core::foreign::sync_tool(name).is_none());
+            assert!(veilfs_core::foreign::sync_tool(name).is_none() && veilfs_core::conflict::parse(name).is_none());
+            return;
+        }
+        // A conflict copy: the tool's part taken out leaves a name veilfs writes, which is
+        // never itself a copy, and the copy is not an entry by itself.
+        ParsedEntry::Conflict(c) => {
+            assert!(!matches!(c.entry(), ParsedEntry::Conflict(_) | ParsedEntry::Foreign | ParsedEntry::SyncTool(_)));
+            assert!(c.original.len() < name.len() && parsed.key().is_none() && parsed.binding().is_none());
             return;
         }
         // Only a name that parses as nothing veilfs writes is looked up as a sync tool's file.

@@ -12,7 +12,9 @@ use veilfs_core::fsck::{Checker, ProblemKind, Report};
 #[command(after_help = "Checks the config, every directory IV, entry name and binding, long-name side file, \
 symlink, extended attribute and content block. Without --repair nothing is written and no lock is taken, so it \
 can run while the vault is mounted. --repair fixes what a crash leaves behind (temporary names, duplicate entries \
-for one name, orphaned long-name side files, a missing directory IV copy, the partial copy of an interrupted import) and \
+for one name, orphaned long-name side files, a missing directory IV copy, the partial copy of an interrupted import), \
+renames sync tools' conflict copies (and the older of two valid entries for one name) to the names they are shown \
+under, so they become ordinary files, and \
 moves damaged or stray objects into /lost+found in the vault, where whatever still authenticates can be read \
 again; it deletes no file data. A damaged file whose header still authenticates (a write or truncate a crash cut \
 short) is salvaged: a copy of every block that authenticates takes its name, unreadable blocks inside become zeros \
@@ -89,6 +91,18 @@ fn print_report(a: &Args, r: &Report) -> Result<()> {
     }
     for f in &r.sync_files {
         eprintln!("veilfs: fsck: foreign (sync tool: {}): {}: left alone", f.tool, f.cipher_path.display());
+    }
+    for c in &r.conflicts {
+        let shown = c.plain_path.as_ref().map(|p| format!(" (shown as /{})", p.display())).unwrap_or_default();
+        let of =
+            if c.plain_path.is_some() { format!("/{}", c.copy_of.display()) } else { c.copy_of.display().to_string() };
+        let detail = if c.detail.is_empty() { String::new() } else { format!(": {}", c.detail) };
+        let fixed = c.repaired.as_ref().map(|w| format!("; repaired: {w}")).unwrap_or_default();
+        eprintln!(
+            "veilfs: fsck: conflict copy ({} copy of {of}): {}{shown}{detail}{fixed}",
+            c.tool,
+            c.cipher_path.display()
+        );
     }
     for p in &r.problems {
         let plain = p.plain_path.as_ref().map(|p| format!(" (/{})", p.display())).unwrap_or_default();

@@ -1,6 +1,7 @@
 //! One module per subcommand; shared helpers here.
 
 pub mod cat;
+pub mod conflicts;
 pub mod export;
 pub mod fsck;
 pub mod generate;

@@ -875,3 +875,27 @@ pub fn iv_copies(cipher: &Path) -> Vec<(PathBuf, Vec<(String, u64)>)> {
     }
     out
 }
+
+/// The user entries of a ciphertext directory (every name but veilfs's own `veilfs.*`
+/// files), sorted.
+pub fn user_entries(cipher_dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(cipher_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().as_bytes().starts_with(b"veilfs."))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The name Syncthing gives its conflict copy of `entry` (a ciphertext `D.S`): the conflict
+/// part goes before the "extension", which for a vault name is its binding `S`.
+pub const SYNCTHING_PART: &str = "sync-conflict-20261127-101010-ABCDEFG";
+
+/// `entry`'s Syncthing conflict copy name (see [`SYNCTHING_PART`]).
+pub fn syncthing_copy_name(entry: &Path) -> PathBuf {
+    let name = entry.file_name().unwrap().to_str().unwrap();
+    let dot = name.rfind('.').unwrap();
+    entry.with_file_name(format!("{}.{SYNCTHING_PART}{}", &name[..dot], &name[dot..]))
+}

@@ -141,11 +141,11 @@ mod tests {
         for n in names {
             assert!(!matches!(ParsedEntry::parse(n.as_bytes()), ParsedEntry::SyncTool(_)), "{n}");
         }
-        // A sync tool's conflict copy of a veilfs entry is not one of its working files: it
-        // stays an integrity finding until conflicts are handled.
-        let copy = "Zm9vYmFyYmF6cXV4cXV1eA.AAAAAAAAAAAAAAAAAAAAAA.sync-conflict-20261127-101010-ABCDEFG";
+        // A sync tool's conflict copy of a veilfs entry is not one of its working files: it is
+        // a copy of the entry ([`crate::conflict`]), verified as the entry is.
+        let copy = "Zm9vYmFyYmF6cXV4cXV1eAbc.sync-conflict-20261127-101010-ABCDEFG.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
         assert!(sync_tool(copy.as_bytes()).is_none());
-        assert!(matches!(ParsedEntry::parse(copy.as_bytes()), ParsedEntry::Foreign));
+        assert!(matches!(ParsedEntry::parse(copy.as_bytes()), ParsedEntry::Conflict(_)));
         assert!(sync_tool(b"stfolder").is_none() && sync_tool(b"\xff.tmp").is_none());
     }
 }

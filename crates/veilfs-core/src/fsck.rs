@@ -2,14 +2,16 @@
 //! symlink, extended attribute and content block, through the same [`Vault`] steps the mount
 //! and the offline tools use; and repairing what a crash can leave behind.
 //!
-//! A check never writes. A repair fixes crash leftovers — temporary names, duplicate entries
-//! for one name, orphaned long-name and symlink-target side files and xattr continuations, a
-//! missing directory IV copy — rewrites a wrong IV copy, and moves every
-//! damaged or stray object into a `lost+found` directory at the top of the vault, bound there
-//! under a new name with the identity it carries (a file's header ID, a directory's IV, a
-//! symlink's ID), so whatever still authenticates can be read again. It deletes no user data:
-//! the only things it removes are orphaned side files and xattr continuations (an encrypted
-//! name, a removed symlink's target, the tail of a value replaced or never set),
+//! A check never writes. A repair fixes crash leftovers — temporary names, orphaned
+//! long-name and symlink-target side files and xattr continuations, a missing directory IV
+//! copy — rewrites a wrong IV copy, renames conflict copies (a sync tool's, and the older of
+//! two valid entries for one name) to the names they are shown as, and moves every damaged
+//! or stray object into a `lost+found` directory at the top of the vault, bound there under a
+//! new name with the identity it carries (a file's header ID, a directory's IV, a symlink's
+//! ID), so whatever still authenticates can be read again. It deletes no user data: the only
+//! things it removes are orphaned side files and xattr continuations (an encrypted name, a
+//! removed symlink's target, the tail of a value replaced or never set), sync tools' copies of
+//! the lock, of IV copies and of side files (they hold no user data),
 //! the config's own temporary copy and the partial copies an interrupted import left.
 
 use crate::content::header::{FileHeader, HEADER_LEN};
@@ -43,7 +45,8 @@ pub enum ProblemKind {
     Foreign,
     /// An object under a temporary name: an interrupted mkdir, rmdir or exchange.
     TempName,
-    /// Two verified entries for one name: a rename over an existing name was interrupted.
+    /// Two verified entries for one name. Not reported any more: such entries are conflict
+    /// copies ([`Report::conflicts`]), shown by every tool; kept for the JSON report's form.
     Duplicate,
     /// A long-name side file that no entry uses, a symlink target's side file that no
     /// symlink uses, or an inner-block stash of a file that is not UNSETTLED (FORMAT.md §5.9:
@@ -100,6 +103,28 @@ pub struct Report {
     /// Files a sync tool or desktop left ([`crate::foreign`]): named, never a problem, never
     /// touched by `--repair`.
     pub sync_files: Vec<SyncFile>,
+    /// Conflict copies ([`crate::conflict`]): a sync tool's copies that verify and the older
+    /// of two valid entries for one name (shown by every tool, so not a problem; `--repair`
+    /// makes them ordinary entries under the names they are shown as), and copies of
+    /// veilfs's own files that hold nothing else than the original.
+    pub conflicts: Vec<ConflictFound>,
+}
+
+/// A conflict copy found by fsck.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConflictFound {
+    /// Its ciphertext path.
+    pub cipher_path: PathBuf,
+    /// The plaintext path it is shown under (`None`: a copy of one of veilfs's own files).
+    pub plain_path: Option<PathBuf>,
+    /// The plaintext path of the entry it copies, or the veilfs file's name.
+    pub copy_of: PathBuf,
+    /// The tool that made it ("veilfs": the older of two entries for one name).
+    pub tool: &'static str,
+    /// What it is, for a copy of one of veilfs's own files.
+    pub detail: String,
+    /// What `--repair` did about it.
+    pub repaired: Option<String>,
 }
 
 /// A file a sync tool or desktop left in the vault's folder.
@@ -239,12 +264,20 @@ impl<'a> Checker<'a> {
         let mut side_files: Vec<String> = Vec::new();
         let mut target_files: Vec<String> = Vec::new();
         let mut strays: Vec<(String, ProblemKind, String)> = Vec::new();
+        let (mut copy_names, mut copy_keys): (Vec<String>, HashSet<String>) = (Vec::new(), HashSet::new());
         let copy = self.vault.iv_copy();
         let copy_name = copy.name(&dir.iv);
         for r in raw {
             let name = String::from_utf8_lossy(&r.name).into_owned();
             if r.name == b"." || r.name == b".." || r.name == copy_name.as_bytes() {
                 continue;
+            }
+            // A sync tool's copy of one of veilfs's own files: by that file's rule.
+            if let ParsedEntry::Internal | ParsedEntry::Conflict(_) = ParsedEntry::parse(&r.name) {
+                if let Some(c) = crate::conflict::parse(&r.name).filter(|c| !c.is_of_entry()) {
+                    self.internal_copy(&dir, &name, &c);
+                    continue;
+                }
             }
             if copy == IvCopy::Name && r.name.starts_with(DIRIV_NAME.as_bytes()) {
                 // Another IV name, or the old form's file: part of the IV problem reported
@@ -313,6 +346,14 @@ impl<'a> Checker<'a> {
                 continue;
             }
             let parsed = ParsedEntry::parse(&r.name);
+            if let ParsedEntry::Conflict(c) = &parsed {
+                // Decoded below with the other copies; a long name's copy reads the side file.
+                if let ParsedEntry::Long { key, .. } = c.entry() {
+                    copy_keys.insert(key.to_string());
+                }
+                copy_names.push(name);
+                continue;
+            }
             match parsed.key() {
                 Some(key) => {
                     let key = key.to_string();
@@ -358,19 +399,25 @@ impl<'a> Checker<'a> {
             }
             used_keys.insert(key);
             good.sort_by_key(|e| std::cmp::Reverse((e.stat.st_ctime, e.stat.st_ctime_nsec)));
-            let mut it = good.into_iter();
-            if let Some(newest) = it.next() {
-                for older in it {
-                    let p = plain.join(std::ffi::OsStr::from_bytes(&older.name));
-                    let i = self.problem(
-                        ProblemKind::Duplicate,
-                        dir.path.join(&older.on_disk),
-                        Some(&p),
-                        "an older second entry for this name (an interrupted rename)".into(),
-                    );
-                    self.move_to_lost_found(i, &dir, &older.on_disk, &older.stat);
+            if good.len() > 1 {
+                // Two valid entries for one name (two machines, or an interrupted rename over
+                // an existing name): the newer is the entry, the others conflict copies.
+                copy_names.extend(good.iter().map(|e| e.on_disk.clone()));
+            }
+            keep.extend(good.into_iter().next());
+        }
+        used_keys.extend(copy_keys);
+        if !copy_names.is_empty() {
+            let (copies, bad) = self.vault.conflict_copies(&dir, &copy_names, |k| used_keys.contains(k));
+            for b in bad {
+                let on_disk = String::from_utf8_lossy(&b.on_disk).into_owned();
+                let i = self.damaged(&dir, &on_disk, None, &b.error);
+                if let Ok(st) = sys::fstatat(dir.fd(), on_disk.as_bytes()) {
+                    self.move_to_lost_found(i, &dir, &on_disk, &st);
                 }
-                keep.push(newest);
+            }
+            for c in copies {
+                keep.push(self.entry_copy(&dir, &plain, c));
             }
         }
         for (name, kind, detail) in strays {
@@ -403,6 +450,95 @@ impl<'a> Checker<'a> {
             let p = plain.join(std::ffi::OsStr::from_bytes(&e.name));
             self.check_entry(&dir, e, p);
         }
+    }
+
+    /// Reports the conflict copy `c` of a user entry of `dir` (plaintext path `plain`); with
+    /// `--repair` renames it to the name it is shown as, an ordinary entry from then on.
+    /// Returns the entry to check further.
+    fn entry_copy(&mut self, dir: &CipherDir, plain: &Path, c: crate::conflict::ConflictCopy) -> Entry {
+        let shown = plain.join(std::ffi::OsStr::from_bytes(&c.entry.name));
+        let mut found = ConflictFound {
+            cipher_path: dir.path.join(&c.entry.on_disk),
+            plain_path: Some(shown.clone()),
+            copy_of: plain.join(std::ffi::OsStr::from_bytes(&c.original)),
+            tool: c.tool,
+            detail: String::new(),
+            repaired: None,
+        };
+        let mut entry = c.entry;
+        if self.repair {
+            // Bound under the shown name (same identity), then one rename in the directory,
+            // with the rights of its owner as every repair.
+            let renamed =
+                self.vault.new_entry_name(dir, &entry.name, entry.kind, &entry.identity).and_then(|(key, on)| {
+                    let (old, new) = (entry.on_disk.as_bytes(), on.as_bytes());
+                    sys::as_owner_of(&[dir.fd()], || {
+                        sys::renameat2(dir.fd(), old, dir.fd(), new, libc::RENAME_NOREPLACE)
+                    })
+                    .ctx(|| dir.child_path(&entry.on_disk))?;
+                    let stat = sys::fstatat(dir.fd(), new).ctx(|| dir.child_path(&on))?;
+                    Ok(Entry {
+                        name: entry.name.clone(),
+                        on_disk: on,
+                        key,
+                        kind: entry.kind,
+                        identity: entry.identity,
+                        stat,
+                    })
+                });
+            match renamed {
+                Ok(e) => {
+                    found.repaired = Some(format!("renamed to /{}", shown.display()));
+                    entry = e;
+                }
+                Err(e) => found.detail = format!("repair failed: {e}"),
+            }
+        }
+        self.report.conflicts.push(found);
+        entry
+    }
+
+    /// Reports the conflict copy `c` (named `name` in `dir`) of one of veilfs's own files, by
+    /// that file's rule ([`crate::conflict::internal_copy`]); with `--repair` removes one that
+    /// holds nothing the vault needs (a lock's copy, an IV copy or side file saying what the
+    /// original says). One that says something else is damage, removed on repair (never
+    /// used: the original is what the vault reads). The config's copy is left alone.
+    fn internal_copy(&mut self, dir: &CipherDir, name: &str, c: &crate::conflict::ConflictName) {
+        use crate::conflict::InternalCopy;
+        let rule = crate::conflict::internal_copy(self.vault, dir, name, c);
+        let detail = match &rule {
+            InternalCopy::Lock => "a copy of the vault lock (never a lock; holds no data)".to_string(),
+            InternalCopy::Config => {
+                "a copy of the config (not used: the vault opens with veilfs.conf; left alone)".to_string()
+            }
+            InternalCopy::Same => format!("a copy of {} saying what it says (not used)", c.original),
+            InternalCopy::Differs(why) => {
+                let i = self.problem(
+                    ProblemKind::Damaged,
+                    dir.path.join(name),
+                    None,
+                    format!("a sync tool's copy of {}: {why} (not used)", c.original),
+                );
+                self.remove_leftover(i, dir, name, "removed (never used; holds no user data)");
+                return;
+            }
+        };
+        let mut found = ConflictFound {
+            cipher_path: dir.path.join(name),
+            plain_path: None,
+            copy_of: PathBuf::from(&c.original),
+            tool: c.tool,
+            detail,
+            repaired: None,
+        };
+        if self.repair && rule != InternalCopy::Config {
+            let r = sys::as_owner_of(&[dir.fd()], || sys::unlinkat(dir.fd(), name.as_bytes(), false));
+            match r {
+                Ok(()) => found.repaired = Some("removed (holds nothing the vault needs)".into()),
+                Err(e) => found.detail.push_str(&format!(" (repair failed: {e})")),
+            }
+        }
+        self.report.conflicts.push(found);
     }
 
     /// Checks every exchange intent record of `dir` (F§10), before anything else there: one

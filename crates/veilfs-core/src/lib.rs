@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod conflict;
 pub mod content;
 pub mod crash;
 pub mod diriv;

@@ -200,8 +200,12 @@ pub enum ParsedEntry<'a> {
         /// base64url(S).
         s: &'a str,
     },
-    /// Not a name this format produces (e.g. a sync tool's conflict copy).
+    /// Not a name this format produces.
     Foreign,
+    /// A sync tool's conflict copy of a name this format produces: the name with the tool's
+    /// part (`.sync-conflict-…`, ` (1)`, ...) inserted ([`crate::conflict`]). Not an entry by
+    /// itself: shown under its own name only once its original entry's binding verifies.
+    Conflict(crate::conflict::ConflictName),
     /// A file a sync tool or desktop leaves in folders (`.stfolder`, a Syncthing temporary
     /// file, `.DS_Store`; [`crate::foreign`]): not an entry, not damage, never touched.
     SyncTool(&'static str),
@@ -210,16 +214,20 @@ pub enum ParsedEntry<'a> {
 impl<'a> ParsedEntry<'a> {
     /// Classifies an on-disk name. Called for every entry of every listing, so it works on
     /// bytes and checks each byte once against a table. A name veilfs cannot have written is
-    /// looked up in the list of sync tools' files ([`crate::foreign`]) last, so that list can
-    /// never hide an entry.
+    /// looked up as a conflict copy ([`crate::conflict`]) and then in the list of sync tools'
+    /// files ([`crate::foreign`]), so neither can hide an entry.
     pub fn parse(name: &'a [u8]) -> Self {
         match Self::parse_format(name) {
-            ParsedEntry::Foreign => crate::foreign::sync_tool(name).map_or(ParsedEntry::Foreign, ParsedEntry::SyncTool),
+            ParsedEntry::Foreign => match crate::conflict::parse(name) {
+                Some(c) => ParsedEntry::Conflict(c),
+                None => crate::foreign::sync_tool(name).map_or(ParsedEntry::Foreign, ParsedEntry::SyncTool),
+            },
             p => p,
         }
     }
 
-    fn parse_format(name: &'a [u8]) -> Self {
+    /// The names the format itself produces; anything else is [`ParsedEntry::Foreign`].
+    pub(crate) fn parse_format(name: &'a [u8]) -> Self {
         if name == b"." || name == b".." {
             return ParsedEntry::Internal;
         }
@@ -822,7 +830,8 @@ mod tests {
                     prop_assert_eq!(key, format!("{LONG_PREFIX}{hash}"));
                 }
                 ParsedEntry::Internal => prop_assert!(name.starts_with(b"veilfs.") || name == b"." || name == b".."),
-                ParsedEntry::Foreign => prop_assert!(crate::foreign::sync_tool(&name).is_none()),
+                ParsedEntry::Foreign => prop_assert!(crate::foreign::sync_tool(&name).is_none() && crate::conflict::parse(&name).is_none()),
+                ParsedEntry::Conflict(c) => prop_assert_eq!(Some(c), crate::conflict::parse(&name)),
                 ParsedEntry::SyncTool(_) => prop_assert!(crate::foreign::sync_tool(&name).is_some()),
             }
         }

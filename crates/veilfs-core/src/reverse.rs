@@ -502,7 +502,7 @@ impl ReverseVault {
             ParsedEntry::Long { .. } | ParsedEntry::Internal => {
                 Ok(self.list(dir)?.into_iter().find(|i| i.on_disk.as_bytes() == on_disk))
             }
-            ParsedEntry::Foreign | ParsedEntry::SyncTool(_) => Ok(None),
+            ParsedEntry::Foreign | ParsedEntry::SyncTool(_) | ParsedEntry::Conflict(_) => Ok(None),
         }
     }
 

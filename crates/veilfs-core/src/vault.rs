@@ -329,7 +329,9 @@ impl Vault {
         let parsed = ParsedEntry::parse(on_disk);
         let what = || dir.child_path(&String::from_utf8_lossy(on_disk));
         match parsed {
-            ParsedEntry::Internal | ParsedEntry::SyncTool(_) => return Ok(None),
+            // A conflict copy is decoded with the directory's other copies
+            // ([`list_conflicts`](Self::list_conflicts)), which give it its shown name.
+            ParsedEntry::Internal | ParsedEntry::SyncTool(_) | ParsedEntry::Conflict(_) => return Ok(None),
             ParsedEntry::Foreign => return Err(Error::auth(what(), "is not a veilfs entry name")),
             _ => {}
         }
@@ -348,6 +350,11 @@ impl Vault {
     /// ([`crate::foreign`]) silently. For callers that keep their own index (the mount).
     pub fn keyed_entries(dir: &CipherDir) -> Result<Vec<(String, String, u8)>> {
         let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        Ok(Self::keyed_from(dir, raw))
+    }
+
+    /// [`keyed_entries`](Self::keyed_entries) of an already read listing `raw` of `dir`.
+    pub fn keyed_from(dir: &CipherDir, raw: Vec<sys::RawDirEntry>) -> Vec<(String, String, u8)> {
         let mut out = Vec::with_capacity(raw.len());
         for r in raw {
             let parsed = ParsedEntry::parse(&r.name);
@@ -367,7 +374,7 @@ impl Vault {
                 String::from_utf8(r.name).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
             out.push((key, on_disk, r.d_type));
         }
-        Ok(out)
+        out
     }
 
     /// Opens the subdirectory `on_disk` of `parent` whose entry promises IV `iv`, checking its
@@ -382,12 +389,13 @@ impl Vault {
     }
 
     /// Lists `dir`: its decrypted entries, and the on-disk entries that failed to decrypt
-    /// (logged; never shown as garbage names).
+    /// (logged; never shown as garbage names). Conflict copies that verify are entries under
+    /// their shown names ([`crate::conflict`]).
     pub fn list(&self, dir: &CipherDir) -> Result<(Vec<Entry>, Vec<BadEntry>)> {
         let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
         let (mut good, mut bad): (Vec<Entry>, Vec<BadEntry>) = (Vec::new(), Vec::new());
         let mut seen: HashMap<String, usize> = HashMap::new();
-        for r in raw {
+        for r in &raw {
             if matches!(ParsedEntry::parse(&r.name), ParsedEntry::Internal | ParsedEntry::SyncTool(_)) {
                 continue;
             }
@@ -400,10 +408,10 @@ impl Vault {
             };
             match self.decode_entry(dir, &r.name, st) {
                 Ok(Some(e)) => match seen.get(&e.key.key) {
-                    // Two entries for one name only exist after a crash in the middle of a
-                    // rename over an existing name: the newer one (ctime) is the rename's result.
+                    // Two entries for one name: made on two machines of a synced vault, or
+                    // left by a crash in the middle of a rename over an existing name. The
+                    // newer one (ctime) is the entry; the other is shown as a conflict copy.
                     Some(&i) => {
-                        tracing::warn!("{}: two entries for one name; using the newer", dir.path.display());
                         if ctime(&e.stat) > ctime(&good[i].stat) {
                             good[i] = e;
                         }
@@ -416,10 +424,13 @@ impl Vault {
                 Ok(None) => {}
                 Err(error) => {
                     tracing::error!("{error}");
-                    bad.push(BadEntry { on_disk: r.name, error });
+                    bad.push(BadEntry { on_disk: r.name.clone(), error });
                 }
             }
         }
+        let (copies, bad_copies) = self.conflicts_in(dir, raw.iter().map(|r| r.name.as_slice()));
+        good.extend(copies.into_iter().map(|c| c.entry));
+        bad.extend(bad_copies);
         Ok((good, bad))
     }
 
@@ -432,7 +443,7 @@ impl Vault {
         let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
         let mut found: Option<Entry> = None;
         let mut forged: Option<Error> = None;
-        for r in raw {
+        for r in &raw {
             let parsed = ParsedEntry::parse(&r.name);
             if parsed.key() != Some(key.key.as_str()) {
                 continue;
@@ -454,7 +465,8 @@ impl Vault {
         match (found, forged) {
             (Some(e), _) => Ok(Some(e)),
             (None, Some(e)) => Err(e),
-            (None, None) => Ok(None),
+            // Perhaps the name a conflict copy is shown under.
+            (None, None) => self.lookup_conflict(dir, name, raw.iter().map(|r| r.name.as_slice())),
         }
     }
 
@@ -686,7 +698,13 @@ impl Vault {
     pub fn drop_side_file(&self, dir: &CipherDir, key: &NameKey) {
         if key.side_file.is_some() {
             let still_used = sys::read_dir_fd(dir.fd())
-                .map(|raw| raw.iter().any(|r| ParsedEntry::parse(&r.name).key() == Some(key.key.as_str())))
+                .map(|raw| {
+                    // A conflict copy of a long name reads its original's side file too.
+                    raw.iter().any(|r| match ParsedEntry::parse(&r.name) {
+                        ParsedEntry::Conflict(c) => c.entry().key() == Some(key.key.as_str()),
+                        p => p.key() == Some(key.key.as_str()),
+                    })
+                })
                 .unwrap_or(true);
             if !still_used {
                 Self::unlink_side_file(dir, key);
@@ -821,9 +839,13 @@ impl Vault {
     /// [`verified_identity`](Self::verified_identity)). An integrity error names the entry.
     pub fn unbind_entry(&self, dir: &CipherDir, d: &[u8], on_disk: &str, st: &Stat) -> Result<(EntryKind, Identity)> {
         let what = || dir.child_path(on_disk);
-        let binding = ParsedEntry::parse(on_disk.as_bytes())
-            .binding()
-            .ok_or_else(|| Error::auth(what(), "is not a veilfs entry name"))?;
+        let parsed = ParsedEntry::parse(on_disk.as_bytes());
+        // A conflict copy promises what its original entry promised (`d`: that name's `D`).
+        let binding = match &parsed {
+            ParsedEntry::Conflict(c) => c.binding(),
+            p => p.binding(),
+        };
+        let binding = binding.ok_or_else(|| Error::auth(what(), "is not a veilfs entry name"))?;
         self.verified_identity(&dir.iv, d, binding, st).map_err(|e| relabel(e, &what()))
     }
 
@@ -855,6 +877,11 @@ impl Vault {
     /// file (checked against the name's hash and for canonical form). For listings.
     pub fn entry_d(&self, dir: &CipherDir, on_disk: &str) -> Result<Vec<u8>> {
         let parsed = ParsedEntry::parse(on_disk.as_bytes());
+        // A conflict copy's `D` is its original name's.
+        let parsed = match &parsed {
+            ParsedEntry::Conflict(c) => c.entry(),
+            p => p.clone(),
+        };
         self.names
             .entry_d(&parsed, |side| Self::read_side_file(dir, side))
             .map_err(|e| relabel(e, &dir.child_path(on_disk)))

@@ -153,43 +153,50 @@ impl DirState {
         c.kept = None;
     }
 
-    /// Lists the backing directory into a fresh index. Two entries for one key only exist
-    /// after a crash during a rename over an existing name (or if forged): both are kept.
-    fn build(&self) -> io::Result<Index> {
-        let entries = Vault::keyed_entries(&self.cd).map_err(|e| match e {
+    /// Lists the backing directory into a fresh index. Two entries for one key (made on two
+    /// machines of a synced vault, left by a crash during a rename over an existing name, or
+    /// forged) are both kept under the key, where the newer that verifies is the entry; a
+    /// conflict copy that verifies (a sync tool's, or the older of two such entries) goes
+    /// under the key of the name it is shown as, with that name and its original `D` known.
+    fn build(&self, vault: &Vault) -> io::Result<Index> {
+        let (entries, copies) = vault.keyed_entries_and_copies(&self.cd).map_err(|e| match e {
             veilfs_core::Error::Io { source, .. } => source,
             e => io::Error::from_raw_os_error(e.errno()),
         })?;
         let mut idx: Index = HashMap::with_capacity(entries.len());
         for (key, on_disk, d_type) in entries {
             if let Some(prev) = idx.get_mut(&key) {
-                tracing::warn!("{}: two entries for one name", self.cd.path.display());
                 prev.others.push(on_disk);
                 continue;
             }
             idx.insert(key, IndexEntry::new(on_disk, d_type, None));
+        }
+        for c in copies {
+            let d_type = ((c.entry.stat.st_mode & libc::S_IFMT) >> 12) as u8;
+            let plain = Decoded { name: c.entry.name, d: c.d };
+            idx.insert(c.entry.key.key, IndexEntry::new(c.entry.on_disk, d_type, Some(plain)));
         }
         Ok(idx)
     }
 
     /// The index, built on first use; with `revalidate`, rebuilt if the backing directory
     /// changed since (shared storage).
-    pub fn index(&self, revalidate: bool) -> io::Result<RwLockReadGuard<'_, Option<Index>>> {
+    pub fn index(&self, vault: &Vault, revalidate: bool) -> io::Result<RwLockReadGuard<'_, Option<Index>>> {
         {
             let g = self.index.read();
             if g.is_some() && (!revalidate || ctime_of(&self.cd)? == *self.stamp.lock()) {
                 return Ok(g);
             }
         }
-        self.rebuild()?;
+        self.rebuild(vault)?;
         Ok(self.index.read())
     }
 
     /// Rebuilds the index from the backing directory.
-    pub fn rebuild(&self) -> io::Result<()> {
+    pub fn rebuild(&self, vault: &Vault) -> io::Result<()> {
         let mut w = self.index.write();
         let stamp = ctime_of(&self.cd)?;
-        *w = Some(self.build()?);
+        *w = Some(self.build(vault)?);
         *self.stamp.lock() = stamp;
         Ok(())
     }

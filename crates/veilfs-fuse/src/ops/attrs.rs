@@ -178,7 +178,7 @@ impl VeilFs {
             .filter(|l| l.parent.id == node.id)
             .map(|l| l.on_disk)
             .collect();
-        let mut names: Vec<(bool, Vec<u8>)> = match dir.index(false) {
+        let mut names: Vec<(bool, Vec<u8>)> = match dir.index(&self.vault, false) {
             Ok(idx) => idx.as_ref().map_or_else(Vec::new, |idx| {
                 idx.values()
                     .filter_map(|e| {

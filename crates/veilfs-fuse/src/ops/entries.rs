@@ -169,8 +169,10 @@ impl VeilFs {
         let identity = if kind == EntryKind::Dir { self.identity(dir, &key.d, &on_disk, &st)?.1 } else { [0u8; 16] };
         self.vault.remove_entry(&dir.cd, &on_disk, kind, &identity).map_err(cerr)?;
         // The index knows whether another entry (a crash leftover) still uses the name.
-        if dir.index(false)?.as_ref().and_then(|i| i.get(&key.key)).is_none_or(|e| e.others.is_empty()) {
-            Vault::unlink_side_file(&dir.cd, &key);
+        if dir.index(&self.vault, false)?.as_ref().and_then(|i| i.get(&key.key)).is_none_or(|e| e.others.is_empty()) {
+            // A conflict copy of this long name (not in the index under its key) may still
+            // read the side file: the vault's check lists the directory for long names only.
+            self.vault.drop_side_file(&dir.cd, &key);
         }
         dir.update(|idx| {
             idx.remove(&key.key);

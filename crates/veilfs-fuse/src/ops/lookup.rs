@@ -9,7 +9,7 @@ impl VeilFs {
     pub(super) fn find(&self, dir: &DirState, name: &[u8]) -> io::Result<(NameKey, Option<String>)> {
         let key = self.names.name_key(&dir.cd.iv, name).map_err(cerr)?;
         let found = dir
-            .index(self.opts.shared_storage)?
+            .index(&self.vault, self.opts.shared_storage)?
             .as_ref()
             .and_then(|i| i.get(&key.key).map(|e| (e.on_disk.clone(), e.others.clone())));
         let found = match found {
@@ -77,7 +77,16 @@ impl VeilFs {
         on_disk: &str,
         st: &Stat,
     ) -> io::Result<(EntryKind, Identity)> {
-        self.vault.unbind_entry(&dir.cd, d, on_disk, st).map_err(cerr)
+        match self.vault.unbind_entry(&dir.cd, d, on_disk, st) {
+            Ok(found) => Ok(found),
+            // The index keeps a conflict copy under the name it is shown as, whose `D` is not
+            // the one its binding is for: that is the `D` its own on-disk name carries (for an
+            // entry under its own key the two are the same, so nothing else gets past here).
+            Err(e) => match self.vault.entry_d(&dir.cd, on_disk) {
+                Ok(own) if own != d => self.vault.unbind_entry(&dir.cd, &own, on_disk, st).map_err(cerr),
+                _ => Err(cerr(e)),
+            },
+        }
     }
 
     /// The node of entry `on_disk` of `parent` (counts one kernel lookup).

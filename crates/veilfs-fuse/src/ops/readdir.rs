@@ -86,9 +86,9 @@ impl VeilFs {
     fn snapshot(&self, node: &Node) -> io::Result<Arc<Vec<SnapEntry>>> {
         let dir = node.dir()?;
         if self.opts.shared_storage {
-            dir.rebuild()?;
+            dir.rebuild(&self.vault)?;
         }
-        let idx = dir.index(false)?;
+        let idx = dir.index(&self.vault, false)?;
         let mut out = Vec::with_capacity(idx.as_ref().map_or(0, |i| i.len()));
         for e in idx.as_ref().expect("built").values() {
             let plain = self.decoded(dir, e);

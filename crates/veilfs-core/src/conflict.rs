@@ -1,0 +1,656 @@
+//! Sync tools' conflict copies of vault files: recognising them, and the names users see.
+//!
+//! Why: when one file changes on two machines before they sync, a sync tool keeps both
+//! versions, the losing one as a copy under a changed name — Syncthing inserts
+//! `.sync-conflict-<date>-<time>-<device>` before the name's extension, Dropbox and Nextcloud
+//! insert ` (… conflicted copy …)`, Google Drive and others ` (1)`. For a vault the "name" is
+//! the ciphertext name `base64url(D).base64url(S)`, whose "extension" is the binding `S`, so
+//! the copy of `D.S` is, for example, `D.sync-conflict-20261127-101010-ABCDEFG.S`. Such a
+//! name is no veilfs entry name, and before this module the losing version vanished from the
+//! mount and made every offline tool report damage.
+//!
+//! The rule (Cryptomator's, docs/FORMAT.md §6.6): take the tool's part out of the name; what
+//! is left must be an entry name veilfs writes, and its binding must verify for the object
+//! that is there, exactly as for the original entry (the same directory IV, `D`, kind and
+//! identity — a file's header ID, a directory's IV). Only then is the copy shown, as
+//! `name (<suffix>).ext`: the plaintext name with the tool's suffix kept readable before its
+//! extension, and a counter (`name (<suffix> 2).ext`) when that name is taken. Nothing here
+//! trusts the suffix beyond showing it: it is unauthenticated text of a fixed shape, and a
+//! copy can only ever show an object under a name that an entry of this directory was bound
+//! to (docs/SECURITY.md, "Conflict copies").
+//!
+//! Two valid entries for one name (made on two machines, or left by a crash in the middle of
+//! a rename over an existing name) are both shown the same way: the newer under the name, the
+//! older as `name (conflict).ext`.
+
+use crate::error::{Error, IoContext, Result};
+use crate::names::{NameKey, ParsedEntry, NAME_MAX};
+use crate::sys::Stat;
+use crate::vault::{BadEntry, CipherDir, Entry, Vault};
+use std::collections::{HashMap, HashSet};
+use std::os::unix::ffi::OsStrExt;
+
+/// The suffix under which the older of two valid entries for one name is shown.
+pub const OLDER_SUFFIX: &str = "conflict";
+
+/// Longest suffix shown: enough for every tool's own text, and a bound on what an
+/// unauthenticated part of a name can put in front of a user.
+const SUFFIX_MAX: usize = 96;
+
+/// A name recognised as a sync tool's conflict copy of another name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConflictName {
+    /// The name it copies (the tool's part taken out).
+    pub original: String,
+    /// The tool's part, readable: `sync-conflict-20261127-101010-ABCDEFG`, `host's
+    /// conflicted copy 2026-11-27`, `1`, ...
+    pub suffix: String,
+    /// The tool that makes such names.
+    pub tool: &'static str,
+}
+
+impl ConflictName {
+    /// The original name, classified (a user entry, or one of veilfs's own files).
+    pub fn entry(&self) -> ParsedEntry<'_> {
+        ParsedEntry::parse(self.original.as_bytes())
+    }
+
+    /// Whether it copies a user entry (not one of veilfs's own files).
+    pub fn is_of_entry(&self) -> bool {
+        matches!(self.entry(), ParsedEntry::Short { .. } | ParsedEntry::Long { .. })
+    }
+
+    /// base64url(S) of the original entry, for a copy of a user entry.
+    pub fn binding(&self) -> Option<&str> {
+        self.entry().binding()
+    }
+}
+
+/// How a tool's part of a name looks. Each returns the length of the part at the start of
+/// `rest` and the suffix to show, or `None`.
+type Matcher = fn(&str) -> Option<(usize, String)>;
+
+/// The tools, in the order they are tried.
+const TOOLS: &[(&str, Matcher)] = &[
+    ("Syncthing", syncthing),
+    ("Dropbox", dropbox),
+    ("Nextcloud/ownCloud", nextcloud),
+    ("ownCloud", owncloud_legacy),
+    ("Google Drive or copy counter", counter),
+];
+
+/// Recognises `name` as a conflict copy: a tool's part ending where the name ends or where
+/// its last component (the "extension") begins, whose removal leaves a name veilfs writes
+/// (a user entry or one of its own files). OneDrive's `-<host>` and ownCloud's older
+/// `_conflict-<date>-<time>` are base64url themselves: on a user entry they make another
+/// well-formed key, which [`ParsedEntry::parse`] takes first (its name then fails to decrypt:
+/// an integrity finding); they are recognised on veilfs's own files (see [`onedrive`]).
+pub fn parse(name: &[u8]) -> Option<ConflictName> {
+    let name = std::str::from_utf8(name).ok()?;
+    for (start, _) in name.char_indices() {
+        let rest = &name[start..];
+        for &(tool, matcher) in TOOLS {
+            let Some((len, suffix)) = matcher(rest) else { continue };
+            let end = start + len;
+            if !(end == name.len() || name.as_bytes()[end] == b'.') {
+                continue;
+            }
+            let original = format!("{}{}", &name[..start], &name[end..]);
+            if is_veilfs_name(&original) {
+                return Some(ConflictName { original, suffix, tool });
+            }
+        }
+    }
+    onedrive(name)
+}
+
+/// OneDrive keeps a conflict copy as `<stem>-<host>.<ext>`. On a user entry that is not
+/// recognisable from the name (base64url has `-`, so `D-HOST` is another well-formed key);
+/// for veilfs's own files it is: `veilfs-HOST.lock`.
+pub fn onedrive(name: &str) -> Option<ConflictName> {
+    let dot = name.rfind('.')?;
+    let (stem, ext) = name.split_at(dot);
+    let (base, host) = stem.split_once('-')?;
+    if base != "veilfs"
+        || host.is_empty()
+        || host.len() > 63
+        || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return None;
+    }
+    let original = format!("{base}{ext}");
+    is_veilfs_name(&original).then(|| ConflictName { original, suffix: host.to_string(), tool: "OneDrive" })
+}
+
+/// A name veilfs writes: a user entry, or one of its own files a sync tool may copy (the
+/// config, the lock, a directory's IV copy, a long name's side file).
+fn is_veilfs_name(name: &str) -> bool {
+    use crate::names::{CONFIG_NAME, DIRIV_NAME, LOCK_NAME, LONG_NAME_FILE_PREFIX};
+    let side = name.strip_prefix(LONG_NAME_FILE_PREFIX).is_some_and(|h| h.len() == 43 && !h.contains('.'));
+    matches!(ParsedEntry::parse_format(name.as_bytes()), ParsedEntry::Short { .. } | ParsedEntry::Long { .. })
+        || [CONFIG_NAME, LOCK_NAME, DIRIV_NAME].contains(&name)
+        || crate::names::parse_diriv_name(name.as_bytes()).is_some()
+        || side
+}
+
+fn digits(s: &str, n: usize) -> bool {
+    s.len() == n && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Syncthing: `.sync-conflict-YYYYMMDD-HHMMSS-DEVICE` (DEVICE: the first 7 characters of the
+/// device ID, upper-case letters and digits).
+fn syncthing(rest: &str) -> Option<(usize, String)> {
+    const PREFIX: &str = ".sync-conflict-";
+    let b = rest.strip_prefix(PREFIX)?.as_bytes();
+    let digits_at = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    if b.len() < 17 || !digits_at(0..8) || b[8] != b'-' || !digits_at(9..15) || b[15] != b'-' {
+        return None;
+    }
+    let dev_len = b[16..].iter().take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit()).count();
+    if dev_len == 0 || dev_len > 63 {
+        return None;
+    }
+    let len = PREFIX.len() + 16 + dev_len;
+    Some((len, rest[1..len].to_string()))
+}
+
+/// ` (<text>)` with `text` readable (no control characters, no parentheses) and accepted by
+/// `ok`: the part and `text`.
+fn parenthesised(rest: &str, ok: impl Fn(&str) -> bool) -> Option<(usize, String)> {
+    let body = rest.strip_prefix(" (").or_else(|| rest.strip_prefix('('))?;
+    let close = body.find(')')?;
+    let text = &body[..close];
+    if text.is_empty() || text.len() > SUFFIX_MAX || text.chars().any(|c| c.is_control() || c == '(') || !ok(text) {
+        return None;
+    }
+    Some((rest.len() - body.len() + close + 1, text.to_string()))
+}
+
+/// Dropbox: ` (<who>'s conflicted copy <date>)`, possibly with a counter ` (1)` inside.
+fn dropbox(rest: &str) -> Option<(usize, String)> {
+    let r = parenthesised(rest, |t| t.contains("'s conflicted copy") || t.contains("\u{2019}s conflicted copy"));
+    r.or_else(|| {
+        // With a counter: ` (host's conflicted copy 2026-11-27 (1))`.
+        let body = rest.strip_prefix(" (")?;
+        let inner_open = body.find(" (")?;
+        let (head, tail) = body.split_at(inner_open);
+        let n = tail.strip_prefix(" (")?;
+        let close = n.find("))")?;
+        if !head.contains("'s conflicted copy") || !digits(&n[..close], close) || head.len() + close > SUFFIX_MAX {
+            return None;
+        }
+        let len = 2 + head.len() + 2 + close + 2;
+        Some((len, format!("{head} ({})", &n[..close])))
+    })
+}
+
+/// Nextcloud and ownCloud (current clients): ` (conflicted copy <date> <time>)`, also with
+/// the user's name before it.
+fn nextcloud(rest: &str) -> Option<(usize, String)> {
+    parenthesised(rest, |t| t.starts_with("conflicted copy") || t.contains(" conflicted copy "))
+}
+
+/// ownCloud's older clients: `_conflict-YYYYMMDD-HHMMSS`.
+fn owncloud_legacy(rest: &str) -> Option<(usize, String)> {
+    let body = rest.strip_prefix("_conflict-")?;
+    let (date, time) = (body.get(..8)?, body.get(9..15)?);
+    (digits(date, 8) && body.as_bytes()[8] == b'-' && digits(time, 6)).then(|| (25, rest[1..25].to_string()))
+}
+
+/// Google Drive and many other tools (and file managers' copies): ` (N)`.
+fn counter(rest: &str) -> Option<(usize, String)> {
+    parenthesised(rest, |t| t.len() <= 6 && t.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The name a conflict copy of `plain` is shown under: ` (<suffix>)` before the extension
+/// (the part from the last `.` that does not start the name), ` (<suffix> <n>)` for `n` ≥ 2.
+/// Shortened at the end of the stem if it would exceed 255 bytes.
+pub fn display_name(plain: &[u8], suffix: &str, n: u32) -> Vec<u8> {
+    let dot = plain.iter().rposition(|&b| b == b'.').filter(|&i| i > 0).unwrap_or(plain.len());
+    let (stem, ext) = plain.split_at(dot);
+    let mid = if n >= 2 { format!(" ({suffix} {n})") } else { format!(" ({suffix})") };
+    let room = NAME_MAX.saturating_sub(mid.len());
+    let (stem, ext) = if stem.len() + ext.len() <= room {
+        (stem, ext)
+    } else if ext.len() < room {
+        (&stem[..room - ext.len()], ext)
+    } else {
+        (&stem[..room.min(stem.len())], &b""[..])
+    };
+    [stem, mid.as_bytes(), ext].concat()
+}
+
+/// Display names for conflict copies in the order given: `(plaintext name, suffix)` each;
+/// `taken` says whether a name is an entry of the directory already. The same inputs give the
+/// same names, so a listing and a lookup agree.
+pub fn assign(copies: &[(Vec<u8>, String)], mut taken: impl FnMut(&[u8]) -> bool) -> Vec<Vec<u8>> {
+    let mut given: HashSet<Vec<u8>> = HashSet::new();
+    copies
+        .iter()
+        .map(|(plain, suffix)| {
+            let mut n = 1;
+            let name = loop {
+                let name = display_name(plain, suffix, n);
+                if n > 10_000 || (!given.contains(&name) && !taken(&name)) {
+                    break name;
+                }
+                n += 1;
+            };
+            given.insert(name.clone());
+            name
+        })
+        .collect()
+}
+
+/// One entry of [`Vault::keyed_entries`]: lookup key, on-disk name, `d_type`.
+pub type KeyedEntry = (String, String, u8);
+
+/// A conflict copy of a user entry whose binding verified, as the directory shows it.
+#[derive(Clone, Debug)]
+pub struct ConflictCopy {
+    /// The entry as shown: `name` is the display name and `key` its lookup key (a rename or
+    /// exchange onto it binds that name); `on_disk` is the copy's own name.
+    pub entry: Entry,
+    /// The plaintext name of the entry it copies.
+    pub original: Vec<u8>,
+    /// `D` of that name: the one its binding verifies for.
+    pub d: Vec<u8>,
+    /// The suffix shown.
+    pub suffix: String,
+    /// The tool that made it ("veilfs" for the older of two entries for one name).
+    pub tool: &'static str,
+}
+
+impl Vault {
+    /// The conflict copies among `candidates` (on-disk names of `dir`): names with a sync
+    /// tool's part, and every entry of a name that has several. Each is verified as its
+    /// original entry would be; of several valid entries for one name the newest (ctime)
+    /// stays the entry and the others are copies. `key_present` says whether an entry with a
+    /// given lookup key is in `dir` (display names avoid them). Copies that do not verify
+    /// are returned as bad entries (integrity errors naming the copy).
+    pub fn conflict_copies(
+        &self,
+        dir: &CipherDir,
+        candidates: &[String],
+        key_present: impl Fn(&str) -> bool,
+    ) -> (Vec<ConflictCopy>, Vec<BadEntry>) {
+        let mut found: Vec<(Entry, String, &'static str)> = Vec::new();
+        let mut bad = Vec::new();
+        let mut groups: HashMap<&str, Vec<Entry>> = HashMap::new();
+        for on_disk in candidates {
+            let parsed = ParsedEntry::parse(on_disk.as_bytes());
+            let st = match Self::stat_entry(dir, on_disk.as_bytes()) {
+                Ok(st) => st,
+                Err(error) => {
+                    bad.push(BadEntry { on_disk: on_disk.clone().into_bytes(), error });
+                    continue;
+                }
+            };
+            let r = match &parsed {
+                ParsedEntry::Conflict(c) => match c.entry() {
+                    ParsedEntry::Short { .. } | ParsedEntry::Long { .. } => {
+                        self.decode_copy(dir, on_disk, c, st).map(|e| Some((e, c.suffix.clone(), c.tool)))
+                    }
+                    _ => Ok(None),
+                },
+                // One of several entries for one name; one that does not verify is the entry
+                // path's finding (a listing or lookup reports it), not a copy's.
+                ParsedEntry::Short { key, .. } | ParsedEntry::Long { key, .. } => {
+                    if let Ok(Some(e)) = self.decode_entry(dir, on_disk.as_bytes(), st) {
+                        groups.entry(key).or_default().push(e);
+                    }
+                    Ok(None)
+                }
+                _ => Ok(None),
+            };
+            match r {
+                Ok(Some(f)) => found.push(f),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::error!("{error}");
+                    bad.push(BadEntry { on_disk: on_disk.clone().into_bytes(), error });
+                }
+            }
+        }
+        for (_, mut entries) in groups {
+            entries.sort_by_key(|e| std::cmp::Reverse(((e.stat.st_ctime, e.stat.st_ctime_nsec), e.on_disk.clone())));
+            found.extend(entries.into_iter().skip(1).map(|e| (e, OLDER_SUFFIX.to_string(), "veilfs")));
+        }
+        // One order for every caller: by original name, then on-disk name.
+        found.sort_by(|a, b| (&a.0.name, &a.0.on_disk).cmp(&(&b.0.name, &b.0.on_disk)));
+        let wanted: Vec<(Vec<u8>, String)> = found.iter().map(|(e, s, _)| (e.name.clone(), s.clone())).collect();
+        let names = assign(&wanted, |n| self.names().name_key(&dir.iv, n).is_ok_and(|k| key_present(&k.key)));
+        let copies = found
+            .into_iter()
+            .zip(names)
+            .filter_map(|((mut entry, suffix, tool), display)| {
+                let key = self.names().name_key(&dir.iv, &display).ok()?;
+                let original = std::mem::replace(&mut entry.name, display);
+                let d = std::mem::replace(&mut entry.key, key).d;
+                Some(ConflictCopy { entry, original, d, suffix, tool })
+            })
+            .collect();
+        (copies, bad)
+    }
+
+    /// Decodes the conflict copy `on_disk` of `dir` (backing `st`) as the entry it copies:
+    /// `D` from the original name (through its side file for a long name), the name decrypted
+    /// in this directory, the binding verified for the object that is there.
+    fn decode_copy(&self, dir: &CipherDir, on_disk: &str, c: &ConflictName, st: Stat) -> Result<Entry> {
+        let what = || dir.child_path(on_disk);
+        let relabel = |e: Error| match e {
+            Error::Auth { detail, .. } => Error::auth(what(), format!("(a conflict copy) {detail}")),
+            e => e,
+        };
+        let parsed = c.entry();
+        let d = self.names().entry_d(&parsed, |side| Self::read_side_file(dir, side)).map_err(relabel)?;
+        let name = self.names().decrypt_name(&dir.iv, &d).map_err(relabel)?;
+        let (kind, identity) =
+            self.verified_identity(&dir.iv, &d, parsed.binding().expect("user entry"), &st).map_err(relabel)?;
+        Ok(Entry {
+            name,
+            on_disk: on_disk.to_string(),
+            key: NameKey { d, key: String::new(), side_file: None },
+            kind,
+            identity,
+            stat: st,
+        })
+    }
+
+    /// The conflict copies of `dir` (lists it; see [`conflict_copies`](Self::conflict_copies)).
+    pub fn list_conflicts(&self, dir: &CipherDir) -> Result<(Vec<ConflictCopy>, Vec<BadEntry>)> {
+        let raw = crate::sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        Ok(self.conflicts_in(dir, raw.iter().map(|r| r.name.as_slice())))
+    }
+
+    /// The conflict copies among the on-disk names `raw` of `dir`: collects the candidates and
+    /// the keys present, then [`conflict_copies`](Self::conflict_copies). Cheap when there are
+    /// none (one parse per name).
+    pub fn conflicts_in<'r>(
+        &self,
+        dir: &CipherDir,
+        raw: impl Iterator<Item = &'r [u8]>,
+    ) -> (Vec<ConflictCopy>, Vec<BadEntry>) {
+        // Every listing passes here: one parse per name and a count per key, no allocation
+        // per entry; the work below is only for directories that hold copies.
+        let names: Vec<&[u8]> = raw.collect();
+        let mut keys: HashMap<&str, u32> = HashMap::with_capacity(names.len());
+        let mut copies = false;
+        for name in &names {
+            match ParsedEntry::parse(name) {
+                ParsedEntry::Conflict(_) => copies = true,
+                // Entry names are ASCII, so the key is a prefix of `name`.
+                p => {
+                    if let Some(k) = p.key() {
+                        *keys.entry(std::str::from_utf8(&name[..k.len()]).expect("ASCII")).or_default() += 1;
+                    }
+                }
+            }
+        }
+        if !copies && keys.values().all(|&n| n == 1) {
+            return (Vec::new(), Vec::new());
+        }
+        let candidates: Vec<String> = names
+            .iter()
+            .filter(|name| match ParsedEntry::parse(name) {
+                ParsedEntry::Conflict(_) => true,
+                p => p.key().is_some_and(|k| keys.get(k).is_some_and(|&n| n > 1)),
+            })
+            .map(|name| String::from_utf8_lossy(name).into_owned())
+            .collect();
+        self.conflict_copies(dir, &candidates, |k| keys.contains_key(k))
+    }
+
+    /// [`Vault::keyed_entries`] and the conflict copies of `dir`, from one listing: for a
+    /// front end that keeps its own index of keys (the mount), where each copy goes under the
+    /// key of its shown name.
+    pub fn keyed_entries_and_copies(&self, dir: &CipherDir) -> Result<(Vec<KeyedEntry>, Vec<ConflictCopy>)> {
+        let raw = crate::sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let (copies, _) = self.conflicts_in(dir, raw.iter().map(|r| r.name.as_slice()));
+        Ok((Self::keyed_from(dir, raw), copies))
+    }
+
+    /// The conflict copy shown as `name` in `dir`, if any (`raw`: the directory's on-disk
+    /// names). For a lookup that found no entry of that name.
+    pub fn lookup_conflict<'r>(
+        &self,
+        dir: &CipherDir,
+        name: &[u8],
+        raw: impl Iterator<Item = &'r [u8]>,
+    ) -> Result<Option<Entry>> {
+        let (copies, _) = self.conflicts_in(dir, raw);
+        Ok(copies.into_iter().find(|c| c.entry.name == name).map(|c| c.entry))
+    }
+}
+
+/// What a conflict copy of one of veilfs's own files is, by that file's rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InternalCopy {
+    /// A copy of the lock: never a lock (only `veilfs.lock` is), no data; `--repair` removes it.
+    Lock,
+    /// A copy of the config: never read (the vault opens with `veilfs.conf`, which verified);
+    /// left alone, as it may hold key slots the user wants back.
+    Config,
+    /// A copy of a directory's IV copy or of a long name's side file that says exactly what
+    /// the original says (checked): redundant; `--repair` removes it.
+    Same,
+    /// A copy of a directory's IV copy or a side file that says something else: not used
+    /// (the original is what the vault reads), an integrity finding.
+    Differs(String),
+}
+
+/// The rule for `name`, a conflict copy `c` of one of veilfs's own files in `dir`.
+pub fn internal_copy(vault: &Vault, dir: &CipherDir, name: &str, c: &ConflictName) -> InternalCopy {
+    use crate::names::{CONFIG_NAME, DIRIV_LEN, DIRIV_NAME, LOCK_NAME, LONG_NAME_FILE_PREFIX};
+    let read = |max| crate::sys::read_meta_at(dir.fd(), name.as_bytes(), max);
+    match c.original.as_str() {
+        LOCK_NAME => InternalCopy::Lock,
+        CONFIG_NAME => InternalCopy::Config,
+        DIRIV_NAME => match read(DIRIV_LEN) {
+            Ok(iv) if iv == dir.iv => InternalCopy::Same,
+            Ok(_) => InternalCopy::Differs("names another directory IV than this directory's entry promises".into()),
+            Err(e) => InternalCopy::Differs(format!("cannot be read: {e}")),
+        },
+        o => {
+            if let Some(iv) = crate::names::parse_diriv_name(o.as_bytes()) {
+                return if iv == dir.iv {
+                    InternalCopy::Same
+                } else {
+                    InternalCopy::Differs("names another directory IV than this directory's entry promises".into())
+                };
+            }
+            let hash = o.strip_prefix(LONG_NAME_FILE_PREFIX).unwrap_or_default();
+            let key = format!("{}{hash}", crate::names::LONG_PREFIX);
+            match Vault::read_side_file(dir, name) {
+                Ok(text) => {
+                    let parsed = ParsedEntry::Long { key: &key, hash, s: "" };
+                    match vault.names().entry_d(&parsed, |_| Ok(text)) {
+                        Ok(_) => InternalCopy::Same,
+                        Err(e) => InternalCopy::Differs(e.to_string()),
+                    }
+                }
+                Err(e) => InternalCopy::Differs(e.to_string()),
+            }
+        }
+    }
+}
+
+/// One conflict copy found in a vault (see [`Vault::conflicts_under`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FoundCopy {
+    /// Its ciphertext path.
+    pub cipher_path: std::path::PathBuf,
+    /// The plaintext path it is shown under (`None`: a copy of one of veilfs's own files).
+    pub shown_as: Option<std::path::PathBuf>,
+    /// The plaintext path of the entry it copies, or the name of the veilfs file.
+    pub copy_of: std::path::PathBuf,
+    /// The tool that made it.
+    pub tool: &'static str,
+}
+
+impl Vault {
+    /// Every conflict copy in the vault, directory by directory (conflict copies of
+    /// directories are walked too), and the copies that do not verify (integrity errors:
+    /// not shown anywhere). Names and bindings only; no content is read.
+    pub fn conflicts_under(&self) -> Result<(Vec<FoundCopy>, Vec<Error>)> {
+        let (mut found, mut bad) = (Vec::new(), Vec::new());
+        let mut todo = vec![(self.root()?, std::path::PathBuf::new())];
+        while let Some((dir, plain)) = todo.pop() {
+            let raw = crate::sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+            for r in &raw {
+                if let ParsedEntry::Internal | ParsedEntry::Conflict(_) = ParsedEntry::parse(&r.name) {
+                    let Some(c) = parse(&r.name).filter(|c| !c.is_of_entry()) else {
+                        continue;
+                    };
+                    found.push(FoundCopy {
+                        cipher_path: dir.path.join(String::from_utf8_lossy(&r.name).as_ref()),
+                        shown_as: None,
+                        copy_of: c.original.clone().into(),
+                        tool: c.tool,
+                    });
+                }
+            }
+            let (copies, failed) = self.conflicts_in(&dir, raw.iter().map(|r| r.name.as_slice()));
+            bad.extend(failed.into_iter().map(|b| b.error));
+            for c in &copies {
+                found.push(FoundCopy {
+                    cipher_path: dir.path.join(&c.entry.on_disk),
+                    shown_as: Some(plain.join(std::ffi::OsStr::from_bytes(&c.entry.name))),
+                    copy_of: plain.join(std::ffi::OsStr::from_bytes(&c.original)),
+                    tool: c.tool,
+                });
+            }
+            let (entries, _) = self.list(&dir)?;
+            for e in entries.iter().filter(|e| e.kind == crate::names::EntryKind::Dir) {
+                match self.open_dir(&dir, e) {
+                    Ok(sub) => todo.push((sub, plain.join(std::ffi::OsStr::from_bytes(&e.name)))),
+                    Err(e) => bad.push(e),
+                }
+            }
+        }
+        found.sort_by(|a, b| a.cipher_path.cmp(&b.cipher_path));
+        Ok((found, bad))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const D: &str = "Zm9vYmFyYmF6cXV4cXV1eAbc";
+    const S: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+
+    fn entry() -> String {
+        format!("{D}.{S}")
+    }
+
+    fn long_entry() -> String {
+        format!("veilfs.L.{S}.{S}")
+    }
+
+    #[track_caller]
+    fn copy_of(name: &str, original: &str, suffix: &str, tool: &str) {
+        let c = parse(name.as_bytes()).unwrap_or_else(|| panic!("{name} is not recognised"));
+        assert_eq!((c.original.as_str(), c.suffix.as_str(), c.tool), (original, suffix, tool), "{name}");
+        assert!(
+            matches!(ParsedEntry::parse(name.as_bytes()), ParsedEntry::Conflict(_)) || original.starts_with("veilfs.")
+        );
+    }
+
+    #[test]
+    fn syncthing_inserts_before_the_binding_or_appends() {
+        let e = entry();
+        let sfx = "sync-conflict-20261127-101010-ABCDEFG";
+        copy_of(&format!("{D}.{sfx}.{S}"), &e, sfx, "Syncthing");
+        copy_of(&format!("{e}.{sfx}"), &e, sfx, "Syncthing");
+        let long = long_entry();
+        copy_of(&format!("veilfs.L.{S}.{sfx}.{S}"), &long, sfx, "Syncthing");
+        // veilfs's own files.
+        copy_of(&format!("veilfs.{sfx}.lock"), "veilfs.lock", sfx, "Syncthing");
+        copy_of(&format!("veilfs.{sfx}.conf"), "veilfs.conf", sfx, "Syncthing");
+        copy_of(&format!("veilfs.{sfx}.diriv"), "veilfs.diriv", sfx, "Syncthing");
+        copy_of(&format!("veilfs.N.{sfx}.{S}"), &format!("veilfs.N.{S}"), sfx, "Syncthing");
+        // Not Syncthing's shape.
+        for bad in [
+            "sync-conflict-2026112-101010-ABCDEFG",
+            "sync-conflict-20261127-10101-ABCDEFG",
+            "sync-conflict-20261127-101010-",
+        ] {
+            assert!(parse(format!("{D}.{bad}.{S}").as_bytes()).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dropbox_nextcloud_owncloud() {
+        let e = entry();
+        let dbx = "host's conflicted copy 2026-11-27";
+        copy_of(&format!("{D} ({dbx}).{S}"), &e, dbx, "Dropbox");
+        copy_of(&format!("{D} ({dbx} (1)).{S}"), &e, &format!("{dbx} (1)"), "Dropbox");
+        copy_of(&format!("veilfs ({dbx}).lock"), "veilfs.lock", dbx, "Dropbox");
+        let nc = "conflicted copy 2026-11-27 101010";
+        copy_of(&format!("{D} ({nc}).{S}"), &e, nc, "Nextcloud/ownCloud");
+        copy_of(&format!("{e} ({nc})"), &e, nc, "Nextcloud/ownCloud");
+        // ownCloud's older clients: on a user entry the part is base64url too, so the name is
+        // another well-formed key first (like OneDrive's, see `counters_and_onedrive`); on
+        // veilfs's own files it is recognised.
+        let oc = format!("{D}_conflict-20261127-101010.{S}");
+        assert!(matches!(ParsedEntry::parse(oc.as_bytes()), ParsedEntry::Short { .. }));
+        copy_of("veilfs_conflict-20261127-101010.conf", "veilfs.conf", "conflict-20261127-101010", "ownCloud");
+    }
+
+    #[test]
+    fn counters_and_onedrive() {
+        let e = entry();
+        copy_of(&format!("{D} (1).{S}"), &e, "1", "Google Drive or copy counter");
+        copy_of(&format!("{D}(12).{S}"), &e, "12", "Google Drive or copy counter");
+        copy_of(&format!("{e} (2)"), &e, "2", "Google Drive or copy counter");
+        copy_of("veilfs-DESKTOP-AB12.lock", "veilfs.lock", "DESKTOP-AB12", "OneDrive");
+        // A user entry with `-HOST` is another well-formed key: not taken for a copy here.
+        assert!(matches!(ParsedEntry::parse(format!("{D}-HOST.{S}").as_bytes()), ParsedEntry::Short { .. }));
+        assert!(parse(format!("{D} (x).{S}").as_bytes()).is_none());
+        assert!(parse(b"report (1).txt").is_none(), "what is left must be a veilfs name");
+    }
+
+    #[test]
+    fn display_names_keep_the_extension_and_count_collisions() {
+        assert_eq!(display_name(b"report.pdf", "1", 1), b"report (1).pdf");
+        assert_eq!(display_name(b"a.tar.gz", "x", 2), b"a.tar (x 2).gz");
+        assert_eq!(display_name(b".bashrc", "x", 1), b".bashrc (x)");
+        assert_eq!(display_name(b"Makefile", "x", 1), b"Makefile (x)");
+        let long = display_name(&[b'a'; 250], "sync-conflict-20261127-101010-ABCDEFG", 1);
+        assert_eq!(long.len(), 255);
+        assert!(long.ends_with(b" (sync-conflict-20261127-101010-ABCDEFG)"));
+        let ext = [&[b'a'; 10][..], b".", &[b'e'; 240]].concat();
+        assert!(display_name(&ext, "s", 1).len() <= 255);
+        let names = assign(&[(b"r.txt".to_vec(), "1".into()), (b"r.txt".to_vec(), "1".into())], |n| n == b"r (1).txt");
+        assert_eq!(names, vec![b"r (1 2).txt".to_vec(), b"r (1 3).txt".to_vec()]);
+    }
+
+    proptest! {
+        /// No name veilfs writes is ever taken for a conflict copy: entries and its own files
+        /// parse as before, whatever their bytes.
+        #[test]
+        fn veilfs_names_are_never_conflict_copies(d in "[A-Za-z0-9_-]{23,200}", s in "[A-Za-z0-9_-]{43}", iv in "[A-Za-z0-9_-]{22}") {
+            for name in [format!("{d}.{s}"), format!("veilfs.L.{s}.{s}"), format!("veilfs.N.{s}"), format!("veilfs.diriv.{iv}"),
+                         "veilfs.lock".into(), "veilfs.conf".into(), "veilfs.diriv".into()] {
+                let copy = matches!(ParsedEntry::parse(name.as_bytes()), ParsedEntry::Conflict(_));
+                prop_assert!(!copy, "{}", name);
+            }
+            let entry = format!("{d}.{s}");
+            if entry.len() <= 255 {
+                let short = matches!(ParsedEntry::parse(entry.as_bytes()), ParsedEntry::Short { .. });
+                prop_assert!(short);
+            }
+        }
+
+        /// What is recognised gives back exactly the original name.
+        #[test]
+        fn a_copy_gives_back_its_original(d in "[A-Za-z0-9_-]{23,100}", s in "[A-Za-z0-9_-]{43}", n in 1u32..999) {
+            let copy = format!("{d} ({n}).{s}");
+            let c = parse(copy.as_bytes()).unwrap();
+            prop_assert_eq!(c.original, format!("{d}.{s}"));
+            prop_assert_eq!(c.suffix, n.to_string());
+        }
+    }
+}
