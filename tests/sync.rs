@@ -655,7 +655,6 @@ fn a_shared_storage_mount_through_sshfs_writes_what_the_vaults_machine_reads() {
 /// `fsck` and `export` through sshfs, which has no extended attributes, agree with the
 /// vault's machine.
 #[test]
-#[ignore = "needs a backing store without xattrs treated as having none: through sshfs fsck calls every file damaged (xattr: EOPNOTSUPP)"]
 fn fsck_and_export_through_sshfs_agree_with_the_vaults_machine() {
     let t = Instant::now();
     let Some(v) = OverSshfs::new() else { return };
