@@ -704,7 +704,6 @@ fn the_vaults_machine_writes_what_a_shared_storage_mount_through_sshfs_reads() {
 
 /// Directories and renames through sshfs: made and renamed on B, seen on A.
 #[test]
-#[ignore = "needs a fallback where renameat2 flags are refused: sshfs answers RENAME_NOREPLACE with EINVAL, so mkdir and rename through it fail"]
 fn directories_and_renames_work_through_sshfs() {
     let t = Instant::now();
     let Some(v) = OverSshfs::new() else { return };
