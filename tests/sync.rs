@@ -684,7 +684,6 @@ fn files_deleted_at_once_through_sshfs_leave_nothing_behind() {
 /// What A writes on the vault's machine a `--shared-storage` mount through sshfs reads at
 /// once, also in the second in which B last looked at the directory.
 #[test]
-#[ignore = "needs a shared-storage freshness check that does not trust whole-second ctimes: sshfs reports seconds, so a file A makes in the second of B's last look stays invisible on B until B lists the directory"]
 fn the_vaults_machine_writes_what_a_shared_storage_mount_through_sshfs_reads() {
     let t = Instant::now();
     let Some(v) = OverSshfs::new() else { return };
