@@ -115,7 +115,7 @@ impl IvCopy {
                 have = true;
             } else if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                 let tmp = crate::names::temp_name();
-                sys::renameat2(dir, &r.name, dir, tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
+                sys::rename_noreplace(dir, &r.name, dir, tmp.as_bytes()).ctx(what)?;
             } else {
                 sys::unlinkat(dir, &r.name, false).ctx(what)?;
             }

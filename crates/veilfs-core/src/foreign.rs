@@ -9,6 +9,12 @@
 //! them), and none of them descends into a sync tool's own directory (Syncthing's version
 //! store holds old ciphertext under changed names).
 //!
+//! A vault on a FUSE file system (sshfs, for a vault on another machine) also meets that file
+//! system's own files: a file deleted while still open is renamed to `.fuse_hidden<hex>` by
+//! the FUSE library and removed on its last close. With `--shared-storage` over sshfs that is
+//! common (a mount deletes a file whose last close reaches it a moment later), and such a file
+//! is a deleted entry on its way out, not damage.
+//!
 //! A name is looked up here only after it failed to parse as anything veilfs writes, so no
 //! pattern can hide a vault entry: veilfs names are base64url (no `.`, `~`, `!` or `$`) or
 //! start with `veilfs.`. Everything else unknown stays an integrity finding.
@@ -62,6 +68,7 @@ const PATTERNS: &[Pattern] = &[
     // `veilfs (1).lock`, `veilfs-HOST.lock`, `veilfs (… conflicted copy …).lock`; Syncthing's
     // `veilfs.sync-conflict-….lock` has the reserved prefix and fsck names it the same way.
     Pattern { tool: LOCK_COPY_TOOL, rule: Rule::LockCopy },
+    Pattern { tool: "a FUSE file system (sshfs, …)", rule: Rule::Affix(".fuse_hidden", "") },
 ];
 
 /// The tool that leaves a file named `name` in synced folders, if any.
@@ -115,6 +122,7 @@ mod tests {
         ("veilfs (1).lock", LOCK_COPY_TOOL),
         ("veilfs (laptop's conflicted copy 2026-11-27).lock", LOCK_COPY_TOOL),
         ("veilfs-LAPTOP.lock", LOCK_COPY_TOOL),
+        (".fuse_hidden0000002a00000001", "a FUSE file system (sshfs, …)"),
     ];
 
     #[test]

@@ -865,7 +865,7 @@ impl<'a> Checker<'a> {
         // With the rights of the owner of both directories: a privileged repair never moves
         // one user's object into another user's directory (sys::as_owner_of).
         let moved = sys::as_owner_of(&[dir.fd(), lf.fd()], || {
-            sys::renameat2(dir.fd(), on_disk.as_bytes(), lf.fd(), new_on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+            sys::rename_noreplace(dir.fd(), on_disk.as_bytes(), lf.fd(), new_on_disk.as_bytes())
         });
         if let Err(e) = moved {
             if let Some(side) = &side {

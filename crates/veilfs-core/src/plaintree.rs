@@ -215,18 +215,13 @@ impl PlainDir {
     }
 
     /// Renames `from` to `to`, both in this directory: over an existing `to` only when
-    /// `replace` (else EEXIST). A filesystem without `RENAME_NOREPLACE` (some network
-    /// filesystems) gets a check for `to` and a plain rename.
+    /// `replace` (else EEXIST, also on a filesystem without `RENAME_NOREPLACE`: see
+    /// [`sys::rename_noreplace`]).
     pub fn rename(&self, from: &[u8], to: &[u8], replace: bool) -> io::Result<()> {
-        let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
-        match sys::renameat2(self.fd(), from, self.fd(), to, flags) {
-            Err(e) if !replace && e.raw_os_error() == Some(libc::EINVAL) => {
-                if self.stat_at(to)?.is_some() {
-                    return Err(err(libc::EEXIST));
-                }
-                sys::renameat2(self.fd(), from, self.fd(), to, 0)
-            }
-            r => r,
+        if replace {
+            sys::renameat2(self.fd(), from, self.fd(), to, 0)
+        } else {
+            sys::rename_noreplace(self.fd(), from, self.fd(), to)
         }
     }
 

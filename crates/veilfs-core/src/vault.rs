@@ -674,21 +674,21 @@ impl Vault {
         let what = || dir.child_path(on_disk);
         let sub = self.empty_dir(dir, on_disk, identity)?;
         let tmp = crate::names::temp_name();
-        sys::renameat2(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes(), libc::RENAME_NOREPLACE).ctx(what)?;
+        sys::rename_noreplace(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes()).ctx(what)?;
         crash::point!("vault.remove_temp");
         // The IV copy goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
         if let Err(e) = sys::privileged(|| self.iv_copy.remove(sub.as_fd(), identity)) {
             // A directory whose mode denies its owner write access (see `owner_access`).
             if e.raw_os_error() == Some(libc::EACCES) {
-                let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
+                let _ = sys::rename_noreplace(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes());
                 return Err(Error::io(what(), e));
             }
         }
         if let Err(e) = sys::unlinkat(dir.fd(), tmp.as_bytes(), true) {
             // Something appeared inside meanwhile: put it back as it was.
             let _ = sys::privileged(|| self.iv_copy.write(sub.as_fd(), identity));
-            let _ = sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE);
+            let _ = sys::rename_noreplace(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes());
             return Err(Error::io(what(), e));
         }
         Ok(())
@@ -922,7 +922,7 @@ impl Vault {
             if !direct {
                 sys::chmod_fd(fd.as_fd(), mode).ctx(|| dir.child_path(&tmp))?;
             }
-            sys::renameat2(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
+            sys::rename_noreplace(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes())
                 .ctx(|| dir.child_path(&on_disk))?;
             Ok(fd)
         })();
@@ -1015,9 +1015,7 @@ impl Vault {
         }
         let on_disk = self.entry_name_for(to, key, entry.kind, &entry.identity)?;
         let side = self.carry_target_side(from, &entry.on_disk, entry.kind, to)?;
-        if let Err(e) =
-            sys::renameat2(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes(), libc::RENAME_NOREPLACE)
-        {
+        if let Err(e) = sys::rename_noreplace(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes()) {
             if let Some(side) = &side {
                 self.drop_target_side(to, side);
             }
@@ -1063,8 +1061,7 @@ impl Vault {
         .sealed(&self.ctx.keys, &journal, &b_dir.iv, &a_dir.iv);
         write_record(b_dir, &journal, &intent)?;
         let mv = |fd: &CipherDir, old: &str, td: &CipherDir, new: &str| {
-            sys::renameat2(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes(), libc::RENAME_NOREPLACE)
-                .ctx(|| fd.child_path(old))
+            sys::rename_noreplace(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes()).ctx(|| fd.child_path(old))
         };
         let undo_intent = |e| {
             let _ = sys::unlinkat(b_dir.fd(), journal.as_bytes(), false);
@@ -1153,15 +1150,9 @@ impl Vault {
             let moved = exists(dir, &tmp);
             if moved {
                 if exists(a_dir.as_fd(), &intent.a) && !exists(dir, &intent.a_new) {
-                    sys::renameat2(
-                        a_dir.as_fd(),
-                        intent.a.as_bytes(),
-                        dir,
-                        intent.a_new.as_bytes(),
-                        libc::RENAME_NOREPLACE,
-                    )?;
+                    sys::rename_noreplace(a_dir.as_fd(), intent.a.as_bytes(), dir, intent.a_new.as_bytes())?;
                 }
-                sys::renameat2(dir, tmp.as_bytes(), a_dir.as_fd(), intent.b_new.as_bytes(), libc::RENAME_NOREPLACE)?;
+                sys::rename_noreplace(dir, tmp.as_bytes(), a_dir.as_fd(), intent.b_new.as_bytes())?;
             }
             sys::unlinkat(dir, journal.as_bytes(), false)?;
             Ok(moved)

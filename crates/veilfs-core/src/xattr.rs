@@ -33,6 +33,17 @@ use crate::sys::XattrTarget;
 use sha2::{Digest, Sha256};
 use std::io;
 
+/// The stored attribute names on `t`, NUL-separated. A backing file system without
+/// extended attributes (sshfs, some NFS and SMB mounts: the listing is EOPNOTSUPP) holds none,
+/// which is what a vault there has: no attributes, never damage (fsck and export read every
+/// object's; tests/sync.rs `fsck_and_export_through_sshfs_agree_with_the_vaults_machine`).
+fn stored_names(t: XattrTarget<'_>) -> Result<Vec<u8>> {
+    match t.list_all() {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(Vec::new()),
+        r => r.map_err(|e| Error::io("xattr", e)),
+    }
+}
+
 /// Prefix of every attribute veilfs stores.
 pub const STORED_PREFIX: &str = "user.veilfs.";
 /// The only namespace offered.
@@ -251,7 +262,7 @@ impl XattrCipher {
     /// The plaintext names on `t` (of object `id`), and the integrity errors of names that
     /// do not open.
     pub fn list(&self, t: XattrTarget<'_>, id: &Identity) -> Result<(Vec<Vec<u8>>, Vec<Error>)> {
-        let raw = t.list_all().map_err(|e| Error::io("xattr", e))?;
+        let raw = stored_names(t)?;
         let (mut names, mut bad) = (Vec::new(), Vec::new());
         for stored in raw.split(|&b| b == 0).filter(|s| !s.is_empty()) {
             match self.decrypt_name(id, stored) {
@@ -266,7 +277,7 @@ impl XattrCipher {
     /// Every plaintext attribute on `t` (of object `id`), each authenticated; the first
     /// integrity error fails the whole.
     pub fn all(&self, t: XattrTarget<'_>, id: &Identity) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let raw = t.list_all().map_err(|e| Error::io("xattr", e))?;
+        let raw = stored_names(t)?;
         let mut out = Vec::new();
         for stored in raw.split(|&b| b == 0).filter(|s| !s.is_empty()) {
             let Some(name) = self.decrypt_name(id, stored) else { continue };
@@ -280,7 +291,7 @@ impl XattrCipher {
 
     /// Continuations on `t` that no stored value uses (crash leftovers).
     pub fn unused_continuations(&self, t: XattrTarget<'_>) -> Result<Vec<String>> {
-        let raw = t.list_all().map_err(|e| Error::io("xattr", e))?;
+        let raw = stored_names(t)?;
         let names: Vec<&[u8]> = raw.split(|&b| b == 0).filter(|s| !s.is_empty()).collect();
         let mut used = std::collections::HashSet::new();
         for n in

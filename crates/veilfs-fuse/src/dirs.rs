@@ -4,7 +4,9 @@
 //! An on-disk name ends with the entry's identity binding, which a lookup cannot compute
 //! from the plaintext name; so each directory is listed once into an index (key → name) and
 //! kept current by this mount's own changes. In shared-storage mode the index is rebuilt
-//! whenever the backing directory's change time moved since it was built.
+//! whenever the backing directory's change time moved since it was built, and also while that
+//! time is too close to the last look to tell a later change from an earlier one (see
+//! [`Stamp`]).
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::collections::HashMap;
@@ -74,7 +76,7 @@ pub struct DirState {
     pub cd: CipherDir,
     index: RwLock<Option<Index>>,
     /// The backing directory's ctime when the index was built (shared-storage checks).
-    stamp: Mutex<(i64, i64)>,
+    stamp: Mutex<Stamp>,
     /// Serializes changes of this directory (create, unlink, rename, ...).
     pub ops: Mutex<()>,
     /// Others may change the backing directory (shared storage): keep `stamp` current.
@@ -100,13 +102,52 @@ fn ctime_of(cd: &CipherDir) -> io::Result<(i64, i64)> {
     Ok((st.st_ctime, st.st_ctime_nsec))
 }
 
+/// What a shared-storage index was built from: the backing directory's change time, and when
+/// (this machine's clock, before that time was read and the directory listed) we looked.
+///
+/// An unchanged change time proves nothing changed only if a later change would have moved
+/// it. A file system with whole-second times (sshfs: SFTP has no fractions; also FAT,
+/// some NFS servers) gives a change in the same second the same time, so a file another
+/// machine makes in the second of our look would stay out of the index until the next
+/// change. As git does with its "racy" index entries, a time that is not older than the
+/// look by more than its granularity is not trusted: the index is rebuilt at each use until
+/// the look is later than the directory's last change by that much. Whole-second times are
+/// recognised by their zero nanoseconds; they are given one second for the granularity and one
+/// more for the two machines' clocks. File systems with nanosecond times are trusted as
+/// before, at no extra cost.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stamp {
+    ctime: (i64, i64),
+    /// Nanoseconds since the epoch at the look.
+    look: i128,
+}
+
+/// How much older than the look a whole-second change time must be to be trusted.
+const COARSE_MARGIN_NS: i128 = 2_000_000_000;
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
+}
+
+impl Stamp {
+    /// Whether the index built at this stamp is current, the directory's change time being
+    /// `ctime` now.
+    fn trusts(&self, ctime: (i64, i64)) -> bool {
+        if ctime != self.ctime {
+            return false;
+        }
+        let (secs, nsec) = ctime;
+        nsec != 0 || i128::from(secs) * 1_000_000_000 + COARSE_MARGIN_NS <= self.look
+    }
+}
+
 impl DirState {
     /// State for an open, verified directory; `shared` when other mounts may change it.
     pub fn new(cd: CipherDir, shared: bool) -> Self {
         DirState {
             cd,
             index: RwLock::new(None),
-            stamp: Mutex::new((0, 0)),
+            stamp: Mutex::new(Stamp::default()),
             ops: Mutex::new(()),
             shared,
             listing: Mutex::new(None),
@@ -184,7 +225,7 @@ impl DirState {
     pub fn index(&self, vault: &Vault, revalidate: bool) -> io::Result<RwLockReadGuard<'_, Option<Index>>> {
         {
             let g = self.index.read();
-            if g.is_some() && (!revalidate || ctime_of(&self.cd)? == *self.stamp.lock()) {
+            if g.is_some() && (!revalidate || self.stamp.lock().trusts(ctime_of(&self.cd)?)) {
                 return Ok(g);
             }
         }
@@ -195,9 +236,10 @@ impl DirState {
     /// Rebuilds the index from the backing directory.
     pub fn rebuild(&self, vault: &Vault) -> io::Result<()> {
         let mut w = self.index.write();
-        let stamp = ctime_of(&self.cd)?;
+        let look = now_ns();
+        let ctime = ctime_of(&self.cd)?;
         *w = Some(self.build(vault)?);
-        *self.stamp.lock() = stamp;
+        *self.stamp.lock() = Stamp { ctime, look };
         Ok(())
     }
 
@@ -208,10 +250,12 @@ impl DirState {
             f(idx);
         }
         drop(w);
-        // Only shared storage compares the stamp; otherwise spare the fstat.
+        // Only shared storage compares the stamp; otherwise spare the fstat. The look stays
+        // that of the last listing: a whole-second time our own change moved into the second
+        // of now is not trusted until a listing after it.
         if self.shared {
             if let Ok(s) = ctime_of(&self.cd) {
-                *self.stamp.lock() = s;
+                self.stamp.lock().ctime = s;
             }
         }
     }
@@ -224,5 +268,23 @@ impl DirState {
     /// Forgets the index (memory pressure, or it may be stale).
     pub fn drop_index(&self) {
         *self.index.write() = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stamp;
+
+    /// A whole-second change time is trusted only once the look is two seconds past it; a
+    /// nanosecond one whenever it did not move; a moved one never.
+    #[test]
+    fn whole_second_change_times_near_the_look_are_not_trusted() {
+        let s = |secs: i64, nsec: i64, look_s: f64| Stamp { ctime: (secs, nsec), look: (look_s * 1e9) as i128 };
+        assert!(!s(100, 0, 100.5).trusts((100, 0)));
+        assert!(!s(100, 0, 101.9).trusts((100, 0)));
+        assert!(s(100, 0, 102.0).trusts((100, 0)));
+        assert!(!s(100, 0, 105.0).trusts((101, 0)));
+        assert!(s(100, 7, 100.0).trusts((100, 7)));
+        assert!(!s(100, 7, 100.0).trusts((100, 8)));
     }
 }

@@ -213,6 +213,94 @@ pub fn renameat2(
     Ok(rustix::fs::renameat_with(olddir, old, newdir, new, rustix::fs::RenameFlags::from_bits_retain(flags))?)
 }
 
+/// Renames `old` of `olddir` to `new` of `newdir` unless `new` exists (then EEXIST):
+/// `renameat2(RENAME_NOREPLACE)`, or where the file system refuses that flag, the fallback
+/// below.
+///
+/// Some file systems refuse every `renameat2` flag with EINVAL: sshfs (SFTP has no such
+/// rename), and FUSE file systems in general that do not implement it. On the first EINVAL
+/// the rename is made again the fallback way, and when that works the file system (its
+/// `st_dev`, one per mount) is remembered for the life of the process, so later renames on
+/// it go straight to the fallback; a file system that takes the flag never pays more than
+/// before. An EINVAL the fallback repeats (a directory moved into itself) is the caller's
+/// answer and remembers nothing.
+///
+/// The fallback, never following a link:
+/// * a non-directory is hard-linked under `new` (`linkat` without `AT_SYMLINK_FOLLOW`,
+///   which fails with EEXIST if `new` exists, atomically, as the flag would) and then
+///   unlinked under `old`. A crash between the two leaves the object under both names,
+///   never under none. Where hard links are refused too, it goes as a directory does.
+/// * a directory (which cannot be hard-linked) is renamed with a plain `renameat` after a
+///   check that `new` does not exist. Not atomic: an empty directory another client makes
+///   under `new` in between is replaced (a non-directory there makes the rename fail with
+///   ENOTDIR). On such a file system this is the best there is; over SFTP a server without
+///   `posix-rename` even refuses an existing target itself.
+pub fn rename_noreplace(olddir: BorrowedFd<'_>, old: &[u8], newdir: BorrowedFd<'_>, new: &[u8]) -> io::Result<()> {
+    if no_rename_flags::known(newdir) {
+        return rename_noreplace_fallback(olddir, old, newdir, new);
+    }
+    match renameat2(olddir, old, newdir, new, libc::RENAME_NOREPLACE) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            rename_noreplace_fallback(olddir, old, newdir, new).inspect(|()| no_rename_flags::remember(newdir))
+        }
+        r => r,
+    }
+}
+
+/// The file systems (by `st_dev`) that refused `RENAME_NOREPLACE` while the fallback worked
+/// (see [`rename_noreplace`]).
+mod no_rename_flags {
+    use std::os::fd::BorrowedFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    /// Whether any is known: until then no `fstat` is spent on asking.
+    static ANY: AtomicBool = AtomicBool::new(false);
+    static DEVICES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+    pub(super) fn known(dir: BorrowedFd<'_>) -> bool {
+        ANY.load(Ordering::Relaxed)
+            && super::fstat(dir).is_ok_and(|st| DEVICES.lock().unwrap_or_else(|e| e.into_inner()).contains(&st.st_dev))
+    }
+
+    pub(super) fn remember(dir: BorrowedFd<'_>) {
+        if let Ok(st) = super::fstat(dir) {
+            let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+            if !d.contains(&st.st_dev) {
+                tracing::debug!("the file system of device {:#x} refuses RENAME_NOREPLACE: renames use link and unlink, or a check, there", st.st_dev);
+                d.push(st.st_dev);
+            }
+            ANY.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// [`rename_noreplace`] without `renameat2` flags.
+fn rename_noreplace_fallback(olddir: BorrowedFd<'_>, old: &[u8], newdir: BorrowedFd<'_>, new: &[u8]) -> io::Result<()> {
+    let st = fstatat(olddir, old)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        match linkat(olddir, old, newdir, new) {
+            Ok(()) => {
+                if let Err(e) = unlinkat(olddir, old, false) {
+                    // Not moved: take the new name back rather than leave two.
+                    let _ = unlinkat(newdir, new, false);
+                    return Err(e);
+                }
+                return Ok(());
+            }
+            // No hard links here: as for a directory.
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS | libc::EMLINK)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    match fstatat(newdir, new) {
+        Ok(_) => Err(io::Error::from_raw_os_error(libc::EEXIST)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => renameat2(olddir, old, newdir, new, 0),
+        Err(e) => Err(e),
+    }
+}
+
 /// `linkat(olddir, old, newdir, new, 0)`.
 pub fn linkat(olddir: BorrowedFd<'_>, old: &[u8], newdir: BorrowedFd<'_>, new: &[u8]) -> io::Result<()> {
     Ok(rustix::fs::linkat(olddir, old, newdir, new, AtFlags::empty())?)
@@ -662,4 +750,45 @@ pub fn process_exists(pid: u32) -> bool {
 /// This process's effective user id (`geteuid`).
 pub fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The way renames go where `RENAME_NOREPLACE` is refused (sshfs; tests/sync.rs
+    /// `directories_and_renames_work_through_sshfs` runs it there): a file, a symlink (moved
+    /// itself, never its target) and a directory move; an existing target of either kind is
+    /// EEXIST and left as it was.
+    #[test]
+    fn the_fallback_of_rename_noreplace_never_replaces() {
+        let t = tempfile::tempdir().unwrap();
+        let d = open_dir_path(t.path()).unwrap();
+        let d = d.as_fd();
+        std::fs::write(t.path().join("f"), "f").unwrap();
+        std::fs::write(t.path().join("taken"), "taken").unwrap();
+        std::os::unix::fs::symlink("taken", t.path().join("l")).unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::create_dir(t.path().join("taken-dir")).unwrap();
+        let eexist = |r: io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EEXIST);
+        assert!(eexist(rename_noreplace_fallback(d, b"f", d, b"taken")));
+        assert!(eexist(rename_noreplace_fallback(d, b"d", d, b"taken-dir")));
+        assert!(eexist(rename_noreplace_fallback(d, b"d", d, b"taken")));
+        assert!(eexist(rename_noreplace_fallback(d, b"l", d, b"taken-dir")));
+        rename_noreplace_fallback(d, b"f", d, b"f2").unwrap();
+        rename_noreplace_fallback(d, b"l", d, b"l2").unwrap();
+        rename_noreplace_fallback(d, b"d", d, b"d2").unwrap();
+        let names = |p: &std::path::Path| {
+            let mut v: Vec<_> =
+                std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(t.path()), ["d2", "f2", "l2", "taken", "taken-dir"]);
+        assert_eq!(std::fs::read_to_string(t.path().join("f2")).unwrap(), "f");
+        assert_eq!(std::fs::read_to_string(t.path().join("taken")).unwrap(), "taken");
+        assert_eq!(std::fs::read_link(t.path().join("l2")).unwrap(), std::path::Path::new("taken"));
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(t.path().join("f2")).unwrap().nlink(), 1);
+    }
 }
