@@ -32,7 +32,22 @@ pub struct Bin(std::sync::OnceLock<String>);
 impl std::ops::Deref for Bin {
     type Target = str;
     fn deref(&self) -> &str {
-        self.0.get_or_init(|| std::env::var("VEILFS_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_veilfs").into()))
+        self.0.get_or_init(|| {
+            keep_state_in_target();
+            std::env::var("VEILFS_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_veilfs").into())
+        })
+    }
+}
+
+/// Every veilfs the tests start keeps its host-local state (the crash marks of its vaults)
+/// under the build's own temporary directory, never in the machine's `/var/lib/veilfs` or a
+/// user's `~/.local/state`: a test that kills a daemon on purpose would leave its mark there.
+/// Set once, before the first veilfs is started (every start goes through [`BIN`]), unless
+/// the caller chose a directory.
+fn keep_state_in_target() {
+    if std::env::var_os("VEILFS_STATE_DIR").is_none() {
+        let dir = concat!(env!("CARGO_TARGET_TMPDIR"), "/veilfs-state");
+        std::env::set_var("VEILFS_STATE_DIR", dir);
     }
 }
 
