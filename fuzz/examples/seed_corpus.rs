@@ -235,7 +235,11 @@ fn records(out: &Out) {
     v.extend_from_slice(&[0x12; 100]); // a record cut short by a crash
     out.put("stash_records", "mixed", &[&sel[..], &6u16.to_be_bytes(), &v].concat());
 
-    out.put("lock_holder", "proc-locks", b"1: FLOCK  ADVISORY  WRITE 25544 fe:00:5415163 0 EOF\n2: -> FLOCK  ADVISORY  WRITE 7 08:01:42 0 EOF\n");
+    out.put(
+        "lock_holder",
+        "proc-locks",
+        b"1: FLOCK  ADVISORY  WRITE 25544 fe:00:5415163 0 EOF\n2: -> FLOCK  ADVISORY  WRITE 7 08:01:42 0 EOF\n",
+    );
     out.put("lock_holder", "cmdline-mount", b"/usr/bin/veilfs\0mount\0/v\0/m\0--passfile\0p\0");
     out.put("lock_holder", "cmdline-helper", b"/sbin/mount.fuse.veilfs\0/v\0/m\0-o\0rw\0");
     out.put("lock_holder", "empty", b"");
