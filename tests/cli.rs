@@ -1570,8 +1570,8 @@ fn a_changed_file_is_a_conflict_unless_overwrite() {
 /// Conflict copies offline: `veilfs conflicts` lists a Syncthing and a Dropbox copy of a file
 /// under the names every tool shows them as, and the copies of veilfs's own lock and config;
 /// fsck reports them as conflict copies with exit code 0; `fsck --repair` makes the file
-/// copies ordinary entries (both versions kept), removes the lock's copy (it holds nothing)
-/// and leaves the config's copy alone.
+/// copies ordinary entries (both versions kept) and leaves the copies of the lock (a sync
+/// tool's file, as every form of it) and of the config alone.
 #[test]
 fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
     let f = Fixture::new();
@@ -1610,7 +1610,8 @@ fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
 
     let o = f.run(&["fsck", "--repair", f.v()]);
     assert_eq!(code(&o), 0, "{}", err(&o));
-    assert!(!syncthing.exists() && !dropbox.exists() && !lock_copy.exists(), "{}", err(&o));
+    assert!(!syncthing.exists() && !dropbox.exists(), "{}", err(&o));
+    assert!(lock_copy.exists(), "the lock's copy is left alone");
     assert!(conf_copy.exists(), "the config's copy is left alone");
     let o = f.run(&["ls", f.v()]);
     assert_eq!(code(&o), 0, "{}", err(&o));
@@ -1622,6 +1623,6 @@ fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
         assert_eq!(out(&f.run(&["cat", &format!("{}/{n}", f.v())])), "mine");
     }
     let o = f.run(&["conflicts", f.v()]);
-    assert_eq!(out(&o).lines().count(), 1, "only the config's copy is left: {}", out(&o));
+    assert_eq!(out(&o).lines().count(), 2, "only the copies of the config and the lock are left: {}", out(&o));
     assert_eq!(code(&f.run(&["fsck", f.v()])), 0);
 }

@@ -270,7 +270,18 @@ impl Mounted {
         let pid = daemon_pid(&self.mnt).expect("the daemon's pid");
         assert!(run("kill", &["-KILL", &pid.to_string()]).status.success());
         let t = std::time::Instant::now();
-        while daemon_pid(&self.mnt).is_some() {
+        // Gone, or every thread a zombie: only then are its files (and with them its OS
+        // locks) closed. Its command line vanishes earlier, and a killed leader thread is a
+        // zombie while the others still exit, holding the files they share.
+        let dead = || {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return true };
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .map(|st| st.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])))
+                    .unwrap_or(true)
+            })
+        };
+        while !dead() {
             assert!(t.elapsed() < std::time::Duration::from_secs(10), "the daemon did not die");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

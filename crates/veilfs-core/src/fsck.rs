@@ -500,14 +500,15 @@ impl<'a> Checker<'a> {
 
     /// Reports the conflict copy `c` (named `name` in `dir`) of one of veilfs's own files, by
     /// that file's rule ([`crate::conflict::internal_copy`]); with `--repair` removes one that
-    /// holds nothing the vault needs (a lock's copy, an IV copy or side file saying what the
-    /// original says). One that says something else is damage, removed on repair (never
-    /// used: the original is what the vault reads). The config's copy is left alone.
+    /// holds nothing the vault needs (an IV copy or side file saying what the original says).
+    /// One that says something else is damage, removed on repair (never used: the original is
+    /// what the vault reads). The config's copy and the lock's copies are left alone (a lock
+    /// copy is a sync tool's file, like every other form of it the foreign list names).
     fn internal_copy(&mut self, dir: &CipherDir, name: &str, c: &crate::conflict::ConflictName) {
         use crate::conflict::InternalCopy;
         let rule = crate::conflict::internal_copy(self.vault, dir, name, c);
         let detail = match &rule {
-            InternalCopy::Lock => "a copy of the vault lock (never a lock; holds no data)".to_string(),
+            InternalCopy::Lock => "a copy of the vault lock (never a lock; holds no data; left alone)".to_string(),
             InternalCopy::Config => {
                 "a copy of the config (not used: the vault opens with veilfs.conf; left alone)".to_string()
             }
@@ -531,7 +532,7 @@ impl<'a> Checker<'a> {
             detail,
             repaired: None,
         };
-        if self.repair && rule != InternalCopy::Config {
+        if self.repair && !matches!(rule, InternalCopy::Config | InternalCopy::Lock) {
             let r = sys::as_owner_of(&[dir.fd()], || sys::unlinkat(dir.fd(), name.as_bytes(), false));
             match r {
                 Ok(()) => found.repaired = Some("removed (holds nothing the vault needs)".into()),
