@@ -87,6 +87,9 @@ pub struct DirState {
     /// The mode and owner a permission check reads, kept on a mount that is the only writer
     /// (see [`perm_stat`](Self::perm_stat)).
     perm: Mutex<PermCache>,
+    /// Whether the last index built held a conflict copy: only then can removing a long name
+    /// leave a copy that still reads its side file (see [`Self::may_have_copies`]).
+    copies: std::sync::atomic::AtomicBool,
 }
 
 /// What [`DirState::perm_stat`] keeps: `st_mode`, `st_uid`, `st_gid`, and a generation that
@@ -152,7 +155,15 @@ impl DirState {
             shared,
             listing: Mutex::new(None),
             perm: Mutex::new(PermCache::default()),
+            copies: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the directory held a conflict copy when its index was last built (true until
+    /// it is built). Removing a long name lists the directory for copies that read its side
+    /// file only then: a listing per removal made emptying a large directory quadratic.
+    pub fn may_have_copies(&self) -> bool {
+        self.index.read().is_none() || self.copies.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The attributes a permission check of this directory reads: only `st_mode`, `st_uid`
@@ -212,6 +223,7 @@ impl DirState {
             }
             idx.insert(key, IndexEntry::new(on_disk, d_type, None));
         }
+        self.copies.store(!copies.is_empty(), std::sync::atomic::Ordering::Release);
         for c in copies {
             let d_type = ((c.entry.stat.st_mode & libc::S_IFMT) >> 12) as u8;
             let plain = Decoded { name: c.entry.name, d: c.d };

@@ -171,8 +171,13 @@ impl VeilFs {
         // The index knows whether another entry (a crash leftover) still uses the name.
         if dir.index(&self.vault, false)?.as_ref().and_then(|i| i.get(&key.key)).is_none_or(|e| e.others.is_empty()) {
             // A conflict copy of this long name (not in the index under its key) may still
-            // read the side file: the vault's check lists the directory for long names only.
-            self.vault.drop_side_file(&dir.cd, &key);
+            // read the side file: the vault's check lists the directory, so only where the
+            // index has seen a copy (a listing per removal would make `rm -r` quadratic).
+            if dir.may_have_copies() {
+                self.vault.drop_side_file(&dir.cd, &key);
+            } else {
+                veilfs_core::vault::Vault::unlink_side_file(&dir.cd, &key);
+            }
         }
         dir.update(|idx| {
             idx.remove(&key.key);
