@@ -131,6 +131,17 @@ impl VaultLock {
         let started = Instant::now();
         let deadline = started + ENDING_GRACE;
         let mut replaced = 0;
+        // The holder of the lock on `st`: one that is ending, or cannot be named (an exiting
+        // daemon has no command line left), is waited for a moment; any other refuses.
+        let wait_or_refuse = |st: &sys::Stat| -> Result<()> {
+            let holder = holder_of(st, true);
+            let unnamed = holder.command.is_empty() && started.elapsed() < UNNAMED_GRACE;
+            if unnamed || (ending(&holder) && Instant::now() < deadline) {
+                std::thread::sleep(Duration::from_millis(50));
+                return Ok(());
+            }
+            Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, shared: false })
+        };
         loop {
             let dir = sys::open_dir_path(cipherdir).ctx(|| format!("opening {}", cipherdir.display()))?;
             let fd = match sys::openat(dir.as_fd(), LOCK_NAME.as_bytes(), LOCK_OPEN, 0o644) {
@@ -162,13 +173,8 @@ impl VaultLock {
                     }
                 }
                 Ok(false) => {
-                    let holder = holder_of(&st, true);
-                    let unnamed = holder.command.is_empty() && started.elapsed() < UNNAMED_GRACE;
-                    if unnamed || (ending(&holder) && Instant::now() < deadline) {
-                        std::thread::sleep(Duration::from_millis(50));
-                        continue;
-                    }
-                    return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, shared: false });
+                    wait_or_refuse(&st)?;
+                    continue;
                 }
                 Err(e) if no_os_locks(&e) => {
                     tracing::warn!(
@@ -185,14 +191,7 @@ impl VaultLock {
                 match sys::try_flock_shared(dir.as_fd()) {
                     Ok(true) => break,
                     Ok(false) => {
-                        let dst = sys::fstat(dir.as_fd()).ctx(|| cipherdir.display().to_string())?;
-                        let holder = holder_of(&dst, true);
-                        let unnamed = holder.command.is_empty() && started.elapsed() < UNNAMED_GRACE;
-                        if unnamed || (ending(&holder) && Instant::now() < deadline) {
-                            std::thread::sleep(Duration::from_millis(50));
-                            continue;
-                        }
-                        return Err(Error::Locked { cipherdir: cipherdir.to_path_buf(), holder, shared: false });
+                        wait_or_refuse(&sys::fstat(dir.as_fd()).ctx(|| cipherdir.display().to_string())?)?;
                     }
                     Err(e) if no_os_locks(&e) => break,
                     Err(e) => return Err(Error::io(format!("locking {}", cipherdir.display()), e)),
