@@ -559,9 +559,20 @@ fn bigger_than_the_disk(extra: &[&str], fill_after_open: bool, sync_every: usize
     let (t, at) = checking_writer(fd, &data, sync_every);
     let took = started.elapsed();
     let shown_at_close = std::fs::metadata(&p).map(|s| s.len()).unwrap_or(0);
-    // The kernel sends RELEASE after close returns: the mount's last word on the file.
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let shown = std::fs::metadata(&p).map(|s| s.len()).unwrap_or(0);
+    // The kernel sends RELEASE after close returns, in the background: the mount's last word
+    // on the file, which no application can wait for. After a write-back that failed, the
+    // size the kernel kept (what was acknowledged) must give way to the size stored, which
+    // is smaller: wait up to 5 s for it to change (a loaded machine may take a while to
+    // answer RELEASE), then hold it to the size found after a remount.
+    // Asked all along, so that some `stat`s come while RELEASE is being answered (one that
+    // did once found the kernel's old inode again, with its old size, for good).
+    let size_now = || std::fs::metadata(&p).map(|s| s.len()).unwrap_or_else(|e| panic!("stat after close: {e}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while at != At::Write && size_now() == t.acked && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let shown = size_now();
     umount_and_wait(&mut m);
     let fsck = run(&BIN, &["fsck", m.cipher.to_str().unwrap(), "--passfile", m.passfile.to_str().unwrap()]);
     m.mount();

@@ -62,7 +62,7 @@ fn xattr_reply(reply: ReplyXattr, size: u32, r: io::Result<Vec<u8>>) {
 impl VeilFs {
     fn entry(&self, reply: ReplyEntry, r: io::Result<(std::sync::Arc<crate::inodes::Node>, Stat)>) {
         match r {
-            Ok((node, st)) => reply.entry(&self.opts.ttl, &self.attr_of(&node, &st), GEN),
+            Ok((node, st)) => reply.entry(&self.opts.ttl, &self.attr_of(&node, &st), node.generation()),
             Err(e) => reply.error(e.into()),
         }
     }
@@ -403,7 +403,14 @@ impl Filesystem for VeilFs {
             let full = match self.plus_entry(&node, e) {
                 Ok((child, st)) => {
                     let a = self.attr_of(&child, &st);
-                    let full = reply.add(INodeNo(child.id), e.cookie, OsStr::from_bytes(&e.name), &ttl, &a, GEN);
+                    let full = reply.add(
+                        INodeNo(child.id),
+                        e.cookie,
+                        OsStr::from_bytes(&e.name),
+                        &ttl,
+                        &a,
+                        child.generation(),
+                    );
                     if full {
                         self.nodes.forget(child.id, 1);
                     }
@@ -498,7 +505,7 @@ impl Filesystem for VeilFs {
         match self.acting(c).and_then(|_as| self.do_create(parent.0, name.as_bytes(), mode, flags, c)) {
             Ok((node, st, fh)) => {
                 let open = self.keep_cache() | self.write_through(flags);
-                reply.created(&self.opts.ttl, &self.attr_of(&node, &st), GEN, FileHandle(fh), open)
+                reply.created(&self.opts.ttl, &self.attr_of(&node, &st), node.generation(), FileHandle(fh), open)
             }
             Err(e) => reply.error(e.into()),
         }

@@ -47,9 +47,22 @@ pub struct FileState {
     own: Mutex<Option<(i64, i64, i64)>>,
     /// Written (or resized) since the open file was last noted.
     written: std::sync::atomic::AtomicBool,
+    /// The FUSE generation of the node id, raised when the kernel must drop its inode
+    /// ([`renew`](Self::renew)).
+    generation: AtomicU64,
 }
 
 impl FileState {
+    /// Makes the kernel drop the inode it holds for this node, with the size it keeps for
+    /// itself under the write-back cache (which no attribute reply corrects): the next
+    /// LOOKUP answers with a new generation, and the kernel, seeing the node id come back
+    /// with another generation, marks its old inode stale and builds a new one from the
+    /// reply. Invalidating the names alone is not enough: a LOOKUP that comes while the
+    /// kernel still holds the inode (as it does until RELEASE is answered) finds it again.
+    pub fn renew(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The open file, if some handle has it open.
     pub fn opened(&self) -> Option<Arc<CryptFile>> {
         self.open.lock().as_ref().map(|(c, _)| c.clone())
@@ -188,6 +201,11 @@ impl std::fmt::Debug for Gone {
 }
 
 impl Node {
+    /// The FUSE generation to answer with (see [`FileState::renew`]).
+    pub fn generation(&self) -> fuser::Generation {
+        fuser::Generation(self.file.as_ref().map_or(0, |f| f.generation.load(Ordering::Acquire)))
+    }
+
     /// Records that the object's last name was removed; `st` is its stat from before.
     pub fn set_gone(&self, st: &Stat) {
         let mut st = *st;

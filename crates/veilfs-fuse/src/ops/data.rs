@@ -112,9 +112,9 @@ impl VeilFs {
     ///
     /// A file whose write-back failed part-way is first cut where the first refused write
     /// left a hole ([`CryptFile::drop_lost`]), and the kernel drops what it caches of it:
-    /// the pages that were never stored, and (by forgetting its names, so that the inode
-    /// goes once unused) the size it kept for itself, which with the write-back cache no
-    /// reply can correct.
+    /// the pages that were never stored, and (by a new generation for the node id and by
+    /// forgetting its names, so that the inode goes) the size it kept for itself, which with
+    /// the write-back cache no reply can correct.
     pub(crate) fn release_file(&self, node: &Node) {
         if let Some(f) = &node.file {
             let mut lost = false;
@@ -139,6 +139,7 @@ impl VeilFs {
                 }
             });
             if lost {
+                f.renew();
                 self.forget_cached(node);
             }
         }
