@@ -218,6 +218,11 @@ impl<'a> ParsedEntry<'a> {
     /// files ([`crate::foreign`]), so neither can hide an entry.
     pub fn parse(name: &'a [u8]) -> Self {
         match Self::parse_format(name) {
+            // A copy of the lock is by the lock's own rule ignored everywhere, as what sync
+            // tools leave (never a lock, no data), not a conflict copy for the user to settle.
+            ParsedEntry::Foreign if crate::lock::is_conflict_copy(name) => {
+                ParsedEntry::SyncTool(crate::foreign::LOCK_COPY_TOOL)
+            }
             ParsedEntry::Foreign => match crate::conflict::parse(name) {
                 Some(c) => ParsedEntry::Conflict(c),
                 None => crate::foreign::sync_tool(name).map_or(ParsedEntry::Foreign, ParsedEntry::SyncTool),
