@@ -541,6 +541,13 @@ fn sigkill_under_load_keeps_every_fsynced_byte() {
                 }
             }
         });
+        // The kill must find the file made: on a loaded machine the writer's open can come
+        // later than the whole random wait (the file then never existed, nothing was fsynced,
+        // and no round was tested).
+        let made = Instant::now();
+        while !m.m("log").exists() && made.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         // A pseudo-random moment between 150 and 650 ms (no rand crate in the tests).
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         std::thread::sleep(Duration::from_millis(150 + (nanos as u64 + round * 97) % 500));
