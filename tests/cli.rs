@@ -1121,7 +1121,7 @@ fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
     assert!(sbin.join("mount.fuse.veilfs").symlink_metadata().is_err());
 }
 
-/// Issue 11: import and export keep `user.*` extended attributes (encrypted in the vault),
+/// Import and export keep `user.*` extended attributes (encrypted in the vault),
 /// and export withholds set-id bits and device nodes unless `--preserve-special`.
 #[test]
 fn import_and_export_keep_user_xattrs_and_withhold_set_id_bits() {
@@ -1162,7 +1162,7 @@ fn import_and_export_keep_user_xattrs_and_withhold_set_id_bits() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 12: one writer at a time (the vault lock), and interrupted imports and exports that
+// One writer at a time (the vault lock), and interrupted imports and exports that
 // leave no cut-off file and resume.
 // ---------------------------------------------------------------------------------------
 
@@ -1294,7 +1294,7 @@ fn mount_at(m: &common::Mounted, at: &std::path::Path, extra: &[&str]) -> Output
     with_pass(m, &[&["mount", m.cipher.to_str().unwrap(), at.to_str().unwrap()], extra].concat())
 }
 
-/// Issue 15: a mount that caches (for an hour) and a `--shared-storage` mount never run on one
+/// A mount that caches (for an hour) and a `--shared-storage` mount never run on one
 /// vault at once: each is refused with exit code 9 while the other kind is live, naming it;
 /// shared-storage mounts coexist and see each other's changes at once.
 #[test]

@@ -1152,7 +1152,7 @@ fn directories_denying_their_owner_and_setgid_mmap_writes_behave_as_on_tmpfs_acr
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 15: a mount that holds the vault lock lets the kernel cache names and attributes
+// A mount that holds the vault lock lets the kernel cache names and attributes
 // for an hour; every change must still be seen at once (crates/veilfs-fuse/src/lib.rs,
 // "Caching"). Each check reads through `stat` in another process, after that process has
 // seen the old state (so the kernel cached it).

@@ -1,7 +1,7 @@
 //! Block-range locks for one file: readers share, writers exclude overlapping ranges only.
 //!
 //! This is what lets two writers on different blocks of one file run in parallel (gocryptfs
-//! serializes all writes to a file, its issue #862) while a read never sees a block half
+//! serializes all writes to a file: gocryptfs issue #862 on GitHub) while a read never sees a block half
 //! rewritten and two read-modify-writes of one block never interleave.
 
 use parking_lot::{Condvar, Mutex};
