@@ -428,8 +428,9 @@ impl Vault {
 pub enum InternalCopy {
     /// A copy of the lock: never a lock (only `veilfs.lock` is), no data; `--repair` removes it.
     Lock,
-    /// A copy of the config: never read (the vault opens with `veilfs.conf`, which verified);
-    /// left alone, as it may hold key slots the user wants back.
+    /// A copy of the config: never the config (the vault opens with `veilfs.conf`), but its
+    /// key slots are tried after the config's (`Vault::open_with`); left alone, as it may hold
+    /// a password the user still unlocks with.
     Config,
     /// A copy of a directory's IV copy or of a long name's side file that says exactly what
     /// the original says (checked): redundant; `--repair` removes it.

@@ -510,7 +510,7 @@ impl<'a> Checker<'a> {
         let detail = match &rule {
             InternalCopy::Lock => "a copy of the vault lock (never a lock; holds no data; left alone)".to_string(),
             InternalCopy::Config => {
-                "a copy of the config (not used: the vault opens with veilfs.conf; left alone)".to_string()
+                "a copy of the config (never the config: the vault opens with veilfs.conf; a password only its key slots know still unlocks; left alone)".to_string()
             }
             InternalCopy::Same => format!("a copy of {} saying what it says (not used)", c.original),
             InternalCopy::Differs(why) => {

@@ -198,8 +198,57 @@ impl Vault {
         ceiling: &crate::kdf::KdfCeiling,
     ) -> Result<Vault> {
         let cfg = VaultConfig::load(cipherdir)?;
-        let master = cfg.unlock_with(secret, slot, &VaultConfig::path_in(cipherdir), ceiling)?;
+        let path = VaultConfig::path_in(cipherdir);
+        let master = match cfg.unlock_with(secret, slot, &path, ceiling) {
+            Err(Error::WrongPassword) => Self::unlock_by_config_copies(cipherdir, &cfg, secret, slot, ceiling)?,
+            r => r?,
+        };
         Ok(Vault::from_parts(cipherdir, cfg, master))
+    }
+
+    /// A secret that opens no key slot of `veilfs.conf` may open one of a sync tool's
+    /// conflict copy of it: a password added with `veilfs passwd` on one machine while
+    /// another machine changed the config too, so that the sync kept the other side's config
+    /// under the name. The vault still opens with `veilfs.conf`, never with a copy: a copy
+    /// only lends its key slots, and only when the master key a slot yields authenticates
+    /// `veilfs.conf` itself (so a copy planted from another vault, or forged, opens nothing).
+    /// Copies are tried newest first, at most [`CONFIG_COPIES_TRIED`], each within the same
+    /// key-derivation ceiling as the config. Says which copy it was and how to keep the
+    /// password in `veilfs.conf`.
+    fn unlock_by_config_copies(
+        cipherdir: &Path,
+        cfg: &VaultConfig,
+        secret: &Secret,
+        slot: Option<u32>,
+        ceiling: &crate::kdf::KdfCeiling,
+    ) -> Result<MasterKey> {
+        let path = VaultConfig::path_in(cipherdir);
+        for name in config_copies(cipherdir) {
+            let copy = match VaultConfig::load_named(cipherdir, &name) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("{e}");
+                    continue;
+                }
+            };
+            let Ok(master) = copy.unlock_with(secret, slot, &cipherdir.join(&name), ceiling) else { continue };
+            if cfg.verify(&master, &path).is_err() {
+                tracing::warn!(
+                    "{}: a key slot opened, but not for this vault's config (another vault's config, or forged): \
+                     not used",
+                    cipherdir.join(&name).display()
+                );
+                continue;
+            }
+            tracing::warn!(
+                "{}: the password matched a key slot of its sync conflict copy {name}, not of the config itself; \
+                 the vault opens with veilfs.conf. To keep this password, add it there: veilfs passwd {} --add",
+                path.display(),
+                cipherdir.display()
+            );
+            return Ok(master);
+        }
+        Err(Error::WrongPassword)
     }
 
     /// Builds a vault from a verified config and its master key.
@@ -257,6 +306,28 @@ impl Vault {
         self.config = cfg;
         Ok(())
     }
+}
+
+/// Most conflict copies of `veilfs.conf` an unlock tries (each costs a key derivation).
+const CONFIG_COPIES_TRIED: usize = 4;
+
+/// The names of sync tools' conflict copies of `veilfs.conf` in `cipherdir` (regular files),
+/// newest first, at most [`CONFIG_COPIES_TRIED`].
+fn config_copies(cipherdir: &Path) -> Vec<String> {
+    let Ok(dir) = sys::open_dir_path(cipherdir) else { return Vec::new() };
+    let Ok(raw) = sys::read_dir_fd(dir.as_fd()) else { return Vec::new() };
+    let mut copies: Vec<(i64, String)> = raw
+        .into_iter()
+        .filter_map(|r| {
+            let c = crate::conflict::parse(&r.name)?;
+            (c.original == crate::names::CONFIG_NAME).then_some(())?;
+            let name = String::from_utf8(r.name).ok()?;
+            let (_, st) = sys::open_regular_at(dir.as_fd(), name.as_bytes(), libc::O_RDONLY).ok()?;
+            Some((st.st_mtime, name))
+        })
+        .collect();
+    copies.sort_by(|a, b| b.cmp(a));
+    copies.into_iter().take(CONFIG_COPIES_TRIED).map(|(_, n)| n).collect()
 }
 
 /// Relabels an integrity error with the path of the entry it concerns.
