@@ -773,20 +773,29 @@ fn a_forged_conflict_copy_injects_neither_a_name_nor_content() {
         n
     };
 
-    // b's name with a's binding (and a's bytes): the binding is for another name.
-    let forged = m.cipher.join(format!("{db}.{SYNCTHING_PART}.{sa}"));
-    fs::copy(&a, &forged).unwrap();
-    m.mount();
-    assert_eq!(names(&m), ["a.txt", "b.txt"]);
-    assert_eq!(fs::read_to_string(m.m("b.txt")).unwrap(), "content of b, which the attacker wants shown as a's");
-    m.umount();
-    let forged_name = forged.file_name().unwrap().to_str().unwrap();
-    for args in [vec!["ls", &v], vec!["export", &v, "/nonexistent-never-written"]] {
-        let o = run(&BIN, &[&args[..], &["--passfile", &pf]].concat());
-        assert_eq!(o.status.code(), Some(6), "{args:?}: {}", text(&o));
-        assert!(text(&o).contains(forged_name), "{args:?} names the forged copy: {}", text(&o));
+    // b's name with a's binding (and a's bytes): the binding is for another name. Also with
+    // OneDrive's `-HOST`, which makes another well-formed key: b's `D` decrypts once the part
+    // is taken out, but a's binding does not verify for it, so the name stays an entry that
+    // does not decrypt.
+    for forged in [format!("{db}.{SYNCTHING_PART}.{sa}"), format!("{db}-LAPTOP.{sa}")] {
+        let forged = m.cipher.join(forged);
+        fs::copy(&a, &forged).unwrap();
+        m.mount();
+        assert_eq!(names(&m), ["a.txt", "b.txt"]);
+        assert_eq!(fs::read_to_string(m.m("b.txt")).unwrap(), "content of b, which the attacker wants shown as a's");
+        m.umount();
+        let forged_name = forged.file_name().unwrap().to_str().unwrap();
+        for args in [vec!["ls", &v], vec!["export", &v, "/nonexistent-never-written"], vec!["conflicts", &v]] {
+            let o = run(&BIN, &[&args[..], &["--passfile", &pf]].concat());
+            if args[0] == "conflicts" {
+                assert!(!text(&o).contains("/b ("), "not listed as a copy: {}", text(&o));
+                continue;
+            }
+            assert_eq!(o.status.code(), Some(6), "{args:?}: {}", text(&o));
+            assert!(text(&o).contains(forged_name), "{args:?} names the forged copy: {}", text(&o));
+        }
+        fs::remove_file(&forged).unwrap();
     }
-    fs::remove_file(&forged).unwrap();
 
     // a's name and binding, b's bytes: shown under a's copy name, but never readable.
     let swapped = syncthing_copy_name(&a);

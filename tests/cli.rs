@@ -1626,3 +1626,68 @@ fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
     assert_eq!(out(&o).lines().count(), 2, "only the copies of the config and the lock are left: {}", out(&o));
     assert_eq!(code(&f.run(&["fsck", f.v()])), 0);
 }
+
+/// Conflict copies whose tool's part is base64url itself: OneDrive's `D-HOST.S` and old
+/// ownCloud clients' `D_conflict-YYYYMMDD-HHMMSS.S` are well-formed entry names whose names do
+/// not decrypt; each is tried as a copy of `D.S` and, its binding verifying, shown like any
+/// other copy: `ls`, `cat`, `export` and `conflicts` show it, fsck reports it as a conflict
+/// copy with exit code 0 and `--repair` makes it an ordinary entry. A copy whose original was
+/// since removed (the ownCloud one here) is shown as well.
+#[test]
+fn onedrive_and_old_owncloud_copies_of_short_entries_are_shown_as_copies() {
+    let f = Fixture::new();
+    let src = f.dir.join("tree");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("notes.txt"), "mine").unwrap();
+    std::fs::write(src.join("plan.md"), "the plan, a longer file").unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let mut entries = common::user_entries(&f.vault);
+    entries.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let (notes, plan) = (entries[0].clone(), entries[1].clone());
+    let onedrive = common::copy_name_with(&notes, "-LAPTOP");
+    std::fs::copy(&notes, &onedrive).unwrap();
+    let owncloud = common::copy_name_with(&plan, common::OWNCLOUD_PART);
+    std::fs::rename(&plan, &owncloud).unwrap();
+    let (nc, pc) = ("notes (LAPTOP).txt", "plan (conflict-20261127-101010).md");
+
+    let ls = |f: &Fixture| {
+        let o = f.run(&["ls", f.v()]);
+        assert_eq!(code(&o), 0, "ls: {}", err(&o));
+        let mut names: Vec<String> = out(&o).lines().map(str::to_string).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(ls(&f), [nc, "notes.txt", pc]);
+    for (n, content) in [(nc, "mine"), ("notes.txt", "mine"), (pc, "the plan, a longer file")] {
+        let o = f.run(&["cat", &format!("{}/{n}", f.v())]);
+        assert_eq!((code(&o), out(&o).as_str()), (0, content), "cat {n}: {}", err(&o));
+    }
+    let dest = f.dir.join("exported");
+    let o = f.run(&["export", f.v(), dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "export: {}", err(&o));
+    assert_eq!(std::fs::read_to_string(dest.join(nc)).unwrap(), "mine");
+    assert_eq!(std::fs::read_to_string(dest.join(pc)).unwrap(), "the plan, a longer file");
+
+    let o = f.run(&["conflicts", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    for line in [
+        format!("/{nc}\tOneDrive copy of /notes.txt\t{}", onedrive.display()),
+        format!("/{pc}\townCloud copy of /plan.md\t{}", owncloud.display()),
+    ] {
+        assert!(out(&o).contains(&line), "{line:?} in:\n{}", out(&o));
+    }
+    let o = f.run(&["fsck", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains(&format!("conflict copy (OneDrive copy of /notes.txt): {}", onedrive.display())));
+    assert!(err(&o).contains(&format!("conflict copy (ownCloud copy of /plan.md): {}", owncloud.display())));
+    assert!(err(&o).contains("0 problems"), "{}", err(&o));
+
+    let o = f.run(&["fsck", "--repair", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(!onedrive.exists() && !owncloud.exists(), "renamed to ordinary entries: {}", err(&o));
+    assert_eq!(ls(&f), [nc, "notes.txt", pc]);
+    assert_eq!(out(&f.run(&["cat", &format!("{}/{pc}", f.v())])), "the plan, a longer file");
+    let o = f.run(&["conflicts", f.v()]);
+    assert_eq!(out(&o).lines().count(), 0, "{}", out(&o));
+    assert_eq!(code(&f.run(&["fsck", f.v()])), 0);
+}

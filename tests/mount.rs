@@ -1403,3 +1403,40 @@ fn conflict_copies_and_two_entries_for_one_name_are_all_shown_and_readable() {
     assert_eq!(fs::read_to_string(m.m("report, their version.txt")).unwrap(), "version A");
     assert_eq!(fs::read_to_string(m.m("report.txt")).unwrap(), "version B, edited here");
 }
+
+/// OneDrive's and old ownCloud clients' conflict copies of short entries (`D-HOST.S`,
+/// `D_conflict-<date>-<time>.S`) are well-formed entry names that do not decrypt; the mount
+/// finds them as copies when it lists the directory, before any READDIR: a lookup of the
+/// shown name reads the copy's content, and the listing shows each copy once under its shown
+/// name (not as an undecryptable entry). One whose original was removed is shown as well; a
+/// copy renamed is an ordinary entry.
+#[test]
+fn onedrive_and_owncloud_copies_of_short_entries_are_shown_under_their_names() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    fs::write(m.m("report.txt"), "version A").unwrap();
+    fs::write(m.m("plan.md"), "the plan, a longer file").unwrap();
+    m.umount();
+    let mut files = user_entries(&m.cipher);
+    files.sort_by_key(|p| fs::metadata(p).unwrap().len());
+    let (report, plan) = (files[0].clone(), files[1].clone());
+    fs::copy(&report, copy_name_with(&report, "-DESKTOP-AB12")).unwrap();
+    fs::rename(&plan, copy_name_with(&plan, OWNCLOUD_PART)).unwrap();
+    m.mount();
+    let (rc, pc) = ("report (DESKTOP-AB12).txt", "plan (conflict-20261127-101010).md");
+    assert_eq!(fs::read_to_string(m.m(rc)).unwrap(), "version A", "a lookup before any listing");
+    fs::write(m.m("report.txt"), "version B").unwrap();
+    let mut names: Vec<String> =
+        fs::read_dir(&m.mnt).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, [pc, rc, "report.txt"]);
+    assert_eq!(fs::read_to_string(m.m(pc)).unwrap(), "the plan, a longer file");
+    assert_eq!(fs::read_to_string(m.m(rc)).unwrap(), "version A");
+    assert_eq!(fs::read_to_string(m.m("report.txt")).unwrap(), "version B");
+    // Renamed, a copy becomes an ordinary entry.
+    fs::rename(m.m(rc), m.m("report, theirs.txt")).unwrap();
+    assert_eq!(fs::read_to_string(m.m("report, theirs.txt")).unwrap(), "version A");
+    m.umount();
+    assert!(!copy_name_with(&report, "-DESKTOP-AB12").exists(), "the copy's ciphertext name is gone");
+    m.mount();
+    assert_eq!(fs::read_to_string(m.m("report, theirs.txt")).unwrap(), "version A");
+}

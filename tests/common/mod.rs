@@ -927,3 +927,15 @@ pub fn syncthing_copy_name(entry: &Path) -> PathBuf {
     let dot = name.rfind('.').unwrap();
     entry.with_file_name(format!("{}.{SYNCTHING_PART}{}", &name[..dot], &name[dot..]))
 }
+
+/// The part old ownCloud clients insert before a conflict copy's extension.
+pub const OWNCLOUD_PART: &str = "_conflict-20261127-101010";
+
+/// `entry`'s conflict copy name by a tool that inserts `part` right before the "extension"
+/// (the binding `S`): OneDrive's `-HOST`, old ownCloud's [`OWNCLOUD_PART`]. On a short entry
+/// both give another well-formed key `D<part>`.
+pub fn copy_name_with(entry: &Path, part: &str) -> PathBuf {
+    let name = entry.file_name().unwrap().to_str().unwrap();
+    let dot = name.rfind('.').unwrap();
+    entry.with_file_name(format!("{}{part}{}", &name[..dot], &name[dot..]))
+}

@@ -19,6 +19,13 @@
 //! copy can only ever show an object under a name that an entry of this directory was bound
 //! to (docs/SECURITY.md, "Conflict copies").
 //!
+//! OneDrive's `-<host>` and old ownCloud clients' `_conflict-<date>-<time>` are base64url
+//! themselves: on a short entry the copy's name is another well-formed entry name, whose own
+//! name does not decrypt. Only then is it read as a copy ([`short_copy_candidates`]): the
+//! original's `D` must decrypt in this directory (SIV authenticates it) and the binding
+//! verify, as above. A listing that decrypts every name anyway pays for this only on names
+//! that failed.
+//!
 //! Two valid entries for one name (made on two machines, or left by a crash in the middle of
 //! a rename over an existing name) are both shown the same way: the newer under the name, the
 //! older as `name (conflict).ext`.
@@ -82,9 +89,11 @@ const TOOLS: &[(&str, Matcher)] = &[
 /// Recognises `name` as a conflict copy: a tool's part ending where the name ends or where
 /// its last component (the "extension") begins, whose removal leaves a name veilfs writes
 /// (a user entry or one of its own files). OneDrive's `-<host>` and ownCloud's older
-/// `_conflict-<date>-<time>` are base64url themselves: on a user entry they make another
-/// well-formed key, which [`ParsedEntry::parse`] takes first (its name then fails to decrypt:
-/// an integrity finding); they are recognised on veilfs's own files (see [`onedrive`]).
+/// `_conflict-<date>-<time>` are base64url themselves: on a short entry they make another
+/// well-formed key, which [`ParsedEntry::parse`] takes first; such a copy is found only once
+/// its name fails to decrypt ([`short_copy_candidates`]). Where the part they follow has a
+/// fixed length (a long name's hash, a side file's hash, a directory IV name, the binding)
+/// the name says it, and it is recognised here (see [`onedrive`]).
 pub fn parse(name: &[u8]) -> Option<ConflictName> {
     let name = std::str::from_utf8(name).ok()?;
     for (start, _) in name.char_indices() {
@@ -104,22 +113,79 @@ pub fn parse(name: &[u8]) -> Option<ConflictName> {
     onedrive(name)
 }
 
-/// OneDrive keeps a conflict copy as `<stem>-<host>.<ext>`. On a user entry that is not
-/// recognisable from the name (base64url has `-`, so `D-HOST` is another well-formed key);
-/// for veilfs's own files it is: `veilfs-HOST.lock`.
+/// OneDrive keeps a conflict copy as `<stem>-<host>.<ext>` (HOST: the computer's name,
+/// letters, digits and `-`). Recognised where taking `-HOST` out (up to the next `.` or the
+/// end) leaves a name veilfs writes: `veilfs-HOST.lock`, `veilfs.L.<hash>-HOST.<S>`,
+/// `veilfs.N-HOST.<hash>`, `veilfs.N.<hash>-HOST`, `veilfs.diriv-HOST.<iv>`, ... The part
+/// before `-HOST` is a fixed word or has a fixed length (43 characters of a hash, 22 of an
+/// IV), so the name has one reading. On a short entry (`D` of any length) `D-HOST.S` is
+/// another well-formed key, which [`ParsedEntry::parse`] takes first: see
+/// [`short_copy_candidates`].
 pub fn onedrive(name: &str) -> Option<ConflictName> {
-    let dot = name.rfind('.')?;
-    let (stem, ext) = name.split_at(dot);
-    let (base, host) = stem.split_once('-')?;
-    if base != "veilfs"
-        || host.is_empty()
-        || host.len() > 63
-        || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    {
-        return None;
+    for (dash, _) in name.match_indices('-') {
+        let end = name[dash..].find('.').map_or(name.len(), |i| dash + i);
+        let host = &name[dash + 1..end];
+        if !is_host(host) {
+            continue;
+        }
+        let original = format!("{}{}", &name[..dash], &name[end..]);
+        if is_veilfs_name(&original) {
+            return Some(ConflictName { original, suffix: host.to_string(), tool: "OneDrive" });
+        }
     }
-    let original = format!("{base}{ext}");
-    is_veilfs_name(&original).then(|| ConflictName { original, suffix: host.to_string(), tool: "OneDrive" })
+    None
+}
+
+/// A computer's name as OneDrive appends it: letters, digits and `-`, 1 to 63 characters.
+fn is_host(host: &str) -> bool {
+    !host.is_empty() && host.len() <= 63 && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// At most this many readings of a short entry's key are tried as a copy (each costs a name
+/// decryption, and only a key that failed to decrypt is tried at all).
+const MAX_SHORT_SPLITS: usize = 8;
+
+/// Fewest characters of a short entry's key.
+const SHORT_KEY_MIN: usize = 23;
+
+/// The readings of a short entry's key as a copy's, without allocating (a listing asks this of
+/// every short name): (length of the original key, start of the suffix, tool). ownCloud's
+/// older `KEY_conflict-YYYYMMDD-HHMMSS`, then OneDrive's `KEY-HOST` at each `-` from the right,
+/// where `KEY` keeps a short key's 23 characters; at most [`MAX_SHORT_SPLITS`].
+fn short_readings(key: &str) -> impl Iterator<Item = (usize, usize, &'static str)> + '_ {
+    let owncloud = key
+        .len()
+        .checked_sub(25)
+        .filter(|&i| i >= SHORT_KEY_MIN && owncloud_legacy(&key[i..]).is_some())
+        .map(|i| (i, i + 1, "ownCloud"));
+    let onedrive = key
+        .rmatch_indices('-')
+        .map(|(dash, _)| dash)
+        // Once the tail holds a `_` or is too long, every split further left keeps it.
+        .take_while(move |&dash| dash >= SHORT_KEY_MIN && !key[dash + 1..].contains('_') && key.len() - dash <= 64)
+        .filter(move |&dash| is_host(&key[dash + 1..]))
+        .map(|dash| (dash, dash + 1, "OneDrive"));
+    owncloud.into_iter().chain(onedrive).take(MAX_SHORT_SPLITS)
+}
+
+/// Whether the short entry key `key` has a reading as a copy's ([`short_copy_candidates`]).
+pub fn may_be_short_copy(key: &str) -> bool {
+    short_readings(key).next().is_some()
+}
+
+/// The originals a short entry `key.s` may be a conflict copy of, to try when its own name
+/// does not decrypt (see [`short_readings`]). Nothing here is trusted: a reading is a copy
+/// only if its `KEY` decrypts in the directory (SIV authenticates the name, so a chance string
+/// decrypts with probability 2^-128) and `s` verifies for the object that is there, as for
+/// any copy.
+pub fn short_copy_candidates(key: &str, s: &str) -> Vec<ConflictName> {
+    short_readings(key)
+        .map(|(len, suffix, tool)| ConflictName {
+            original: format!("{}.{s}", &key[..len]),
+            suffix: key[suffix..].to_string(),
+            tool,
+        })
+        .collect()
 }
 
 /// A name veilfs writes: a user entry, or one of its own files a sync tool may copy (the
@@ -245,6 +311,18 @@ pub fn assign(copies: &[(Vec<u8>, String)], mut taken: impl FnMut(&[u8]) -> bool
 /// One entry of [`Vault::keyed_entries`]: lookup key, on-disk name, `d_type`.
 pub type KeyedEntry = (String, String, u8);
 
+/// What [`Vault::keyed_entries_and_copies`] finds in a directory.
+#[derive(Debug)]
+pub struct KeyedListing {
+    /// The user entries by lookup key (not decrypted, except as `names` says).
+    pub entries: Vec<KeyedEntry>,
+    /// The conflict copies that verified, each under the key of its shown name.
+    pub copies: Vec<ConflictCopy>,
+    /// Plaintext name and `D` of the entries whose names were decrypted on the way (short
+    /// entries whose keys could have been a copy's), by on-disk name.
+    pub names: HashMap<String, (Vec<u8>, Vec<u8>)>,
+}
+
 /// A conflict copy of a user entry whose binding verified, as the directory shows it.
 #[derive(Clone, Debug)]
 pub struct ConflictCopy {
@@ -265,18 +343,31 @@ impl Vault {
     /// The conflict copies among `candidates` (on-disk names of `dir`): names with a sync
     /// tool's part, and every entry of a name that has several. Each is verified as its
     /// original entry would be; of several valid entries for one name the newest (ctime)
-    /// stays the entry and the others are copies. `key_present` says whether an entry with a
-    /// given lookup key is in `dir` (display names avoid them). Copies that do not verify
-    /// are returned as bad entries (integrity errors naming the copy).
+    /// stays the entry and the others are copies. `undecryptable`: short entries of `dir`
+    /// whose names did not decrypt, each tried as a copy whose tool's part is base64url
+    /// itself ([`short_copy_candidates`]); one whose readings do not verify is left out here
+    /// (it stays the caller's integrity finding, as the entry it claims to be), one that
+    /// verifies is a copy, and the caller no longer reports it. `key_present` says whether an
+    /// entry with a given lookup key is in `dir` (display names avoid them). Copies that do
+    /// not verify are returned as bad entries (integrity errors naming the copy).
     pub fn conflict_copies(
         &self,
         dir: &CipherDir,
         candidates: &[String],
+        undecryptable: &[String],
         key_present: impl Fn(&str) -> bool,
     ) -> (Vec<ConflictCopy>, Vec<BadEntry>) {
         let mut found: Vec<(Entry, String, &'static str)> = Vec::new();
         let mut bad = Vec::new();
         let mut groups: HashMap<&str, Vec<Entry>> = HashMap::new();
+        for on_disk in undecryptable {
+            let ParsedEntry::Short { key, s } = ParsedEntry::parse(on_disk.as_bytes()) else { continue };
+            let Ok(st) = Self::stat_entry(dir, on_disk.as_bytes()) else { continue };
+            let copy = short_copy_candidates(key, s)
+                .into_iter()
+                .find_map(|c| self.decode_copy(dir, on_disk, &c, st).ok().map(|e| (e, c.suffix, c.tool)));
+            found.extend(copy);
+        }
         for on_disk in candidates {
             let parsed = ParsedEntry::parse(on_disk.as_bytes());
             let st = match Self::stat_entry(dir, on_disk.as_bytes()) {
@@ -364,18 +455,33 @@ impl Vault {
     }
 
     /// The conflict copies among the on-disk names `raw` of `dir`: collects the candidates and
-    /// the keys present, then [`conflict_copies`](Self::conflict_copies). Cheap when there are
-    /// none (one parse per name).
+    /// the keys present, then [`conflict_copies`](Self::conflict_copies). A short entry whose
+    /// key could be a copy's ([`short_copy_candidates`]) has its name decrypted to tell.
     pub fn conflicts_in<'r>(
         &self,
         dir: &CipherDir,
         raw: impl Iterator<Item = &'r [u8]>,
+    ) -> (Vec<ConflictCopy>, Vec<BadEntry>) {
+        self.conflicts_among(dir, raw, |on_disk| self.short_name(dir, on_disk).is_none())
+    }
+
+    /// [`conflicts_in`](Self::conflicts_in), where `undecryptable(on_disk)` says whether a short
+    /// entry's name fails to decrypt. Asked only for a short entry whose key could be a copy's;
+    /// a caller that decrypted every name already answers from what it found, so a listing
+    /// without such failures costs no decryption more. Cheap when there are no copies (one
+    /// parse per name).
+    pub(crate) fn conflicts_among<'r>(
+        &self,
+        dir: &CipherDir,
+        raw: impl Iterator<Item = &'r [u8]>,
+        mut undecryptable: impl FnMut(&str) -> bool,
     ) -> (Vec<ConflictCopy>, Vec<BadEntry>) {
         // Every listing passes here: one parse per name and a count per key, no allocation
         // per entry; the work below is only for directories that hold copies.
         let names: Vec<&[u8]> = raw.collect();
         let mut keys: HashMap<&str, u32> = HashMap::with_capacity(names.len());
         let mut copies = false;
+        let mut failed: Vec<String> = Vec::new();
         for name in &names {
             match ParsedEntry::parse(name) {
                 ParsedEntry::Conflict(_) => copies = true,
@@ -384,10 +490,16 @@ impl Vault {
                     if let Some(k) = p.key() {
                         *keys.entry(std::str::from_utf8(&name[..k.len()]).expect("ASCII")).or_default() += 1;
                     }
+                    if let ParsedEntry::Short { key, .. } = p {
+                        let on_disk = std::str::from_utf8(name).expect("ASCII");
+                        if may_be_short_copy(key) && undecryptable(on_disk) {
+                            failed.push(on_disk.to_string());
+                        }
+                    }
                 }
             }
         }
-        if !copies && keys.values().all(|&n| n == 1) {
+        if !copies && failed.is_empty() && keys.values().all(|&n| n == 1) {
             return (Vec::new(), Vec::new());
         }
         let candidates: Vec<String> = names
@@ -398,16 +510,62 @@ impl Vault {
             })
             .map(|name| String::from_utf8_lossy(name).into_owned())
             .collect();
-        self.conflict_copies(dir, &candidates, |k| keys.contains_key(k))
+        self.conflict_copies(dir, &candidates, &failed, |k| keys.contains_key(k))
+    }
+
+    /// The `D` the binding of entry `on_disk` of `dir` is for, when it may be a conflict copy
+    /// shown under another name: the original's for a copy whose tool's part the name shows
+    /// ([`Vault::entry_d`]), and for a short entry whose own name does not decrypt, that of the
+    /// first reading as a copy ([`short_copy_candidates`]) whose `D` decrypts here. The caller
+    /// verifies the binding for that `D`; for the mount, whose index keeps a copy under the key
+    /// of its shown name. Decrypts names: for a binding that failed with the `D` at hand.
+    pub fn copy_d(&self, dir: &CipherDir, on_disk: &str) -> Result<Vec<u8>> {
+        let own = self.entry_d(dir, on_disk);
+        if let ParsedEntry::Short { key, s } = ParsedEntry::parse(on_disk.as_bytes()) {
+            if own.as_ref().map_or(true, |d| self.names().decrypt_name(&dir.iv, d).is_err()) {
+                let readings = short_copy_candidates(key, s);
+                let no_side = |_: &str| Err(Error::Invalid("a short name has no side file".into()));
+                let found = readings.iter().find_map(|c| {
+                    let d = self.names().entry_d(&c.entry(), no_side).ok()?;
+                    self.names().decrypt_name(&dir.iv, &d).ok().map(|_| d)
+                });
+                if let Some(d) = found {
+                    return Ok(d);
+                }
+            }
+        }
+        own
+    }
+
+    /// The plaintext name and `D` of the short entry `on_disk` of `dir`, or `None` if its
+    /// name does not decrypt (the binding is not checked).
+    fn short_name(&self, dir: &CipherDir, on_disk: &str) -> Option<(Vec<u8>, Vec<u8>)> {
+        let parsed = ParsedEntry::parse(on_disk.as_bytes());
+        let d = self.names().entry_d(&parsed, |_| Err(Error::Invalid("a short name has no side file".into()))).ok()?;
+        let name = self.names().decrypt_name(&dir.iv, &d).ok()?;
+        Some((name, d))
     }
 
     /// [`Vault::keyed_entries`] and the conflict copies of `dir`, from one listing: for a
     /// front end that keeps its own index of keys (the mount), where each copy goes under the
-    /// key of its shown name.
-    pub fn keyed_entries_and_copies(&self, dir: &CipherDir) -> Result<(Vec<KeyedEntry>, Vec<ConflictCopy>)> {
+    /// key of its shown name. A short entry that turned out to be a copy is not among the
+    /// entries; the names decrypted to tell are handed back, so they are not decrypted again.
+    pub fn keyed_entries_and_copies(&self, dir: &CipherDir) -> Result<KeyedListing> {
         let raw = crate::sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
-        let (copies, _) = self.conflicts_in(dir, raw.iter().map(|r| r.name.as_slice()));
-        Ok((Self::keyed_from(dir, raw), copies))
+        let mut names: HashMap<String, (Vec<u8>, Vec<u8>)> = HashMap::new();
+        let (copies, _) = self.conflicts_among(dir, raw.iter().map(|r| r.name.as_slice()), |on_disk| {
+            match self.short_name(dir, on_disk) {
+                Some(decoded) => {
+                    names.insert(on_disk.to_string(), decoded);
+                    false
+                }
+                None => true,
+            }
+        });
+        let copied: HashSet<&str> = copies.iter().map(|c| c.entry.on_disk.as_str()).collect();
+        let mut entries = Self::keyed_from(dir, raw);
+        entries.retain(|(_, on_disk, _)| !copied.contains(on_disk.as_str()));
+        Ok(KeyedListing { entries, copies, names })
     }
 
     /// The conflict copy shown as `name` in `dir`, if any (`raw`: the directory's on-disk
@@ -418,6 +576,11 @@ impl Vault {
         name: &[u8],
         raw: impl Iterator<Item = &'r [u8]>,
     ) -> Result<Option<Entry>> {
+        // Every name a copy is shown under has ` (<suffix>)` in it: a lookup of any other name
+        // (each create asks one) does not look for copies.
+        if !name.windows(2).any(|w| w == b" (") {
+            return Ok(None);
+        }
         let (copies, _) = self.conflicts_in(dir, raw);
         Ok(copies.into_iter().find(|c| c.entry.name == name).map(|c| c.entry))
     }
@@ -611,6 +774,70 @@ mod tests {
         assert!(matches!(ParsedEntry::parse(format!("{D}-HOST.{S}").as_bytes()), ParsedEntry::Short { .. }));
         assert!(parse(format!("{D} (x).{S}").as_bytes()).is_none());
         assert!(parse(b"report (1).txt").is_none(), "what is left must be a veilfs name");
+    }
+
+    /// OneDrive's `-HOST` where the part before it has a fixed length: a long name's hash, a
+    /// side file's hash, a directory IV name's IV, the binding. The hash may hold `-` itself;
+    /// the fixed length gives the one reading.
+    #[test]
+    fn onedrive_on_fixed_length_names() {
+        let h = "abcdefghij-klmnopqrstuvwxyz0123456789ABCDEF";
+        assert_eq!(h.len(), 43);
+        let long = format!("veilfs.L.{h}.{S}");
+        for host in ["LAPTOP", "DESKTOP-AB12", "a", &"x".repeat(63)] {
+            copy_of(&format!("veilfs.L.{h}-{host}.{S}"), &long, host, "OneDrive");
+            copy_of(&format!("veilfs.N.{h}-{host}"), &format!("veilfs.N.{h}"), host, "OneDrive");
+            copy_of(&format!("veilfs.N-{host}.{h}"), &format!("veilfs.N.{h}"), host, "OneDrive");
+            copy_of(&format!("veilfs-{host}.diriv"), "veilfs.diriv", host, "OneDrive");
+            let iv = "AAAAAAAAAAAAAAAAAAAAAA";
+            copy_of(&format!("veilfs.diriv.{iv}-{host}"), &format!("veilfs.diriv.{iv}"), host, "OneDrive");
+            copy_of(&format!("veilfs.diriv-{host}.{iv}"), &format!("veilfs.diriv.{iv}"), host, "OneDrive");
+        }
+        // Not a HOST (too long, `_`, empty), or what is left is no veilfs name.
+        for bad in [
+            format!("veilfs.L.{h}-{}.{S}", "x".repeat(64)),
+            format!("veilfs.L.{h}-LAP_TOP.{S}"),
+            format!("veilfs.L.{h}-.{S}"),
+            format!("veilfs.L.{}-LAPTOP.{S}", &h[..42]),
+            format!("veilfs.N.{h}x-LAPTOP"),
+            "veilfs.tmp.abc-LAPTOP".to_string(),
+        ] {
+            assert!(parse(bad.as_bytes()).is_none(), "{bad}");
+        }
+        // What a sync tool makes of a long entry is never the long entry itself.
+        assert!(matches!(ParsedEntry::parse(format!("veilfs.L.{h}-PC.{S}").as_bytes()), ParsedEntry::Conflict(_)));
+    }
+
+    /// On a short entry, OneDrive's `-HOST` and ownCloud's `_conflict-…` give readings to try
+    /// once the name fails to decrypt: ownCloud's first, then each `-` from the right, while
+    /// the key left keeps 23 characters, at most eight.
+    #[test]
+    fn short_copies_are_readings_to_try() {
+        let readings = |key: &str| -> Vec<(String, String, &str)> {
+            short_copy_candidates(key, S).into_iter().map(|c| (c.original, c.suffix, c.tool)).collect()
+        };
+        let orig = |k: &str| format!("{k}.{S}");
+        assert_eq!(readings(&format!("{D}-LAPTOP")), [(orig(D), "LAPTOP".into(), "OneDrive")]);
+        assert_eq!(
+            readings(&format!("{D}-DESKTOP-AB12")),
+            [(orig(&format!("{D}-DESKTOP")), "AB12".into(), "OneDrive"), (orig(D), "DESKTOP-AB12".into(), "OneDrive")]
+        );
+        assert_eq!(
+            readings(&format!("{D}_conflict-20261127-101010")),
+            [
+                (orig(D), "conflict-20261127-101010".into(), "ownCloud"),
+                (orig(&format!("{D}_conflict-20261127")), "101010".into(), "OneDrive"),
+                (orig(&format!("{D}_conflict")), "20261127-101010".into(), "OneDrive")
+            ]
+        );
+        // The key left must keep a short key's 23 characters; a HOST has no `_`.
+        assert!(readings(&format!("{}-LAPTOP", &D[..22])).is_empty());
+        assert!(readings(&format!("{D}-LAP_TOP")).is_empty());
+        assert!(readings(&format!("{D}-{}", "x".repeat(64))).is_empty());
+        assert!(readings(D).is_empty());
+        assert!(readings(&format!("{}_conflict-20261127-101010", &D[..22])).iter().all(|r| r.2 == "OneDrive"));
+        // Bounded.
+        assert_eq!(readings(&format!("{D}{}", "-a".repeat(20))).len(), MAX_SHORT_SPLITS);
     }
 
     #[test]

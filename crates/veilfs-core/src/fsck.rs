@@ -385,16 +385,16 @@ impl<'a> Checker<'a> {
         let mut keep: Vec<Entry> = Vec::new();
         let mut keys: Vec<String> = groups.keys().cloned().collect();
         keys.sort();
+        // Entries that did not decode, reported once the copies' pass had them: a short one
+        // whose name does not decrypt may be a copy with a base64url tool's part (OneDrive's).
+        let mut failed: Vec<(String, sys::Stat, Error)> = Vec::new();
         for key in keys {
             let mut good: Vec<Entry> = Vec::new();
             for (on_disk, st) in groups.remove(&key).unwrap_or_default() {
                 match self.vault.decode_entry(&dir, on_disk.as_bytes(), st) {
                     Ok(Some(e)) => good.push(e),
                     Ok(None) => {}
-                    Err(e) => {
-                        let i = self.damaged(&dir, &on_disk, None, &e);
-                        self.move_to_lost_found(i, &dir, &on_disk, &st);
-                    }
+                    Err(e) => failed.push((on_disk, st, e)),
                 }
             }
             used_keys.insert(key);
@@ -407,8 +407,15 @@ impl<'a> Checker<'a> {
             keep.extend(good.into_iter().next());
         }
         used_keys.extend(copy_keys);
-        if !copy_names.is_empty() {
-            let (copies, bad) = self.vault.conflict_copies(&dir, &copy_names, |k| used_keys.contains(k));
+        let undecryptable: Vec<String> = failed
+            .iter()
+            .filter(|(on_disk, ..)| matches!(ParsedEntry::parse(on_disk.as_bytes()), ParsedEntry::Short { .. }))
+            .map(|(on_disk, ..)| on_disk.clone())
+            .collect();
+        let mut copied: HashSet<String> = HashSet::new();
+        if !copy_names.is_empty() || !undecryptable.is_empty() {
+            let (copies, bad) =
+                self.vault.conflict_copies(&dir, &copy_names, &undecryptable, |k| used_keys.contains(k));
             for b in bad {
                 let on_disk = String::from_utf8_lossy(&b.on_disk).into_owned();
                 let i = self.damaged(&dir, &on_disk, None, &b.error);
@@ -417,8 +424,13 @@ impl<'a> Checker<'a> {
                 }
             }
             for c in copies {
+                copied.insert(c.entry.on_disk.clone());
                 keep.push(self.entry_copy(&dir, &plain, c));
             }
+        }
+        for (on_disk, st, e) in failed.into_iter().filter(|(on_disk, ..)| !copied.contains(on_disk)) {
+            let i = self.damaged(&dir, &on_disk, None, &e);
+            self.move_to_lost_found(i, &dir, &on_disk, &st);
         }
         for (name, kind, detail) in strays {
             let i = self.problem(kind, dir.path.join(&name), None, detail);

@@ -210,18 +210,21 @@ impl DirState {
     /// forged) are both kept under the key, where the newer that verifies is the entry; a
     /// conflict copy that verifies (a sync tool's, or the older of two such entries) goes
     /// under the key of the name it is shown as, with that name and its original `D` known.
+    /// Names the listing decrypted on the way are kept, so READDIR does not decrypt them again.
     fn build(&self, vault: &Vault) -> io::Result<Index> {
-        let (entries, copies) = vault.keyed_entries_and_copies(&self.cd).map_err(|e| match e {
+        let listing = vault.keyed_entries_and_copies(&self.cd).map_err(|e| match e {
             veilfs_core::Error::Io { source, .. } => source,
             e => io::Error::from_raw_os_error(e.errno()),
         })?;
+        let (entries, copies, mut names) = (listing.entries, listing.copies, listing.names);
         let mut idx: Index = HashMap::with_capacity(entries.len());
         for (key, on_disk, d_type) in entries {
             if let Some(prev) = idx.get_mut(&key) {
                 prev.others.push(on_disk);
                 continue;
             }
-            idx.insert(key, IndexEntry::new(on_disk, d_type, None));
+            let plain = names.remove(&on_disk).map(|(name, d)| Decoded { name, d });
+            idx.insert(key, IndexEntry::new(on_disk, d_type, plain));
         }
         self.copies.store(!copies.is_empty(), std::sync::atomic::Ordering::Release);
         for c in copies {

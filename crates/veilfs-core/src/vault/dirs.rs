@@ -4,6 +4,7 @@
 //! and decrypted component by component.
 
 use super::*;
+use std::collections::HashSet;
 
 impl Vault {
     /// Opens the top directory and checks its IV copy against the config.
@@ -153,6 +154,7 @@ impl Vault {
         let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
         let (mut good, mut bad): (Vec<Entry>, Vec<BadEntry>) = (Vec::new(), Vec::new());
         let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut failed: HashSet<&[u8]> = HashSet::new();
         for r in &raw {
             if matches!(ParsedEntry::parse(&r.name), ParsedEntry::Internal | ParsedEntry::SyncTool(_)) {
                 continue;
@@ -181,12 +183,20 @@ impl Vault {
                 },
                 Ok(None) => {}
                 Err(error) => {
-                    tracing::error!("{error}");
+                    failed.insert(&r.name);
                     bad.push(BadEntry { on_disk: r.name.clone(), error });
                 }
             }
         }
-        let (copies, bad_copies) = self.conflicts_in(dir, raw.iter().map(|r| r.name.as_slice()));
+        // A short entry whose name did not decrypt may be a copy whose tool's part is
+        // base64url (OneDrive's `-HOST`): the copies' pass tries it, from what was found here.
+        let (copies, bad_copies) =
+            self.conflicts_among(dir, raw.iter().map(|r| r.name.as_slice()), |n| failed.contains(n.as_bytes()));
+        let copied: HashSet<&[u8]> = copies.iter().map(|c| c.entry.on_disk.as_bytes()).collect();
+        bad.retain(|b| !copied.contains(b.on_disk.as_slice()));
+        for b in bad.iter().filter(|b| failed.contains(b.on_disk.as_slice())) {
+            tracing::error!("{}", b.error);
+        }
         good.extend(copies.into_iter().map(|c| c.entry));
         bad.extend(bad_copies);
         Ok((good, bad))

@@ -80,9 +80,11 @@ impl VeilFs {
         match self.vault.unbind_entry(&dir.cd, d, on_disk, st) {
             Ok(found) => Ok(found),
             // The index keeps a conflict copy under the name it is shown as, whose `D` is not
-            // the one its binding is for: that is the `D` its own on-disk name carries (for an
-            // entry under its own key the two are the same, so nothing else gets past here).
-            Err(e) => match self.vault.entry_d(&dir.cd, on_disk) {
+            // the one its binding is for: that is the `D` of the name it copies, which its own
+            // on-disk name carries (with a tool's part that is base64url, the reading whose
+            // `D` decrypts). For an entry under its own key the two are the same, so nothing
+            // else gets past here.
+            Err(e) => match self.vault.copy_d(&dir.cd, on_disk) {
                 Ok(own) if own != d => self.vault.unbind_entry(&dir.cd, &own, on_disk, st).map_err(cerr),
                 _ => Err(cerr(e)),
             },
