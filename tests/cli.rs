@@ -74,6 +74,28 @@ impl Fixture {
     }
 }
 
+/// A `veilfs.conf` its user may not read (the vault belongs to someone else) is said as it is:
+/// an I/O error naming the file, exit code 1 ("other error"), never 5 ("config damaged"),
+/// which would send the user to restore a config that is intact.
+#[test]
+fn an_unreadable_config_is_an_io_error_not_a_damaged_one() {
+    use std::os::unix::process::CommandExt;
+    if !common::root_only("runs veilfs as another user (nobody) against a vault of root's") {
+        return;
+    }
+    let f = Fixture::new();
+    // The other user may reach the vault and run the binary (a copy beside it), not read the config.
+    let bin = f.dir.join("veilfs");
+    std::fs::copy(BIN, &bin).unwrap();
+    for (p, mode) in [(&f.dir, 0o755), (&f.vault, 0o755), (&bin, 0o755), (&f.vault.join("veilfs.conf"), 0o600)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let o = Command::new(&bin).args(["info", f.v()]).uid(65534).gid(65534).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(code(&o), 1, "{}", err(&o));
+    assert!(err(&o).contains("veilfs.conf") && err(&o).to_lowercase().contains("permission denied"), "{}", err(&o));
+    assert!(!err(&o).contains("damaged"), "{}", err(&o));
+}
+
 #[test]
 fn init_prints_a_recovery_key_and_refuses_a_non_empty_dir() {
     let f = Fixture::new();
