@@ -923,9 +923,7 @@ pub const SYNCTHING_PART: &str = "sync-conflict-20261127-101010-ABCDEFG";
 
 /// `entry`'s Syncthing conflict copy name (see [`SYNCTHING_PART`]).
 pub fn syncthing_copy_name(entry: &Path) -> PathBuf {
-    let name = entry.file_name().unwrap().to_str().unwrap();
-    let dot = name.rfind('.').unwrap();
-    entry.with_file_name(format!("{}.{SYNCTHING_PART}{}", &name[..dot], &name[dot..]))
+    copy_name_with(entry, &format!(".{SYNCTHING_PART}"))
 }
 
 /// The part old ownCloud clients insert before a conflict copy's extension.

@@ -523,12 +523,9 @@ impl Vault {
         let own = self.entry_d(dir, on_disk);
         if let ParsedEntry::Short { key, s } = ParsedEntry::parse(on_disk.as_bytes()) {
             if own.as_ref().map_or(true, |d| self.names().decrypt_name(&dir.iv, d).is_err()) {
-                let readings = short_copy_candidates(key, s);
-                let no_side = |_: &str| Err(Error::Invalid("a short name has no side file".into()));
-                let found = readings.iter().find_map(|c| {
-                    let d = self.names().entry_d(&c.entry(), no_side).ok()?;
-                    self.names().decrypt_name(&dir.iv, &d).ok().map(|_| d)
-                });
+                let found = short_copy_candidates(key, s)
+                    .iter()
+                    .find_map(|c| self.short_name(dir, &c.original).map(|(_, d)| d));
                 if let Some(d) = found {
                     return Ok(d);
                 }
