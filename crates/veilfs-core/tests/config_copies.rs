@@ -2,9 +2,7 @@
 //! password added on one machine while the other changed the config too still opens the
 //! vault, and a copy from another vault or a forged one opens nothing.
 
-mod common;
-
-use common::{new_vault, password, FAST_KDF};
+use crate::common::{new_vault, password, FAST_KDF};
 use secrecy::SecretString;
 use veilfs_core::config::VaultConfig;
 use veilfs_core::{Error, Secret, Vault};

@@ -1,8 +1,7 @@
 //! Property tests: the file API against a plain `Vec<u8>` model, for every size from 0 to a
 //! few blocks, random writes (including past EOF), truncates up and down, and reopening.
 
-mod common;
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

@@ -1,8 +1,7 @@
 //! `fsck` through the engine: every crash leftover the engine can produce is found and
 //! repaired, damage is found and moved to lost+found, and a check never writes.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::os::fd::AsFd;
 use veilfs_core::fsck::{Checker, ProblemKind, Report};
 use veilfs_core::names::DIRIV_NAME;

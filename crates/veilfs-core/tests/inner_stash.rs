@@ -8,8 +8,7 @@
 //! then dropped without settling, as by a crash. tests/crash.rs tears it in a real daemon
 //! (points `file.inner_stashed` and `file.torn_inner`).
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::os::unix::fs::FileExt;
 use veilfs_core::fsck::{Checker, ProblemKind};
 use veilfs_core::stash::{RECORD_HEAD, RING};

@@ -3,8 +3,7 @@
 //! vaults made before it. Attacks on it are integrity errors naming the ciphertext path, a
 //! removed copy is a crash leftover that is restored, and both forms keep reading and writing.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use veilfs_core::diriv::IvCopy;
 use veilfs_core::names::{DIRIV_NAME, DIRIV_NAME_PREFIX};

@@ -3,8 +3,7 @@
 //! hole the refused write left, so settling never declares that hole as zeros; a size that a
 //! truncate set is kept. tests/faults.rs runs the same through a real mount on a full tmpfs.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const B: usize = 4096;
 

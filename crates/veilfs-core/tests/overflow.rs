@@ -3,8 +3,7 @@
 //! by link, rename, exchange and removal, crash leftovers found and repaired by fsck, and
 //! vaults made before the feature keeping their limits with an error that says so.
 
-mod common;
-use common::*;
+use crate::common::*;
 use veilfs_core::fsck::{Checker, ProblemKind};
 use veilfs_core::symlink::{target_file_name, TARGET_FILE_PREFIX};
 use veilfs_core::CipherDir;

@@ -1,8 +1,7 @@
 //! An attacker who can write the ciphertext: every modification below must be detected
 //! with an integrity error that names what failed, never returned as data.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::os::unix::fs::FileExt;
 use veilfs_core::{EntryKind, Error, Secret, Vault};
 
