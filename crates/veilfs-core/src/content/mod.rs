@@ -7,6 +7,7 @@
 
 pub mod aead;
 pub mod block;
+pub mod blockmap;
 pub mod header;
 pub mod layout;
 pub mod tail;
