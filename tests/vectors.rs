@@ -108,6 +108,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
     let unsettled = unsettled_vectors(&k, file_id);
     let ordered_growth = ordered_growth_vectors(&k, file_id);
     let inner_stash = inner_stash_vectors(&k, file_id);
+    let block_map = block_map_vectors(&k, file_id);
     // Feature `iv-in-name` (docs/FORMAT.md §7.1): the IV names of the two directory IVs above.
     let iv_in_name: Vec<Value> =
         [iv, root_iv].iter().map(|iv| json!({"dir_iv": hex(iv), "name": veilfs_core::names::diriv_name(iv)})).collect();
@@ -135,6 +136,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
         "ordered_growth": ordered_growth,
         "inner_stash": inner_stash,
         "iv_in_name": iv_in_name,
+        "block_map": block_map,
     })
 }
 
@@ -304,6 +306,97 @@ fn inner_stash_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Val
     }]})
 }
 
+/// The block map (FORMAT.md §5.10, feature `"block-map"`, not yet written by any release):
+/// header v2 bytes; the offsets and sizes of the layout at B = 4096, O = 28 around the small
+/// groups, a full group and a span; roots over leaves made by a rule (leaf `n` =
+/// `SHA256("leaf" ‖ u64be(n))[0..16]`, every 5th block from 2 on a hole), up to files with
+/// two nodes; and one whole settled file of 3 blocks (GCM, fixed nonces).
+fn block_map_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value {
+    use veilfs_core::content::blockmap::{self as bm, HeaderV2, MapLayout};
+    let leaf = |n: u64| -> bm::Leaf {
+        if n >= 2 && n % 5 == 2 {
+            return bm::HOLE_LEAF;
+        }
+        sha2::Sha256::digest([&b"leaf"[..], &n.to_be_bytes()].concat())[..16].try_into().unwrap()
+    };
+    let roots: Vec<Value> = [0u64, 1, 3, 300, bm::SPAN_BLOCKS, bm::SPAN_BLOCKS + 1, 2 * bm::SPAN_BLOCKS + 257]
+        .iter()
+        .map(|&n| {
+            let leaves: Vec<bm::Leaf> = (0..n).map(leaf).collect();
+            json!({"blocks": n, "file_id": hex(&file_id), "groups": bm::group_count(n), "nodes": bm::node_count(n),
+                   "root": hex(&bm::root_of_leaves(&file_id, &leaves))})
+        })
+        .collect();
+    let headers: Vec<Value> = [
+        (0u16, 1u64, *b"client-a", 3u64, [0x11u8; 32]),
+        (FLAG_SPARSE | FLAG_UNSETTLED, 0x0102_0304_0506_0708, *b"client-b", bm::SPAN_BLOCKS + 1, [0xeeu8; 32]),
+    ]
+    .iter()
+    .map(|&(flags, generation, writer, blocks, root)| {
+        let h = HeaderV2 { flags, id: file_id, generation, writer, blocks, root };
+        json!({"flags": flags, "file_id": hex(&file_id), "generation": generation, "writer": hex(&writer),
+               "blocks": blocks, "root": hex(&root), "bytes": hex(&h.encode(k))})
+    })
+    .collect();
+    let l = MapLayout::new(4096, 28);
+    let blocks: Vec<Value> = [0u64, 1, 2, 3, 4, 255, 256, 257, 511, 512, bm::SPAN_BLOCKS - 1, bm::SPAN_BLOCKS]
+        .iter()
+        .map(|&n| json!({"block": n, "group": bm::group_of(n), "offset": l.block_offset(n)}))
+        .collect();
+    let groups: Vec<Value> = [0u64, 1, 2, 8, 9, 10, 135, 136]
+        .iter()
+        .map(|&g| json!({"group": g, "first_block": bm::group_start(g), "capacity": bm::group_capacity(g), "offset": l.map_offset(g)}))
+        .collect();
+    let nodes: Vec<Value> =
+        [0u64, 1].iter().map(|&j| json!({"node": j, "offset": l.node_offset(j), "length": l.node_len(j)})).collect();
+    let sizes: Vec<Value> =
+        [0u64, 1, 4096, 4097, 20000, 1 << 20, (1 << 20) + 1, bm::SPAN_BLOCKS * 4096, bm::SPAN_BLOCKS * 4096 + 1]
+            .iter()
+            .map(|&p| json!({"plaintext": p, "ciphertext": l.cipher_size(p)}))
+            .collect();
+    let invalid: Vec<u64> =
+        vec![1, 91, 93, 108 + 28, 108 + 4124 + 8, l.node_offset(0) + 1, l.block_offset(bm::SPAN_BLOCKS) + 28];
+    // A settled file of 3 blocks: header v2 ‖ map 0 ‖ block 0 ‖ map 1 ‖ block 1 ‖ map 2 ‖ block 2.
+    let codec = BlockCodec::new(ContentCipher::Aes256Gcm, k, file_id);
+    let plain: Vec<u8> = [vec![0x61u8; 4096], vec![0x62; 4096], b"end".to_vec()].concat();
+    let sealed: Vec<Vec<u8>> = plain
+        .chunks(4096)
+        .enumerate()
+        .map(|(n, c)| codec.seal_with_nonce(n as u64, n == 2, &[0x50 + n as u8; 12], c))
+        .collect();
+    let leaves: Vec<bm::Leaf> = sealed.iter().map(|b| bm::leaf_of(b).unwrap()).collect();
+    let head = HeaderV2 {
+        flags: 0,
+        id: file_id,
+        generation: 1,
+        writer: *b"client-a",
+        blocks: 3,
+        root: bm::root_of_leaves(&file_id, &leaves),
+    };
+    let mut file = head.encode(k).to_vec();
+    for n in 0..3u64 {
+        let g = bm::group_of(n);
+        if bm::group_start(g) == n {
+            let mut map = vec![0u8; (bm::LEAF_LEN * bm::group_capacity(g)) as usize];
+            let used = l.map_len(g, 3) as usize;
+            map[..used].copy_from_slice(leaves[n as usize..][..used / 16].as_flattened());
+            assert_eq!(file.len() as u64, l.map_offset(g));
+            file.extend_from_slice(&map);
+        }
+        assert_eq!(file.len() as u64, l.block_offset(n));
+        file.extend_from_slice(&sealed[n as usize]);
+    }
+    assert_eq!(file.len() as u64, l.cipher_size(plain.len() as u64));
+    json!({
+        "block_size": 4096, "overhead": 28,
+        "leaf_rule": "leaf n = SHA256(\"leaf\" || u64be(n))[0..16]; a hole (16 zero bytes) for every n >= 2 with n mod 5 = 2",
+        "headers": headers, "roots": roots, "blocks": blocks, "groups": groups, "nodes": nodes, "sizes": sizes,
+        "invalid_sizes": invalid,
+        "files": [{"cipher": "AES-256-GCM", "file_id": hex(&file_id), "header": hex(&head.encode(k)), "root": hex(&head.root),
+                   "ciphertext": hex(&file), "plaintext": hex(&plain)}],
+    })
+}
+
 /// The binding of each special-file type, in a vault with the feature `special-kinds` (own
 /// kind byte; a device's identity starts with its number) and in one without (all `0x04`).
 fn special_bindings(k: &veilfs_core::keys::SubKeys, iv: &[u8; 16]) -> Vec<Value> {
@@ -382,6 +475,7 @@ fn format_v1_known_answers() {
         "ordered_growth",
         "inner_stash",
         "iv_in_name",
+        "block_map",
     ] {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }

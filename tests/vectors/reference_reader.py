@@ -232,6 +232,158 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
     return body - k * O, k
 
 
+# §5.10: the block map (feature "block-map"; not yet written by any release). Layout, root and
+# header v2 only; the reading rules come with the reader.
+H2 = 92
+MAP_SPAN = 1 << 15  # S: blocks per span, a node after each span a block follows
+
+
+def bm_group_of(n: int) -> int:
+    if n == 0:
+        return 0
+    if n < 256:
+        return n.bit_length()
+    return n // 256 + 8
+
+
+def bm_group_start(g: int) -> int:
+    if g == 0:
+        return 0
+    if g <= 8:
+        return 1 << (g - 1)
+    return (g - 8) * 256
+
+
+def bm_capacity(g: int) -> int:
+    return bm_group_start(g + 1) - bm_group_start(g)
+
+
+def bm_groups(k: int) -> int:
+    return 0 if k == 0 else bm_group_of(k - 1) + 1
+
+
+def bm_nodes(k: int) -> int:
+    return 0 if k == 0 else (k - 1) // MAP_SPAN
+
+
+def bm_offset(n: int, B: int, O: int) -> int:
+    return H2 + n * (B + O) + 16 * bm_group_start(bm_group_of(n) + 1) + 32 * bm_group_of((n // MAP_SPAN) * MAP_SPAN)
+
+
+def bm_map_offset(g: int, B: int, O: int) -> int:
+    return bm_offset(bm_group_start(g), B, O) - 16 * bm_capacity(g)
+
+
+def bm_node_offset(j: int, B: int, O: int) -> int:
+    return bm_offset((j + 1) * MAP_SPAN - 1, B, O) + B + O
+
+
+def bm_node_len(j: int) -> int:
+    return 32 * (bm_group_of((j + 1) * MAP_SPAN) - bm_group_of(j * MAP_SPAN))
+
+
+def bm_map_len(g: int, k: int) -> int:
+    return 16 * max(0, min(bm_group_start(g + 1), k) - bm_group_start(g))
+
+
+def bm_cipher_size(p: int, B: int, O: int) -> int:
+    if p == 0:
+        return 0
+    k = -(-p // B)
+    return bm_offset(k - 1, B, O) + (p - (k - 1) * B) + O
+
+
+def bm_plain_size(c: int, B: int, O: int) -> tuple[int, int]:
+    """(p, k) from a ciphertext size, or IntegrityError for an impossible one."""
+    if c in (0, H2):
+        return 0, 0
+    if c < H2:
+        raise IntegrityError(f"ciphertext of {c} bytes is cut inside the header")
+    if bm_offset(0, B, O) >= c:
+        raise IntegrityError(f"ciphertext of {c} bytes ends inside map block 0")
+    lo, hi = 0, 1
+    while bm_offset(hi, B, O) < c:  # the largest n with offset(n) < c lies in [lo, hi)
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if bm_offset(mid, B, O) < c else (lo, mid)
+    r = c - bm_offset(lo, B, O)
+    if r <= O or r > B + O:
+        raise IntegrityError(f"ciphertext of {c} bytes ends inside map data or a block with no payload")
+    return lo * B + r - O, lo + 1
+
+
+def bm_root(fid: bytes, k: int, map_blocks: list[bytes]) -> bytes:
+    """§5.10: one hash per stored node (the hashes of its span's map blocks), then one per map
+    block of the last span."""
+    assert len(map_blocks) == bm_groups(k)
+    hashes = [hashlib.sha256(m).digest() for m in map_blocks]
+    J = bm_nodes(k)
+    items = [hashlib.sha256(b"".join(hashes[bm_group_of(j * MAP_SPAN):bm_group_of((j + 1) * MAP_SPAN)])).digest()
+             for j in range(J)]
+    items += hashes[bm_group_of(J * MAP_SPAN):]
+    return hashlib.sha256(b"veilfs v2 map" + fid + struct.pack(">Q", k) + b"".join(items)).digest()
+
+
+def bm_map_blocks(leaves: list[bytes]) -> list[bytes]:
+    k = len(leaves)
+    return [b"".join(leaves[bm_group_start(g):min(bm_group_start(g + 1), k)]) for g in range(bm_groups(k))]
+
+
+def header_v2_encode(keys, flags: int, fid: bytes, generation: int, writer: bytes, k: int, root: bytes) -> bytes:
+    body = struct.pack(">HH", 2, flags) + fid + struct.pack(">Q", generation) + writer + struct.pack(">Q", k) + root
+    return body + hmac256(keys["header"], b"veilfs v2 header" + body)[:16]
+
+
+def header_v2_decode(keys, data: bytes) -> dict:
+    """§5.10: tag first (constant time), then version, then flags."""
+    if len(data) < H2:
+        raise IntegrityError("header v2 truncated")
+    tag = hmac256(keys["header"], b"veilfs v2 header" + data[:76])[:16]
+    if not std_hmac.compare_digest(tag, data[76:92]):
+        raise IntegrityError("header v2 authentication failed")
+    version, flags = struct.unpack(">HH", data[:4])
+    if version != 2:
+        raise IntegrityError(f"unsupported header version {version}")
+    if flags & ~(FLAG_SPARSE | FLAG_UNSETTLED):
+        raise IntegrityError(f"unknown header flags {flags:#x}")
+    generation, = struct.unpack(">Q", data[20:28])
+    k, = struct.unpack(">Q", data[36:44])
+    return {"flags": flags, "file_id": data[4:20], "generation": generation, "writer": data[28:36], "blocks": k,
+            "root": data[44:76]}
+
+
+def read_block_map_file(aead, keys, B: int, data: bytes, identity: bytes) -> bytes:
+    """A settled file with a block map: header, count, root over the stored map blocks, then each
+    block opened and its tag compared with its leaf (holes, UNSETTLED: the reader's rules, later)."""
+    h = header_v2_decode(keys, data)
+    if h["file_id"] != identity:
+        raise IntegrityError("header ID differs from the entry's identity")
+    O = aead.nonce_len + 16
+    p, k = bm_plain_size(len(data), B, O)
+    if h["flags"] & FLAG_UNSETTLED or k != h["blocks"]:
+        raise IntegrityError(f"block count {h['blocks']} does not match a size of {k} blocks")
+    maps = [data[bm_map_offset(g, B, O):][:bm_map_len(g, k)] for g in range(bm_groups(k))]
+    stored = [data[bm_node_offset(j, B, O):][:bm_node_len(j)] for j in range(bm_nodes(k))]
+    # Stored nodes must hold the hashes of their map blocks (the root covers them either way).
+    for j, node in enumerate(stored):
+        span = maps[bm_group_of(j * MAP_SPAN):bm_group_of((j + 1) * MAP_SPAN)]
+        if node != b"".join(hashlib.sha256(m).digest() for m in span):
+            raise IntegrityError(f"node {j} does not hold its map blocks' hashes")
+    if not std_hmac.compare_digest(bm_root(identity, k, maps), h["root"]):
+        raise IntegrityError("map root does not match the header")
+    key, out = file_key(keys, identity), []
+    for n in range(k):
+        g = bm_group_of(n)
+        leaf = maps[g][16 * (n - bm_group_start(g)):][:16]
+        size = B + O if n < k - 1 else p - n * B + O
+        block = data[bm_offset(n, B, O):][:size]
+        if block[-16:] != leaf:
+            raise IntegrityError(f"block {n} is not the version the map commits to")
+        out.append(aead.open(key, block_aad(identity, n, n == k - 1), block))
+    return b"".join(out)
+
+
 STASH_PREFIX = "veilfs.S."  # §5.9
 STASH_READ_LIMIT = 64 << 20  # a reader looks at the first 64 MiB of a stash
 
@@ -1099,6 +1251,91 @@ def run_vectors(path: str, t: Tally):
         t.check(False, "config: edited creator must fail the MAC")
     except ConfigError:
         t.check(True, "")
+    # §5.10: the block map (layout, root, header v2, a settled file).
+    bm = v.get("block_map")
+    if bm is not None:
+        B, O = bm["block_size"], bm["overhead"]
+        for b in bm["blocks"]:
+            t.check(bm_group_of(b["block"]) == b["group"] and bm_offset(b["block"], B, O) == b["offset"],
+                    f"block map: block {b['block']} offset", str(bm_offset(b["block"], B, O)))
+        for g in bm["groups"]:
+            gi = g["group"]
+            t.check((bm_group_start(gi), bm_capacity(gi), bm_map_offset(gi, B, O))
+                    == (g["first_block"], g["capacity"], g["offset"]), f"block map: group {gi}")
+        for nd in bm["nodes"]:
+            t.check((bm_node_offset(nd["node"], B, O), bm_node_len(nd["node"])) == (nd["offset"], nd["length"]),
+                    f"block map: node {nd['node']}")
+        for sz in bm["sizes"]:
+            p, c = sz["plaintext"], sz["ciphertext"]
+            t.check(bm_cipher_size(p, B, O) == c and bm_plain_size(c, B, O)[0] == p, f"block map: size of {p} bytes")
+        for c in bm["invalid_sizes"]:
+            try:
+                bm_plain_size(c, B, O)
+                t.check(False, f"block map: {c} bytes must be invalid")
+            except IntegrityError:
+                t.check(True, "")
+        # The regions tile the file: around group and span edges, what precedes block n ends where it starts.
+        for n in [0, 1, 2, 3, 4, 7, 8, 255, 256, 257, 511, 512, MAP_SPAN - 1, MAP_SPAN, MAP_SPAN + 1, 2 * MAP_SPAN]:
+            g = bm_group_of(n)
+            if bm_group_start(g) != n:
+                ok = bm_offset(n - 1, B, O) + B + O == bm_offset(n, B, O)
+            else:
+                ok = bm_map_offset(g, B, O) + 16 * bm_capacity(g) == bm_offset(n, B, O)
+                before = bm_map_offset(g, B, O)
+                if n and n % MAP_SPAN == 0:
+                    j = n // MAP_SPAN - 1
+                    ok = ok and bm_node_offset(j, B, O) + bm_node_len(j) == before
+                    before = bm_node_offset(j, B, O)
+                ok = ok and (bm_offset(n - 1, B, O) + B + O == before if n else before == H2)
+            t.check(ok, f"block map: regions tile the file at block {n}")
+        for r in bm["roots"]:
+            k, fid = r["blocks"], hx(r["file_id"])
+            leaves = [bytes(16) if n >= 2 and n % 5 == 2 else hashlib.sha256(b"leaf" + struct.pack(">Q", n)).digest()[:16]
+                      for n in range(k)]
+            t.check((bm_groups(k), bm_nodes(k)) == (r["groups"], r["nodes"]), f"block map: {k} blocks: groups, nodes")
+            t.check(bm_root(fid, k, bm_map_blocks(leaves)).hex() == r["root"], f"block map: root of {k} blocks")
+        for h in bm["headers"]:
+            what = f"header v2 flags {h['flags']} blocks {h['blocks']}"
+            enc = header_v2_encode(keys, h["flags"], hx(h["file_id"]), h["generation"], hx(h["writer"]), h["blocks"],
+                                   hx(h["root"]))
+            t.check(enc.hex() == h["bytes"], f"{what}: encode")
+            try:
+                d = header_v2_decode(keys, hx(h["bytes"]))
+            except IntegrityError as e:
+                t.check(False, f"{what}: decode", str(e))
+                continue
+            t.check((d["flags"], d["file_id"].hex(), d["generation"], d["writer"].hex(), d["blocks"], d["root"].hex())
+                    == (h["flags"], h["file_id"], h["generation"], h["writer"], h["blocks"], h["root"]), f"{what}: decode")
+            bad = bytearray(hx(h["bytes"]))
+            bad[43] ^= 1  # the block count
+            try:
+                header_v2_decode(keys, bytes(bad))
+                t.check(False, f"{what}: an edited block count must fail")
+            except IntegrityError:
+                t.check(True, "")
+            try:
+                header_decode(keys, hx(h["bytes"]), True)
+                t.check(False, f"{what}: must not verify as a v1 header")
+            except IntegrityError:
+                t.check(True, "")
+        for f in bm["files"]:
+            aead, ct, fid = ContentAead(f["cipher"]), hx(f["ciphertext"]), hx(f["file_id"])
+            try:
+                t.check(read_block_map_file(aead, keys, B, ct, fid).hex() == f["plaintext"], "block map: settled file")
+            except IntegrityError as e:
+                t.check(False, "block map: settled file", str(e))
+            t.check(ct[:H2].hex() == f["header"] and header_v2_decode(keys, ct)["root"].hex() == f["root"],
+                    "block map: settled file header")
+            # An older version of block 1 (another ciphertext that opens as block 1) is refused.
+            k_ = file_key(keys, fid)
+            older = aead.seal(k_, bytes(12), block_aad(fid, 1, False), b"o" * B)
+            at = bm_offset(1, B, O)
+            rolled = ct[:at] + older + ct[at + B + O:]
+            try:
+                read_block_map_file(aead, keys, B, rolled, fid)
+                t.check(False, "block map: an older block 1 must fail")
+            except IntegrityError:
+                t.check(True, "")
     # Layout edge cases of §5.3.
     for p in [0, 1, 4095, 4096, 4097, 20000, 3 * 4096, 10**6 + 7]:
         for B, O in [(4096, 28), (512, 40), (1 << 20, 28)]:

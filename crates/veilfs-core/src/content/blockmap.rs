@@ -148,6 +148,12 @@ pub struct MapLayout {
     pub overhead: u64,
 }
 
+impl From<super::Layout> for MapLayout {
+    fn from(l: super::Layout) -> Self {
+        MapLayout::new(l.block_size, l.overhead)
+    }
+}
+
 impl MapLayout {
     /// A layout for `block_size` plaintext bytes and `overhead` extra bytes per block.
     pub const fn new(block_size: u64, overhead: u64) -> Self {
@@ -474,7 +480,7 @@ mod tests {
         prop_assert_eq!(l.map_offset(g) + LEAF_LEN * group_capacity(g), l.block_offset(n), "map {} before {}", g, n);
         let before_map = if n == 0 {
             H2
-        } else if n % SPAN_BLOCKS == 0 {
+        } else if n.is_multiple_of(SPAN_BLOCKS) {
             let j = n / SPAN_BLOCKS - 1;
             prop_assert_eq!(l.node_offset(j) + l.node_len(j), l.map_offset(g), "node {} before map {}", j, g);
             l.node_offset(j)
