@@ -318,7 +318,7 @@ class Ext4LoopFs(Filesystem):
             text += f", xts(aes) driver {kernel_crypto_driver('xts(aes)')}"
         return text
 
-    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True):
+    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True, reverse=False):
         image = store / "ext4.img"
         if fresh:
             run(["truncate", "-s", self.IMAGE_SIZE, str(image)], timeout=timeout)
