@@ -100,8 +100,9 @@ def cipher_dir(plain_root: Path, cipher_root: Path, rel: Path) -> Path:
         (plain / PROBE).unlink()
         changed = [d for d, n in after.items() if n != before.get(d)]
         if len(changed) != 1:
-            raise NotSynced(f"a file created in one directory changed {len(changed)} directories "
-                            "of the store: no per-directory delivery to a synced folder")
+            raise NotSynced(f"a file created in one directory added entries to {len(changed)} "
+                            "directories of the store, not one: no directory a sync tool "
+                            "could deliver on its own")
         cipher = changed[0]
     return cipher
 
