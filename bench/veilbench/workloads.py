@@ -450,8 +450,8 @@ def run_warm_sync(ctx: Context) -> None:
             for m in GROUPS_BY_NAME["warm-sync"].metrics:
                 ctx.not_applicable(m.name, str(exc))
             return
+        walks, make, status = warm_measurements(ctx)   # its inputs made before the writer starts
         other.start_writer(deliveries)
-        walks, make, status = warm_measurements(ctx)
         fresh = []
         for i, (metric, cmd, cwd) in enumerate([*walks, make, status]):
             _run_in_live_tree(ctx, cmd, cwd)
