@@ -8,10 +8,13 @@ failures), Markdown rendering and the output checker.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
+import time
 import unittest
 from pathlib import Path
+from types import SimpleNamespace
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))
@@ -301,6 +304,19 @@ class TargetsTest(unittest.TestCase):
             self.assertIn("peer ✗, floor ✗", rows["delete (rm -rf + sync) (s)"])
             self.assertIn("Targets met: 3 of 5.", out.getvalue())
 
+    def test_synced_folder_rows_count_the_locked_mount_only(self):
+        metrics = {m.name: m for m in GROUPS_BY_NAME["warm-sync"].metrics}
+        per_fs = {fs: {"wsync_ls": {"median": t}, "wsync_find": {"median": t / 2},
+                       "wsync_fresh": {"median": fresh}}
+                  for fs, t, fresh in (("plain", 1.0, 0.0), ("veilfs", 1.25, 0.4), ("veilfs-shared", 3.0, 1.0))}
+        per_fs["veilfs"]["wsync_find"] = {"median": 0.7}
+        met = [0, 0]
+        lines = targets.synced_rows(per_fs, metrics, met)
+        self.assertEqual(met, [1, 2], "ls 1.25x met, find 1.4x not; veilfs-shared not counted")
+        self.assertIn("2nd ls -lR: 1.25× plain's time (target ≤ 1.3) ✓; veilfs-shared 3.00×", lines[0])
+        self.assertIn("find -newer: 1.40× plain's time (target ≤ 1.3) ✗", lines[1])
+        self.assertIn("- veilfs: a delivered change showed after 0.40 s", lines[2])
+
     def test_several_runs_take_each_workload_whole_from_one_run(self):
         fss = ("plain", "veilfs", "gocryptfs")
         with tempfile.TemporaryDirectory() as t:
@@ -352,6 +368,136 @@ class WarmGroupTest(unittest.TestCase):
                 self.assertEqual(log[i - 1], ("run", cmd), f"{cmd} ran once before it was timed")
         self.assertIn(("timed", ["find", str(top), "-newer", "/m/warm-ref"]), log)
         self.assertTrue(any(k == "run" and "clone" in c for k, c in log), "the checkout is cloned untimed")
+
+
+class SharedStorageVariantTest(unittest.TestCase):
+    """veilfs-shared is veilfs's entry with --shared-storage on its mount, side by side
+    with the others in one run."""
+
+    def test_the_variant_is_veilfs_with_one_more_flag(self):
+        from veilbench.filesystems import registry
+        table = registry()
+        veil, shared = table["veilfs"], table["veilfs-shared"]
+        self.assertEqual(list(shared.mount_cmd), [*veil.mount_cmd, "--shared-storage"])
+        for attr in ("binary", "init_cmd", "unmount_cmd", "fsck_cmd", "version_cmd", "foreground"):
+            self.assertEqual(getattr(shared, attr), getattr(veil, attr), attr)
+        self.assertEqual(shared.init_args(), veil.init_args())   # the cheap KDF too
+        self.assertTrue(veil.has_reverse())
+        self.assertFalse(shared.has_reverse())
+        args = cli.parse_args(["--fs", "plain,veilfs,veilfs-shared", "--workloads", "warm,warm-sync",
+                               "--backing", "tmpfs"])
+        self.assertEqual(args.fs, ["plain", "veilfs", "veilfs-shared"])
+        self.assertEqual(args.workloads, ["warm", "warm-sync"])
+
+
+class RegistryTest(unittest.TestCase):
+    def test_every_filesystem_mounts_as_a_session_calls_it(self):
+        """MountSession passes reverse= to every filesystem (ext4-loop and fscrypt once
+        refused it, and every one of their runs failed)."""
+        import inspect
+        from veilbench.filesystems import registry
+        for fs in registry().values():
+            inspect.signature(fs.mount).bind(Path("s"), Path("m"), None, Path("l"), 1.0,
+                                             fresh=False, reverse=False)
+
+
+class WarmSyncTest(unittest.TestCase):
+    """warm-sync: the warm group's steps under their own names while another machine
+    writes, its changes per step and a freshness sample."""
+
+    def test_every_warm_metric_has_its_sync_twin_and_a_change_count(self):
+        from veilbench import workloads
+        warm = [m.name for m in GROUPS_BY_NAME["warm"].metrics]
+        sync = {m.name: m for m in GROUPS_BY_NAME["warm-sync"].metrics}
+        self.assertEqual(sorted(workloads.SYNC_KEYS), sorted(warm))
+        for name in warm:
+            twin = workloads.SYNC_KEYS[name]
+            self.assertEqual((sync[twin].unit, sync[twin].higher_is_better), ("s", False))
+            self.assertEqual(sync[f"{twin}_changes"].unit, "changes")
+        self.assertIn("wsync_fresh", sync)
+        self.assertEqual(len(sync), 2 * len(warm) + 1)
+        self.assertFalse(set(sync) & {m.name for g in workloads.GROUPS if g.name != "warm-sync"
+                                      for m in g.metrics}, "metric names are unique")
+
+    def test_writer_directories(self):
+        from veilbench import workloads
+        writes, probed = workloads.sync_directories("linux", ["Documentation", "arch", "virt"])
+        self.assertEqual(writes, [Path("linux/Documentation"), Path("checkout/linux/Documentation"),
+                                  Path("sync-inbox")])
+        self.assertEqual(probed, Path("linux/virt"))
+        self.assertNotIn(probed, writes, "the freshness probe's directory is the writer's alone")
+
+    def test_only_the_other_machines_vanished_files_are_forgiven(self):
+        from veilbench.workloads import only_vanished
+        find = b"find: '/m/linux/dir00/veilbench-sync-000003.txt': No such file or directory\n"
+        ls = b"ls: cannot access '/m/linux/dir00/.veilbench-sync-000004.txt.Ab12Cd': No such file or directory\n"
+        rsync = (b'file has vanished: "/m/linux/dir00/veilbench-sync-000007.txt"\n'
+                 b"rsync warning: some files vanished before they could be transferred (code 24) at main.c(1338)\n")
+        self.assertTrue(only_vanished(1, find))
+        self.assertTrue(only_vanished(1, find + ls))
+        self.assertTrue(only_vanished(24, rsync))
+        self.assertFalse(only_vanished(0, b""), "success is not a vanish")
+        self.assertFalse(only_vanished(1, b""), "a failure with no message is a failure")
+        self.assertFalse(only_vanished(1, b"find: '/m/linux': No such file or directory\n"),
+                         "the tree itself missing is a failure")
+        self.assertFalse(only_vanished(2, find), "ls's serious trouble (exit 2) is a failure")
+        self.assertFalse(only_vanished(1, find + b"find: '/m/x': Input/output error\n"))
+
+
+@unittest.skipUnless(shutil.which("rsync"), "needs rsync")
+class OtherMachineTest(unittest.TestCase):
+    """The other machine's pieces that need no mount: finding a directory's ciphertext,
+    and the writer process delivering its changes until it is killed."""
+
+    def test_cipher_dir_follows_the_probe(self):
+        from veilbench.othermachine import NotSynced, cipher_dir
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "store"
+            (root / "linux" / "arch").mkdir(parents=True)
+            (root / "linux" / "virt").mkdir()
+            (root / "checkout").mkdir()
+            # plain storage: a plaintext directory is its own ciphertext directory
+            self.assertEqual(cipher_dir(root, root, Path("linux/arch")), root / "linux" / "arch")
+            self.assertEqual(sorted(p.name for p in (root / "linux" / "arch").iterdir()), [])
+            # a store that does not change when the plaintext does has no such directory
+            with self.assertRaises(NotSynced):
+                cipher_dir(root, Path(tmp), Path("linux/arch"))
+
+    def test_the_writer_delivers_until_killed(self):
+        import subprocess
+        from veilbench import othermachine as om
+        from veilbench.proc import kill_group
+        with tempfile.TemporaryDirectory() as tmp:
+            other, store = Path(tmp) / "other", Path(tmp) / "store"
+            for root in (other, store):
+                (root / "d").mkdir(parents=True)
+                (root / "d" / "kept.c").write_text("int x;\n")
+            (store / "d" / "sub").mkdir()
+            (other / "d" / "sub").mkdir()
+            (store / "d" / "sub" / "deep.c").write_text("deep\n")
+            d = om.Delivery(plain=other / "d", source=other / "d", target=store / "d")
+            status = Path(tmp) / "writer.status"
+            proc = subprocess.Popen([sys.executable, "-m", "veilbench.othermachine", str(status), "0.05",
+                                     *d.args()], cwd=BENCH, start_new_session=True)
+            try:
+                deadline = time.monotonic() + 20
+                while self._changes(status) < 12 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            finally:
+                kill_group(proc)
+            self.assertGreaterEqual(self._changes(status), 12, "created, replaced and deleted")
+            self.assertNotEqual(proc.returncode, 0, "stopped by its PID, not on its own")
+            mine = sorted(p.name for p in (store / "d").glob("veilbench-sync-*"))
+            self.assertLessEqual(len(mine), om.KEEP + 1, "the oldest are deleted")
+            self.assertTrue(mine, "its files were delivered")
+            self.assertEqual((store / "d" / "kept.c").read_text(), "int x;\n")
+            self.assertEqual((store / "d" / "sub" / "deep.c").read_text(), "deep\n",
+                             "a delivery touches the directory's own entries only")
+
+    @staticmethod
+    def _changes(status: Path) -> int:
+        from veilbench.othermachine import OtherMachine
+        return OtherMachine.changes(SimpleNamespace(status=status))
 
 
 if __name__ == "__main__":

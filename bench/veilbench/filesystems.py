@@ -268,6 +268,26 @@ class VeilFs(FuseFs):
         return list(super().init_args(reverse)) + list(self.CHEAP_KDF)
 
 
+def veilfs_entry(name: str, title: str, target: Path, mount_flags: Sequence[str] = ()) -> VeilFs:
+    """veilfs's table entry; *mount_flags* make a variant (``--shared-storage``).  A
+    variant's reverse view would be the plain entry's own (the flags are about the forward
+    mount), so only the plain entry has one."""
+    reverse = not mount_flags
+    return VeilFs(
+        name=name, title=title,
+        binary=os.environ.get("VEILFS_BIN", str(target / "veilfs")),
+        init_cmd=["{bin}", "init", "-q", "{store}", "--passfile", "{passfile}"],
+        mount_cmd=["{bin}", "mount", "{store}", "{mnt}", "--passfile", "{passfile}", *mount_flags],
+        unmount_cmd=["{bin}", "umount", "{mnt}"],
+        version_cmd=["{bin}", "--version"],
+        fsck_cmd=["{bin}", "fsck", "-q", "{store}", "--passfile", "{passfile}"],
+        reverse_init_cmd=["{bin}", "init", "-q", "--reverse", "{store}", "--passfile", "{passfile}"]
+        if reverse else None,
+        reverse_mount_cmd=["{bin}", "mount", "--reverse", "{store}", "{mnt}", "--passfile", "{passfile}"]
+        if reverse else None,
+        foreground=False, build_hint="cargo build --release")
+
+
 class Ext4LoopFs(Filesystem):
     """ext4 on a loop image stored on the backing; optionally with an fscrypt
     (in-kernel, per-file encryption) policy on the working directory.
@@ -298,7 +318,7 @@ class Ext4LoopFs(Filesystem):
             text += f", xts(aes) driver {kernel_crypto_driver('xts(aes)')}"
         return text
 
-    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True):
+    def mount(self, store, mountpoint, secrets, logdir, timeout, fresh=True, reverse=False):
         image = store / "ext4.img"
         if fresh:
             run(["truncate", "-s", self.IMAGE_SIZE, str(image)], timeout=timeout)
@@ -360,17 +380,10 @@ def registry() -> dict[str, Filesystem]:
                binary=os.environ.get("FUSE_FLOOR_BIN", str(target / "fuse-floor")),
                mount_cmd=["{bin}", "--foreground", "{store}", "{mnt}"],
                build_hint="cargo build --release -p fuse-floor"),
-        VeilFs(name="veilfs", title="veilfs",
-               binary=os.environ.get("VEILFS_BIN", str(target / "veilfs")),
-               init_cmd=["{bin}", "init", "-q", "{store}", "--passfile", "{passfile}"],
-               mount_cmd=["{bin}", "mount", "{store}", "{mnt}", "--passfile", "{passfile}"],
-               unmount_cmd=["{bin}", "umount", "{mnt}"],
-               version_cmd=["{bin}", "--version"],
-               fsck_cmd=["{bin}", "fsck", "-q", "{store}", "--passfile", "{passfile}"],
-               reverse_init_cmd=["{bin}", "init", "-q", "--reverse", "{store}", "--passfile", "{passfile}"],
-               reverse_mount_cmd=["{bin}", "mount", "--reverse", "{store}", "{mnt}", "--passfile",
-                                  "{passfile}"],
-               foreground=False, build_hint="cargo build --release"),
+        veilfs_entry("veilfs", "veilfs", target),
+        # The mount for several writers: no vault lock, nothing cached (1 s timeouts).
+        veilfs_entry("veilfs-shared", "veilfs --shared-storage (no lock, caches nothing)", target,
+                     mount_flags=["--shared-storage"]),
         FuseFs(name="gocryptfs", title="gocryptfs (AES-256-GCM, -scryptn 10)", binary="gocryptfs",
                init_cmd=["{bin}", "-init", "-q", "-scryptn", "10", "-passfile", "{passfile}", "{store}"],
                mount_cmd=["{bin}", "-fg", "-q", "-passfile", "{passfile}", "{store}", "{mnt}"],

@@ -9,7 +9,8 @@ meaningless if ``extract`` failed), groups do not.
 Every timed step is an external command timed from the outside, preceded by
 ``sync`` + ``drop_caches`` (:meth:`Context.settle`), as in the EncFS and
 gocryptfs scripts -- except in the ``warm`` group, which measures what the
-caches give a second walk of a tree.  Writes include a trailing ``sync`` inside the timed part,
+caches give a second walk of a tree (and ``warm-sync``, the same while another
+machine's changes arrive in the store).  Writes include a trailing ``sync`` inside the timed part,
 so data a filesystem merely buffered is not counted as written.
 """
 
@@ -25,6 +26,7 @@ from typing import Callable
 
 from .datasets import Datasets
 from .filesystems import Mount
+from .othermachine import FRESH_LIMIT, NotSynced, OtherMachine
 from .proc import StepError, cpu_times, drop_caches, run, timed
 
 MiB = 1 << 20
@@ -323,23 +325,150 @@ def run_warm(ctx: Context) -> None:
     ``find -newer`` over it; a no-op ``make`` of the build group's project
     once built; ``git status`` in a checkout of the tree (cloned from a
     repository on the source tmpfs, untimed)."""
-    tree = ctx.data.tree()
+    _extract_warm_tree(ctx)
+    walks, make, status = warm_measurements(ctx)
+    for metric, cmd, cwd in walks:
+        _untimed_then_timed(ctx, metric, cmd, cwd)
+    _build_warm_project(ctx)
+    _untimed_then_timed(ctx, *make, untimed=False)   # its build was the untimed run
+    _clone_warm_checkout(ctx)
+    _untimed_then_timed(ctx, *status)
+
+
+def warm_measurements(ctx: Context) -> tuple[list, tuple, tuple]:
+    """The warm group's timed steps as (metric, command, cwd): the tree walks, the no-op
+    make, git status."""
     mnt = ctx.mount.path
-    top = mnt / tree.top
-    run(f"tar xf {q(tree.tarball)} -C {q(mnt)} && sync", timeout=ctx.timeout)
+    walks = [(m, cmd, None) for m, cmd in warm_steps(ctx, mnt / ctx.data.tree().top)]
+    make = ("noop_make", ctx.data.build_project().command, mnt)
+    status = ("git_status", [*GIT, "-C", str(mnt / "checkout"), "status", "--porcelain"], None)
+    return walks, make, status
+
+
+def _extract_warm_tree(ctx: Context) -> None:
+    mnt = ctx.mount.path
+    run(f"tar xf {q(ctx.data.tree().tarball)} -C {q(mnt)} && sync", timeout=ctx.timeout)
     run(["touch", str(mnt / "warm-ref")], timeout=60)
-    for metric, cmd in warm_steps(ctx, top):
-        run(cmd, timeout=ctx.timeout)
-        ctx.record(metric, ctx.timed(cmd))
+
+
+def _build_warm_project(ctx: Context) -> None:
     project = ctx.data.build_project()
+    mnt = ctx.mount.path
     run(["tar", "xf", str(project.tarball), "-C", str(mnt), *project.members], timeout=ctx.timeout)
     run(project.command, cwd=mnt, timeout=ctx.timeout)
-    ctx.record("noop_make", ctx.timed(project.command, cwd=mnt))
-    checkout = mnt / "checkout"
-    run([*GIT, "clone", "-q", "--no-local", str(ctx.data.git_repo()), str(checkout)], timeout=ctx.timeout)
-    status = [*GIT, "-C", str(checkout), "status", "--porcelain"]
-    run(status, timeout=ctx.timeout)
-    ctx.record("git_status", ctx.timed(status))
+
+
+def _clone_warm_checkout(ctx: Context) -> None:
+    run([*GIT, "clone", "-q", "--no-local", str(ctx.data.git_repo()), str(ctx.mount.path / "checkout")],
+        timeout=ctx.timeout)
+
+
+def _untimed_then_timed(ctx: Context, metric: str, cmd, cwd: Path | None, untimed: bool = True) -> float:
+    """Runs *cmd* once untimed (the caches warm), then records its timed run."""
+    if untimed:
+        run(cmd, cwd=cwd, timeout=ctx.timeout)
+    secs = ctx.timed(cmd, cwd=cwd)
+    ctx.record(metric, secs)
+    return secs
+
+
+#: The warm group's metrics and their names in ``warm-sync``.
+SYNC_KEYS = {"warm_rsync": "wsync_rsync", "warm_ls": "wsync_ls", "warm_find": "wsync_find",
+             "noop_make": "wsync_make", "git_status": "wsync_git_status"}
+
+
+def sync_directories(tree_top: str, subdirs: list[str]) -> tuple[list[Path], Path]:
+    """Where the other machine writes in ``warm-sync`` (relative to the mount's root): the
+    first top-level directory of the tree, the same directory in the git checkout, and a
+    directory beside the tree; and the tree's last top-level directory, which only the
+    freshness probes change."""
+    first, last = subdirs[0], subdirs[-1]
+    return ([Path(tree_top) / first, Path("checkout") / tree_top / first, Path("sync-inbox")],
+            Path(tree_top) / last)
+
+
+#: The names of the other machine's files (and of rsync's temporary names for them).
+SYNC_FILES = "veilbench-sync-"
+
+
+def only_vanished(returncode: int, stderr: bytes) -> bool:
+    """Whether a walk failed only because files of the other machine vanished under it
+    (listed, then deleted or renamed before it looked at them): normal in a folder another
+    machine changes.  ``find`` and ``ls`` then exit 1 naming each file ("No such file or
+    directory"), ``rsync`` 24 ("file has vanished", and a closing "some files vanished").
+    A message about any other file is a real failure."""
+    lines = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+
+    def vanished(line: str) -> bool:
+        if "some files vanished before they could be transferred" in line:
+            return True
+        return SYNC_FILES in line and ("No such file or directory" in line or "file has vanished" in line)
+
+    return returncode in (1, 24) and bool(lines) and all(vanished(line) for line in lines)
+
+
+def _run_in_live_tree(ctx: Context, cmd, cwd: Path | None) -> float:
+    """Runs *cmd* and returns its seconds; files that vanished under it are no failure."""
+    start = time.perf_counter()
+    res = run(cmd, cwd=cwd, timeout=ctx.timeout, check=False)
+    secs = time.perf_counter() - start
+    if res.returncode != 0 and not only_vanished(res.returncode, res.stderr):
+        detail = res.stderr.decode(errors="replace").strip()[-400:]
+        raise StepError(f"{' '.join(res.args)} exited {res.returncode}: {detail}")
+    return secs
+
+
+def run_warm_sync(ctx: Context) -> None:
+    """The warm group while another machine writes into the synced store: the same
+    steps, untimed then timed, while a writer (:mod:`othermachine`) changes a few small
+    files every 200 ms in two directories walked (one in the tree, one in the checkout)
+    and one beside them, and delivers them into the store as a sync tool does.  Per step,
+    the writer's changes during the timed run, and after it one freshness sample: a file
+    the other machine wrote, delivered into a directory the walks cached, and the
+    seconds until the measured mount shows it (the worst of the samples is recorded)."""
+    if ctx.mount.store_needs_mount or ctx.session is None:
+        for m in GROUPS_BY_NAME["warm-sync"].metrics:
+            ctx.not_applicable(m.name, "the store is a disk image, not a folder a sync tool writes into")
+        return
+    _extract_warm_tree(ctx)
+    _build_warm_project(ctx)
+    _clone_warm_checkout(ctx)
+    run(["mkdir", str(ctx.mount.path / "sync-inbox")], timeout=60)
+    other = OtherMachine(ctx.session, ctx.mount.store, ctx.mount.path, ctx.session.logdir)
+    try:
+        # Unmounted while copied, so the copy is the store as the filesystem leaves it.
+        ctx.remount(between=lambda: other.copy_store(ctx.timeout))
+        other.main_root = ctx.mount.path
+        other.mount()
+        top = ctx.mount.path / ctx.data.tree().top
+        subdirs = sorted(p.name for p in top.iterdir() if p.is_dir() and not p.is_symlink())
+        writes, probed = sync_directories(ctx.data.tree().top, subdirs)
+        try:
+            deliveries = [other.delivery(rel) for rel in writes]
+            probe = other.delivery(probed)
+        except NotSynced as exc:
+            for m in GROUPS_BY_NAME["warm-sync"].metrics:
+                ctx.not_applicable(m.name, str(exc))
+            return
+        walks, make, status = warm_measurements(ctx)   # its inputs made before the writer starts
+        other.start_writer(deliveries)
+        fresh = []
+        for i, (metric, cmd, cwd) in enumerate([*walks, make, status]):
+            _run_in_live_tree(ctx, cmd, cwd)
+            before = other.changes()
+            ctx.step_start = cpu_times()
+            secs = _run_in_live_tree(ctx, cmd, cwd)
+            after = other.changes()
+            other.check()
+            ctx.record(SYNC_KEYS[metric], secs)
+            ctx.record(f"{SYNC_KEYS[metric]}_changes", after - before, timed=False)
+            fresh.append(other.freshness(probe, f"veilbench-fresh-{i}.txt"))
+        if None in fresh:
+            raise StepError(f"a delivered change was not visible in the mount after "
+                            f"{FRESH_LIMIT:.0f} s: {fresh.count(None)} of {len(fresh)} samples")
+        ctx.record("wsync_fresh", max(fresh), timed=False)
+    finally:
+        other.stop()
 
 
 def _fio(ctx: Context, path: Path, rw: str) -> float:
@@ -473,6 +602,22 @@ GROUPS: tuple[Group, ...] = (
         M("warm_find", "warm: find -newer", "s", higher=False),
         M("noop_make", "warm: no-op make of a built project", "s", higher=False),
         M("git_status", "warm: git status (kernel tree checkout)", "s", higher=False))),
+    Group("warm-sync", "the warm group while another machine writes: every 200 ms a few small files "
+          "created, replaced and deleted in a directory of the tree, of the checkout and beside them, "
+          "delivered into the store with rsync; the writer's changes per timed step; how soon a "
+          "delivered file shows", run_warm_sync, (
+        M("wsync_rsync", "warm-sync: 2nd rsync -an", "s", higher=False),
+        M("wsync_rsync_changes", "warm-sync: changes delivered during the rsync", "changes"),
+        M("wsync_ls", "warm-sync: 2nd ls -lR", "s", higher=False),
+        M("wsync_ls_changes", "warm-sync: changes delivered during ls -lR", "changes"),
+        M("wsync_find", "warm-sync: find -newer", "s", higher=False),
+        M("wsync_find_changes", "warm-sync: changes delivered during find", "changes"),
+        M("wsync_make", "warm-sync: no-op make of a built project", "s", higher=False),
+        M("wsync_make_changes", "warm-sync: changes delivered during make", "changes"),
+        M("wsync_git_status", "warm-sync: git status (kernel tree checkout)", "s", higher=False),
+        M("wsync_git_status_changes", "warm-sync: changes delivered during git status", "changes"),
+        M("wsync_fresh", "warm-sync: a delivered file visible in the mount (worst of 5)", "s",
+          higher=False))),
     Group("manyfiles", "many 512 KiB files with random names, cp in / cp out", run_manyfiles, (
         M("many_in", "many files cp in", "s", higher=False),
         M("many_out", "many files cp out", "s", higher=False))),
