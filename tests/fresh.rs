@@ -254,6 +254,38 @@ fn a_mode_or_time_changed_on_another_machine_shows_on_a_default_mount_within_sec
     drop(other);
 }
 
+/// A conflict copy made on another machine arrives as a new file of its own (the sync tool
+/// carries its copies like any file): the directory's listing shows it within seconds, and
+/// it reads as the version it holds; deleted there, it goes here.
+#[test]
+fn a_conflict_copy_made_on_another_machine_shows_on_a_default_mount_within_seconds() {
+    if !which("rsync") {
+        return eprintln!("skipped: no rsync");
+    }
+    let Some(mut m) = Mounted::new("64M", &[]) else { return };
+    fs::write(m.m("report.txt"), "version A").unwrap();
+    let other = Other::new(&mut m);
+    assert_eq!(names(&m.mnt), ["report.txt"]);
+    fs::read(m.m("report.txt")).unwrap();
+    // On the other machine the sync tool kept this version as a copy (and a copy of it).
+    let entry = user_entries(&other.cipher).remove(0);
+    fs::copy(&entry, syncthing_copy_name(&entry)).unwrap();
+    fs::copy(&entry, copy_name_with(&entry, " (1) (2)")).unwrap();
+    deliver(&other.cipher, &m.cipher, &[]);
+    let (copy, nested) = (format!("report ({SYNCTHING_PART}).txt"), "report (1, 2).txt".to_string());
+    let took = until("a conflict copy", || names(&m.mnt).contains(&copy) && names(&m.mnt).contains(&nested));
+    assert!(took <= FRESH, "took {took:?}");
+    assert_eq!(fs::read(m.m(&copy)).unwrap(), b"version A");
+    assert_eq!(fs::read(m.m(&nested)).unwrap(), b"version A");
+    // Settled there (the copy deleted): gone here, also the name the kernel had looked up.
+    fs::remove_file(syncthing_copy_name(&entry)).unwrap();
+    deliver(&other.cipher, &m.cipher, &[]);
+    let took = until("a conflict copy deleted", || !names(&m.mnt).contains(&copy) && fs::metadata(m.m(&copy)).is_err());
+    assert!(took <= FRESH, "took {took:?}");
+    assert_eq!(names(&m.mnt), [nested.as_str(), "report.txt"]);
+    drop(other);
+}
+
 /// Reads what `rels` hold, so the kernel caches it again before the next change.
 fn prime_after(m: &Mounted, rels: &[&str]) {
     for r in rels {

@@ -40,7 +40,10 @@
 //!
 //! Names that are not entries (IV copies, long-name side files, temporary names, a sync tool's
 //! own files) are left alone, except that a long name whose side file had not arrived yet is
-//! tried again later ([`PENDING_FOR`]).
+//! tried again later ([`PENDING_FOR`]). A sync tool's conflict copy of an entry is shown
+//! beside it, so it counts as an entry name: one that came drops the directory's index and
+//! listing (the name it is shown as comes from the next listing), one that went also the
+//! name it was shown as.
 //!
 //! Directories are watched through `/proc/self/fd/N` of the fd the mount holds: the magic
 //! link resolves to that very open directory, so no name in CIPHERDIR is walked (the rule
@@ -354,9 +357,10 @@ fn handle(
         match e.name {
             None => slot.1 |= e.mask,
             Some(name) => {
-                // Only entry names: IV copies, side files, temporary names and a sync tool's
-                // files are no entries the kernel can have cached.
-                if ParsedEntry::parse(&name).key().is_none() {
+                // Only entry names and conflict copies of entries (shown beside them): IV
+                // copies, side files, temporary names and a sync tool's files are no entries
+                // the kernel can have cached.
+                if ParsedEntry::parse(&name).key().is_none() && !is_copy(&name) {
                     continue;
                 }
                 let Ok(name) = String::from_utf8(name) else { continue };
@@ -379,12 +383,21 @@ fn handle(
     }
 }
 
-/// Whether entry `on_disk` is in `idx`.
+/// Whether `name` is a sync tool's conflict copy of an entry (`veilfs_core::conflict`).
+fn is_copy(name: &[u8]) -> bool {
+    matches!(ParsedEntry::parse(name), ParsedEntry::Conflict(c) if c.is_of_entry())
+}
+
+/// Whether entry `on_disk` is in `idx`. A conflict copy is kept under the key of the name it
+/// is shown as, which its own name does not give: it is looked for among all (rare: only for
+/// an event about a copy).
 fn indexed(idx: &crate::dirs::Index, on_disk: &str) -> Option<Option<Vec<u8>>> {
-    let key = ParsedEntry::parse(on_disk.as_bytes()).key()?;
-    let e = idx.get(key)?;
-    (e.on_disk == on_disk || e.others.iter().any(|o| o == on_disk))
-        .then(|| e.plain.get().and_then(|p| p.as_ref()).map(|p| p.name.clone()))
+    let holds = |e: &&crate::dirs::IndexEntry| e.on_disk == on_disk || e.others.iter().any(|o| o == on_disk);
+    let e = match ParsedEntry::parse(on_disk.as_bytes()).key() {
+        Some(key) => idx.get(key).filter(holds)?,
+        None => idx.values().find(holds)?,
+    };
+    Some(e.plain.get().and_then(|p| p.as_ref()).map(|p| p.name.clone()))
 }
 
 /// The entries `names` of directory `node` changed: tells the mount's changes from others'.
@@ -512,6 +525,9 @@ fn changed(
     for (on_disk, plain) in theirs {
         match plain.or_else(|| plain_name(vault, dir, &on_disk)) {
             Some(p) => notes.push(Note::Entry(node.id, p)),
+            // A new conflict copy: the name it is shown as comes from the listing (dropped
+            // above), not from its own name.
+            None if is_copy(on_disk.as_bytes()) => {}
             None => pending.push((Arc::downgrade(node), on_disk, Instant::now())),
         }
     }
