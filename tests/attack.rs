@@ -776,8 +776,13 @@ fn a_forged_conflict_copy_injects_neither_a_name_nor_content() {
     // b's name with a's binding (and a's bytes): the binding is for another name. Also with
     // OneDrive's `-HOST`, which makes another well-formed key: b's `D` decrypts once the part
     // is taken out, but a's binding does not verify for it, so the name stays an entry that
-    // does not decrypt.
-    for forged in [format!("{db}.{SYNCTHING_PART}.{sa}"), format!("{db}-LAPTOP.{sa}")] {
+    // does not decrypt. And as a copy of a copy: every part taken out, the same check.
+    for forged in [
+        format!("{db}.{SYNCTHING_PART}.{sa}"),
+        format!("{db}-LAPTOP.{sa}"),
+        format!("{db}.{SYNCTHING_PART}.{SYNCTHING_PART_2}.{sa}"),
+        format!("{db} (1) (2).{sa}"),
+    ] {
         let forged = m.cipher.join(forged);
         fs::copy(&a, &forged).unwrap();
         m.mount();
@@ -797,16 +802,24 @@ fn a_forged_conflict_copy_injects_neither_a_name_nor_content() {
         fs::remove_file(&forged).unwrap();
     }
 
-    // a's name and binding, b's bytes: shown under a's copy name, but never readable.
+    // a's name and binding, b's bytes: shown under a's copy name, but never readable; as a
+    // copy of a copy too.
     let swapped = syncthing_copy_name(&a);
     fs::copy(&b, &swapped).unwrap();
     let copy_name = format!("a ({SYNCTHING_PART}).txt");
+    let nested = copy_name_with(&a, " (1) (2)");
+    fs::copy(&b, &nested).unwrap();
+    let nested_name = "a (1, 2).txt";
     m.mount();
-    assert_eq!(names(&m), [copy_name.as_str(), "a.txt", "b.txt"]);
-    assert_eq!(fs::read(m.m(&copy_name)).map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)));
+    assert_eq!(names(&m), [nested_name, copy_name.as_str(), "a.txt", "b.txt"]);
+    for name in [copy_name.as_str(), nested_name] {
+        assert_eq!(fs::read(m.m(name)).map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "{name}");
+    }
     assert_eq!(fs::read_to_string(m.m("a.txt")).unwrap(), "content of a");
     m.umount();
-    let o = run(&BIN, &["cat", &format!("{v}/{copy_name}"), "--passfile", &pf]);
-    assert_eq!(o.status.code(), Some(6), "cat: {}", text(&o));
-    assert!(o.stdout.is_empty(), "no content of b: {:?}", String::from_utf8_lossy(&o.stdout));
+    for name in [copy_name.as_str(), nested_name] {
+        let o = run(&BIN, &["cat", &format!("{v}/{name}"), "--passfile", &pf]);
+        assert_eq!(o.status.code(), Some(6), "cat: {}", text(&o));
+        assert!(o.stdout.is_empty(), "no content of b: {:?}", String::from_utf8_lossy(&o.stdout));
+    }
 }

@@ -1589,11 +1589,12 @@ fn a_changed_file_is_a_conflict_unless_overwrite() {
     assert_eq!(std::fs::read_to_string(dest.join("d/change")).unwrap(), "second, longer version");
 }
 
-/// Conflict copies offline: `veilfs conflicts` lists a Syncthing and a Dropbox copy of a file
-/// under the names every tool shows them as, and the copies of veilfs's own lock and config;
-/// fsck reports them as conflict copies with exit code 0; `fsck --repair` makes the file
-/// copies ordinary entries (both versions kept) and leaves the copies of the lock (a sync
-/// tool's file, as every form of it) and of the config alone.
+/// Conflict copies offline: `veilfs conflicts` lists a Syncthing and a Dropbox copy of a file,
+/// and copies of copies (Dropbox's copy of its copy, a counter's `(1) (2)`), under the names
+/// every tool shows them as, and the copies of veilfs's own lock and config; fsck reports
+/// them as conflict copies with exit code 0; `fsck --repair` makes the file copies ordinary
+/// entries (every version kept) and leaves the copies of the lock (a sync tool's file, as
+/// every form of it) and of the config alone.
 #[test]
 fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
     let f = Fixture::new();
@@ -1608,6 +1609,13 @@ fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
     let dot = name.rfind('.').unwrap();
     let dropbox = f.vault.join(format!("{} (host's conflicted copy 2026-11-27){}", &name[..dot], &name[dot..]));
     std::fs::copy(&entry, &dropbox).unwrap();
+    // Copies of copies.
+    let (dbx1, dbx2) = ("host's conflicted copy 2026-11-27", "laptop's conflicted copy 2026-11-28");
+    let dropbox2 = common::copy_name_with(&entry, &format!(" ({dbx1}) ({dbx2})"));
+    std::fs::copy(&entry, &dropbox2).unwrap();
+    let counters = common::copy_name_with(&entry, " (1) (2)");
+    std::fs::copy(&entry, &counters).unwrap();
+    let (shown_dbx2, shown_counters) = (format!("notes ({dbx1}, {dbx2}).txt"), "notes (1, 2).txt");
     let part = common::SYNCTHING_PART;
     let lock_copy = f.vault.join(format!("veilfs.{part}.lock"));
     std::fs::write(&lock_copy, "a lock of another machine").unwrap();
@@ -1620,6 +1628,8 @@ fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
     for line in [
         format!("/notes ({part}).txt\tSyncthing copy of /notes.txt\t{}", syncthing.display()),
         format!("/notes (host's conflicted copy 2026-11-27).txt\tDropbox copy of /notes.txt\t{}", dropbox.display()),
+        format!("/{shown_dbx2}\tDropbox copy of /notes.txt\t{}", dropbox2.display()),
+        format!("/{shown_counters}\tGoogle Drive or copy counter copy of /notes.txt\t{}", counters.display()),
         format!("(not shown)\tSyncthing copy of veilfs's veilfs.lock\t{}", lock_copy.display()),
         format!("(not shown)\tSyncthing copy of veilfs's veilfs.conf\t{}", conf_copy.display()),
     ] {
@@ -1628,20 +1638,28 @@ fn conflicts_lists_copies_and_fsck_repair_makes_them_ordinary_files() {
     let o = f.run(&["fsck", f.v()]);
     assert_eq!(code(&o), 0, "{}", err(&o));
     assert!(err(&o).contains(&format!("conflict copy (Syncthing copy of /notes.txt): {}", syncthing.display())));
+    assert!(err(&o).contains(&format!("conflict copy (Dropbox copy of /notes.txt): {}", dropbox2.display())));
     assert!(err(&o).contains("0 problems"), "{}", err(&o));
 
     let o = f.run(&["fsck", "--repair", f.v()]);
     assert_eq!(code(&o), 0, "{}", err(&o));
     assert!(!syncthing.exists() && !dropbox.exists(), "{}", err(&o));
+    assert!(!dropbox2.exists() && !counters.exists(), "copies of copies are renamed too: {}", err(&o));
     assert!(lock_copy.exists(), "the lock's copy is left alone");
     assert!(conf_copy.exists(), "the config's copy is left alone");
     let o = f.run(&["ls", f.v()]);
     assert_eq!(code(&o), 0, "{}", err(&o));
-    assert_eq!(
-        out(&o).lines().collect::<Vec<_>>(),
-        ["notes (host's conflicted copy 2026-11-27).txt", &format!("notes ({part}).txt"), "notes.txt"]
-    );
-    for n in ["notes.txt", &format!("notes ({part}).txt")] {
+    let shown_syncthing = format!("notes ({part}).txt");
+    let mut expected = vec![
+        "notes (host's conflicted copy 2026-11-27).txt",
+        &shown_dbx2,
+        shown_counters,
+        &shown_syncthing,
+        "notes.txt",
+    ];
+    expected.sort();
+    assert_eq!(out(&o).lines().collect::<Vec<_>>(), expected);
+    for n in ["notes.txt", &shown_syncthing, &shown_dbx2, shown_counters] {
         assert_eq!(out(&f.run(&["cat", &format!("{}/{n}", f.v())])), "mine");
     }
     let o = f.run(&["conflicts", f.v()]);

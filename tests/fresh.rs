@@ -165,6 +165,127 @@ fn a_default_mount_sees_what_another_machine_wrote_within_seconds() {
     drop(other);
 }
 
+/// A time given to `touch -d` and `utimensat`: 2021-03-04 05:06:07 UTC.
+const SOME_TIME: i64 = 1_614_834_367;
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(p).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0)
+}
+
+fn mtime(p: &Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(p).map(|m| m.mtime()).unwrap_or(0)
+}
+
+fn ino(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(p).unwrap().ino()
+}
+
+#[test]
+fn a_mode_or_time_changed_on_another_machine_shows_on_a_default_mount_within_seconds() {
+    if !which("rsync") {
+        return eprintln!("skipped: no rsync");
+    }
+    let Some(mut m) = Mounted::new("64M", &[]) else { return };
+    for n in ["chmod", "touched", "touched-unseen", "touched-replaced", "mine"] {
+        fs::write(m.m(n), n).unwrap();
+        fs::set_permissions(m.m(n), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    }
+    fs::create_dir(m.m("dir")).unwrap();
+    fs::set_permissions(m.m("dir"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    fs::write(m.m("dir/f"), "in dir").unwrap();
+    let other = Other::new(&mut m);
+    // The kernel caches the attributes (and pages) of all but one.
+    for n in ["chmod", "touched", "touched-replaced", "mine", "dir/f"] {
+        fs::read(m.m(n)).unwrap();
+    }
+    assert_eq!(mode(&m.m("chmod")), 0o644);
+    assert_eq!(mode(&m.m("dir")), 0o755);
+    assert_ne!(mtime(&m.m("touched")), SOME_TIME);
+    assert_ne!(mtime(&m.m("dir")), SOME_TIME);
+    let date = "@1614834367";
+    let mut took = Vec::new();
+
+    // Modes: rsync changes them in place.
+    fs::set_permissions(other.m("chmod"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    fs::set_permissions(other.m("dir"), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    deliver(&other.cipher, &m.cipher, &[]);
+    took.push(until("chmod of a file", || mode(&m.m("chmod")) == 0o600));
+    took.push(until("chmod of a directory", || mode(&m.m("dir")) == 0o700));
+
+    // Times only: a sync tool that sees the content unchanged (Syncthing, or rsync with
+    // --size-only) sets the time in place.
+    for n in ["touched", "touched-unseen", "dir"] {
+        let o = run("touch", &["-m", "-d", date, other.m(n).to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    deliver(&other.cipher, &m.cipher, &["--size-only"]);
+    took.push(until("touch of a file the kernel knows", || mtime(&m.m("touched")) == SOME_TIME));
+    took.push(until("touch of a file the kernel did not know", || mtime(&m.m("touched-unseen")) == SOME_TIME));
+    took.push(until("touch of a directory", || mtime(&m.m("dir")) == SOME_TIME));
+    // Plain rsync replaces a file whose time changed (a new file renamed into place).
+    let o = run("touch", &["-m", "-d", date, other.m("touched-replaced").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    deliver(&other.cipher, &m.cipher, &[]);
+    took.push(until("touch of a file, replaced", || mtime(&m.m("touched-replaced")) == SOME_TIME));
+
+    // Nothing else changed, and the content reads as before.
+    for n in ["chmod", "touched", "touched-unseen", "touched-replaced"] {
+        assert_eq!(fs::read(m.m(n)).unwrap(), n.as_bytes());
+    }
+    assert_eq!(fs::read(m.m("dir/f")).unwrap(), b"in dir");
+    assert_eq!(mode(&m.m("touched")), 0o644);
+    let worst = took.iter().max().unwrap();
+    assert!(*worst <= FRESH, "a remote change took {worst:?} to show (limit {FRESH:?}): {took:?}");
+
+    // The mount's own chmod and touch are no one else's: the file stays the inode the
+    // kernel knows (a change judged foreign would make it a new one).
+    let before = ino(&m.m("mine"));
+    fs::set_permissions(m.m("mine"), std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    let o = run("touch", &["-m", "-d", date, m.m("mine").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!((mode(&m.m("mine")), mtime(&m.m("mine"))), (0o640, SOME_TIME));
+    assert_eq!(ino(&m.m("mine")), before, "the mount's own chmod or touch was taken for another machine's");
+    let log = fs::read_to_string(m.tmpfs.path.join("veilfs.log")).unwrap_or_default();
+    assert!(!log.contains("ERROR"), "{log}");
+    drop(other);
+}
+
+/// A conflict copy made on another machine arrives as a new file of its own (the sync tool
+/// carries its copies like any file): the directory's listing shows it within seconds, and
+/// it reads as the version it holds; deleted there, it goes here.
+#[test]
+fn a_conflict_copy_made_on_another_machine_shows_on_a_default_mount_within_seconds() {
+    if !which("rsync") {
+        return eprintln!("skipped: no rsync");
+    }
+    let Some(mut m) = Mounted::new("64M", &[]) else { return };
+    fs::write(m.m("report.txt"), "version A").unwrap();
+    let other = Other::new(&mut m);
+    assert_eq!(names(&m.mnt), ["report.txt"]);
+    fs::read(m.m("report.txt")).unwrap();
+    // On the other machine the sync tool kept this version as a copy (and a copy of it).
+    let entry = user_entries(&other.cipher).remove(0);
+    fs::copy(&entry, syncthing_copy_name(&entry)).unwrap();
+    fs::copy(&entry, copy_name_with(&entry, " (1) (2)")).unwrap();
+    deliver(&other.cipher, &m.cipher, &[]);
+    let (copy, nested) = (format!("report ({SYNCTHING_PART}).txt"), "report (1, 2).txt".to_string());
+    let took = until("a conflict copy", || names(&m.mnt).contains(&copy) && names(&m.mnt).contains(&nested));
+    assert!(took <= FRESH, "took {took:?}");
+    assert_eq!(fs::read(m.m(&copy)).unwrap(), b"version A");
+    assert_eq!(fs::read(m.m(&nested)).unwrap(), b"version A");
+    // Settled there (the copy deleted): gone here, also the name the kernel had looked up.
+    fs::remove_file(syncthing_copy_name(&entry)).unwrap();
+    deliver(&other.cipher, &m.cipher, &[]);
+    let took = until("a conflict copy deleted", || !names(&m.mnt).contains(&copy) && fs::metadata(m.m(&copy)).is_err());
+    assert!(took <= FRESH, "took {took:?}");
+    assert_eq!(names(&m.mnt), [nested.as_str(), "report.txt"]);
+    drop(other);
+}
+
 /// Reads what `rels` hold, so the kernel caches it again before the next change.
 fn prime_after(m: &Mounted, rels: &[&str]) {
     for r in rels {

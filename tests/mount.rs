@@ -1334,8 +1334,9 @@ fn a_time_set_right_after_the_last_close_is_kept_when_the_daemon_settles_the_fil
 /// A vault in a synced folder: Syncthing keeps the losing side of a conflicting edit as a
 /// copy of the ciphertext file under `D.sync-conflict-<date>-<time>-<device>.S`, and two
 /// machines that make one name each give two valid entries for it. The mount, `ls`, `cat`
-/// and `export` show every version: the copy as `report (sync-conflict-…).txt`, the older of
-/// two entries as `photos (conflict)`; a copy can be renamed like any file.
+/// and `export` show every version: the copy as `report (sync-conflict-…).txt`, a copy of
+/// that copy as `report (sync-conflict-…, sync-conflict-…).txt`, the older of two entries as
+/// `photos (conflict)`; a copy can be renamed like any file.
 #[test]
 fn conflict_copies_and_two_entries_for_one_name_are_all_shown_and_readable() {
     let Some(mut m) = Mounted::new("64m", &[]) else { return };
@@ -1348,6 +1349,9 @@ fn conflict_copies_and_two_entries_for_one_name_are_all_shown_and_readable() {
     let dir = entries.iter().find(|p| p.is_dir()).unwrap().clone();
     // Syncthing: the other machine's version arrives as a copy; this one's goes on changing.
     fs::copy(&file, syncthing_copy_name(&file)).unwrap();
+    // And a copy of that copy (a third machine's version, kept by an older Syncthing).
+    let nested = copy_name_with(&file, &format!(".{SYNCTHING_PART}.{SYNCTHING_PART_2}"));
+    fs::copy(&file, &nested).unwrap();
     // The other machine made "photos" too: a second directory entry for the same name.
     let aside = m.tmpfs.path.join("aside");
     fs::rename(&dir, &aside).unwrap();
@@ -1359,13 +1363,20 @@ fn conflict_copies_and_two_entries_for_one_name_are_all_shown_and_readable() {
     fs::rename(&aside, &dir).unwrap();
 
     let copy_name = format!("report ({SYNCTHING_PART}).txt");
+    let nested_name = format!("report ({SYNCTHING_PART}, {SYNCTHING_PART_2}).txt");
     let expect = |root: &Path| {
         let mut names: Vec<String> =
             fs::read_dir(root).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
         names.sort();
-        assert_eq!(names, ["photos", "photos (conflict)", copy_name.as_str(), "report.txt"], "in {}", root.display());
+        assert_eq!(
+            names,
+            ["photos", "photos (conflict)", copy_name.as_str(), nested_name.as_str(), "report.txt"],
+            "in {}",
+            root.display()
+        );
         assert_eq!(fs::read_to_string(root.join("report.txt")).unwrap(), "version B, edited here");
         assert_eq!(fs::read_to_string(root.join(&copy_name)).unwrap(), "version A");
+        assert_eq!(fs::read_to_string(root.join(&nested_name)).unwrap(), "version A");
         let mut photos: Vec<(String, String)> = ["photos", "photos (conflict)"]
             .iter()
             .flat_map(|d| fs::read_dir(root.join(d)).unwrap().flatten().map(|e| e.path()))
@@ -1384,9 +1395,12 @@ fn conflict_copies_and_two_entries_for_one_name_are_all_shown_and_readable() {
     let o = run(&BIN, &["ls", "-R", v, "--passfile", pf]);
     assert!(o.status.success(), "ls: {}", text(&o));
     assert!(text(&o).contains(&copy_name) && text(&o).contains("photos (conflict)"), "{}", text(&o));
-    let o = run(&BIN, &["cat", &format!("{v}/{copy_name}"), "--passfile", pf]);
-    assert!(o.status.success(), "cat: {}", text(&o));
-    assert_eq!(o.stdout, b"version A");
+    assert!(text(&o).contains(&nested_name), "{}", text(&o));
+    for name in [&copy_name, &nested_name] {
+        let o = run(&BIN, &["cat", &format!("{v}/{name}"), "--passfile", pf]);
+        assert!(o.status.success(), "cat: {}", text(&o));
+        assert_eq!(o.stdout, b"version A");
+    }
     let out = m.tmpfs.path.join("exported");
     let o = run(&BIN, &["export", v, out.to_str().unwrap(), "--passfile", pf]);
     assert!(o.status.success(), "export: {}", text(&o));

@@ -921,6 +921,10 @@ pub fn user_entries(cipher_dir: &Path) -> Vec<PathBuf> {
 /// part goes before the "extension", which for a vault name is its binding `S`.
 pub const SYNCTHING_PART: &str = "sync-conflict-20261127-101010-ABCDEFG";
 
+/// The part of a second Syncthing conflict copy (of another device, a day later), for a copy
+/// of a copy: `D.<SYNCTHING_PART>.<SYNCTHING_PART_2>.S`.
+pub const SYNCTHING_PART_2: &str = "sync-conflict-20261128-090909-HIJKLMN";
+
 /// `entry`'s Syncthing conflict copy name (see [`SYNCTHING_PART`]).
 pub fn syncthing_copy_name(entry: &Path) -> PathBuf {
     copy_name_with(entry, &format!(".{SYNCTHING_PART}"))

@@ -26,6 +26,12 @@
 //! verify, as above. A listing that decrypts every name anyway pays for this only on names
 //! that failed.
 //!
+//! A copy of a copy (the copy conflicted again) holds one tool's part per conflict, each
+//! inserted before the extension again (`D (1) (2).S`); [`parse`] takes them out one by one,
+//! a bounded number, and shows their suffixes joined (`name (1, 2).ext`). Syncthing since
+//! 0.12.12 makes no copy of a copy (a conflict on one drops the local version), but older
+//! ones did, and a vault carried by two tools may hold any mix.
+//!
 //! Two valid entries for one name (made on two machines, or left by a crash in the middle of
 //! a rename over an existing name) are both shown the same way: the newer under the name, the
 //! older as `name (conflict).ext`.
@@ -94,8 +100,38 @@ const TOOLS: &[(&str, Matcher)] = &[
 /// its name fails to decrypt ([`short_copy_candidates`]). Where the part they follow has a
 /// fixed length (a long name's hash, a side file's hash, a directory IV name, the binding)
 /// the name says it, and it is recognised here (see [`onedrive`]).
+///
+/// A copy of a copy (a conflict copy that conflicted again) holds several tools' parts, each
+/// later one inserted before the extension again: `D.sync-conflict-A.sync-conflict-B.S`,
+/// `D (1) (2).S`. They are taken out one by one, the last first, at most [`NESTED_MAX`] of
+/// them; the suffix shown is theirs in the name's order, joined by [`NESTED_SEPARATOR`]
+/// (`sync-conflict-A, sync-conflict-B`), at most [`SUFFIX_MAX`] long, and the tool is the one
+/// whose part came last (the one that made this copy).
 pub fn parse(name: &[u8]) -> Option<ConflictName> {
     let name = std::str::from_utf8(name).ok()?;
+    let mut budget = NESTED_TRIES;
+    let (original, parts) = peel(name, 1, &mut budget)?;
+    let tool = parts.last()?.1;
+    let suffix = parts.iter().map(|(s, _)| s.as_str()).collect::<Vec<_>>().join(NESTED_SEPARATOR);
+    (parts.len() == 1 || suffix.len() <= SUFFIX_MAX).then_some(ConflictName { original, suffix, tool })
+}
+
+/// Most tools' parts taken out of one name: a copy of a copy of a copy of a copy.
+pub const NESTED_MAX: usize = 4;
+
+/// Between the suffixes of a copy of a copy, as shown.
+pub const NESTED_SEPARATOR: &str = ", ";
+
+/// Most readings of inner parts [`parse`] tries for one name: a name made of many parts that
+/// each could be a tool's costs no more than this.
+const NESTED_TRIES: usize = 32;
+
+/// The original of `name` and the tools' parts taken out of it (suffix, tool), first part
+/// first; `level` counts the parts taken so far, `budget` the readings left to try.
+fn peel(name: &str, level: usize, budget: &mut usize) -> Option<(String, Vec<(String, &'static str)>)> {
+    // Each tool's part that ends where the name ends or a component begins, by where it
+    // starts, then in the order of the tools.
+    let mut readings: Vec<(usize, String, String, &'static str)> = Vec::new();
     for (start, _) in name.char_indices() {
         let rest = &name[start..];
         for &(tool, matcher) in TOOLS {
@@ -106,11 +142,34 @@ pub fn parse(name: &[u8]) -> Option<ConflictName> {
             }
             let original = format!("{}{}", &name[..start], &name[end..]);
             if is_veilfs_name(&original) {
-                return Some(ConflictName { original, suffix, tool });
+                return Some((original, vec![(suffix, tool)]));
+            }
+            // Two tools' readings of one part (Dropbox's text is also Nextcloud's): the first.
+            if !readings.iter().any(|r| r.0 == start && r.1 == original) {
+                readings.push((start, original, suffix, tool));
             }
         }
     }
-    onedrive(name)
+    if let Some(c) = onedrive(name) {
+        return Some((c.original, vec![(c.suffix, c.tool)]));
+    }
+    if level >= NESTED_MAX {
+        return None;
+    }
+    // A copy of a copy: the part left by the latest copy is the last one before the
+    // extension, so the readings are tried from the right.
+    readings.sort_by_key(|r| std::cmp::Reverse(r.0));
+    for (_, inner, suffix, tool) in readings {
+        if *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        if let Some((original, mut parts)) = peel(&inner, level + 1, budget) {
+            parts.push((suffix, tool));
+            return Some((original, parts));
+        }
+    }
+    None
 }
 
 /// OneDrive keeps a conflict copy as `<stem>-<host>.<ext>` (HOST: the computer's name,
@@ -773,6 +832,45 @@ mod tests {
         assert!(parse(b"report (1).txt").is_none(), "what is left must be a veilfs name");
     }
 
+    /// A copy of a copy, as each tool names it: its part inserted before the extension again
+    /// (Syncthing before 0.12.12 did; later ones keep no copy of a copy, but a vault synced by
+    /// two tools, or restored from an old one, may still hold such names).
+    #[test]
+    fn copies_of_copies_are_peeled_to_the_original() {
+        let e = entry();
+        let (a, b) = ("sync-conflict-20261127-101010-AAAAAAA", "sync-conflict-20261128-090909-BBBBBBB");
+        copy_of(&format!("{D}.{a}.{b}.{S}"), &e, &format!("{a}, {b}"), "Syncthing");
+        copy_of(&format!("{e}.{a}.{b}"), &e, &format!("{a}, {b}"), "Syncthing");
+        copy_of(&format!("veilfs.L.{S}.{a}.{b}.{S}"), &long_entry(), &format!("{a}, {b}"), "Syncthing");
+        copy_of(&format!("veilfs.{a}.{b}.conf"), "veilfs.conf", &format!("{a}, {b}"), "Syncthing");
+        let (x, y) = ("host's conflicted copy 2026-11-27", "host's conflicted copy 2026-11-28");
+        copy_of(&format!("{D} ({x}) ({y}).{S}"), &e, &format!("{x}, {y}"), "Dropbox");
+        copy_of(&format!("{D} ({x} (1)) ({y}).{S}"), &e, &format!("{x} (1), {y}"), "Dropbox");
+        let (x, y) = ("conflicted copy 2026-11-27 101010", "conflicted copy 2026-11-28 090909");
+        copy_of(&format!("{D} ({x}) ({y}).{S}"), &e, &format!("{x}, {y}"), "Nextcloud/ownCloud");
+        let counter = "Google Drive or copy counter";
+        copy_of(&format!("{D} (1) (1).{S}"), &e, "1, 1", counter);
+        copy_of(&format!("{D} (1) (2).{S}"), &e, "1, 2", counter);
+        copy_of(&format!("{D} (1) (2) (3) (4).{S}"), &e, "1, 2, 3, 4", counter);
+        // Two tools: the tool named is the one whose part came last.
+        copy_of(&format!("{D}.{a} (1).{S}"), &e, &format!("{a}, 1"), counter);
+        copy_of(&format!("{D} (1).{a}.{S}"), &e, &format!("1, {a}"), "Syncthing");
+        // Bounded: at most four parts, and the suffix shown at most SUFFIX_MAX long.
+        assert!(parse(format!("{D} (1) (2) (3) (4) (5).{S}").as_bytes()).is_none());
+        assert!(parse(format!("{D}.{a}.{b}.{a}.{S}").as_bytes()).is_none());
+        // What is left must still be a veilfs name.
+        assert!(parse(format!("{D} (x) (1).{S}").as_bytes()).is_none());
+        assert!(parse(b"report (1) (2).txt").is_none());
+        // Many parts that each could be a tool's, none leaving a veilfs name: refused, after
+        // a bounded number of readings.
+        let many = format!("{D}{}.x", format!(".{a}").repeat(6));
+        assert!(parse(many.as_bytes()).is_none());
+        let many = format!("{D}{}", ".(1)".repeat(60));
+        assert!(parse(many.as_bytes()).is_none());
+        // Shown with the collision counter after the last suffix.
+        assert_eq!(display_name(b"r.txt", "1, 2", 2), b"r (1, 2 2).txt");
+    }
+
     /// OneDrive's `-HOST` where the part before it has a fixed length: a long name's hash, a
     /// side file's hash, a directory IV name's IV, the binding. The hash may hold `-` itself;
     /// the fixed length gives the one reading.
@@ -876,6 +974,15 @@ mod tests {
             let c = parse(copy.as_bytes()).unwrap();
             prop_assert_eq!(c.original, format!("{d}.{s}"));
             prop_assert_eq!(c.suffix, n.to_string());
+        }
+
+        /// And so is what is recognised as a copy of a copy.
+        #[test]
+        fn a_copy_of_a_copy_gives_back_its_original(d in "[A-Za-z0-9_-]{23,100}", s in "[A-Za-z0-9_-]{43}", n in 1u32..999, m in 1u32..999) {
+            let copy = format!("{d} ({n}) ({m}).{s}");
+            let c = parse(copy.as_bytes()).unwrap();
+            prop_assert_eq!(c.original, format!("{d}.{s}"));
+            prop_assert_eq!(c.suffix, format!("{n}, {m}"));
         }
     }
 }

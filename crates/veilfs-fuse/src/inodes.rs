@@ -38,18 +38,42 @@ pub struct FileState {
     ranges: crate::rangelock::RangeLock,
     /// The next READ must check whether the access time is due (see `ops/atime.rs`).
     pub atime_due: std::sync::atomic::AtomicBool,
-    /// The backing file's modification time and size as the kernel knows the file: when its
-    /// node was made (the LOOKUP or CREATE reply), then as this mount left it (its last close
-    /// after writes, a SETATTR). The close of a file opened for writing is reported by
-    /// CIPHERDIR's watch, and this tells the mount's own close from another writer's
-    /// (`watch.rs`). Not the change time, which the mount's own rename or chmod moves while
-    /// the report of its close is still on its way.
-    own: Mutex<Option<(i64, i64, i64)>>,
+    /// The backing file's modification time, size, mode and owner as the kernel knows the
+    /// file: when its node was made (the LOOKUP or CREATE reply), then as this mount left it
+    /// (its last close after writes, a SETATTR). The close of a file opened for writing and a
+    /// change of its attributes are reported by CIPHERDIR's watch, and this tells the mount's
+    /// own from another writer's (`watch.rs`). Not the change time, which the mount's own
+    /// rename or chmod moves while the report of its close is still on its way.
+    own: Mutex<Option<Known>>,
+    /// Held by a SETATTR from its change until [`note_own`](Self::note_own) noted it, and by
+    /// the watch before it takes an attribute change for someone else's: the watch may read
+    /// the event of the mount's own chmod or utimes before the SETATTR noted it.
+    pub setting: Mutex<()>,
     /// Written (or resized) since the open file was last noted.
     written: std::sync::atomic::AtomicBool,
     /// The FUSE generation of the node id, raised when the kernel must drop its inode
     /// ([`renew`](Self::renew)).
     generation: AtomicU64,
+}
+
+/// What the kernel knows of a regular file's backing state (see `FileState::own`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Known {
+    mtime: (i64, i64),
+    size: i64,
+    mode: u32,
+    owner: (u32, u32),
+}
+
+impl Known {
+    fn of(st: &Stat) -> Known {
+        Known {
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            size: st.st_size,
+            mode: st.st_mode,
+            owner: (st.st_uid, st.st_gid),
+        }
+    }
 }
 
 impl FileState {
@@ -120,7 +144,7 @@ impl FileState {
 
     /// Notes the backing file's state `st` as this mount leaves it.
     pub fn note_own(&self, st: &Stat) {
-        *self.own.lock() = Some((st.st_mtime, st.st_mtime_nsec, st.st_size));
+        *self.own.lock() = Some(Known::of(st));
     }
 
     /// Notes a write or size change through the mount.
@@ -133,10 +157,18 @@ impl FileState {
         self.written.swap(false, Ordering::Relaxed)
     }
 
-    /// Whether the backing file, found as `st` after a close that wrote, is as this mount
-    /// last left it.
+    /// Whether the backing file, found as `st` after a close that wrote or a change of its
+    /// attributes, is as this mount last left it.
     pub fn is_own(&self, st: &Stat) -> bool {
-        *self.own.lock() == Some((st.st_mtime, st.st_mtime_nsec, st.st_size))
+        *self.own.lock() == Some(Known::of(st))
+    }
+
+    /// Whether the backing file, found as `st`, has another modification time or size than
+    /// the one the kernel knows: with the write-back cache the kernel keeps those two of a
+    /// regular file as its own, and no attribute reply corrects them.
+    pub fn content_moved(&self, st: &Stat) -> bool {
+        let now = Known::of(st);
+        self.own.lock().is_none_or(|k| (k.mtime, k.size) != (now.mtime, now.size))
     }
 
     /// The cached plaintext size (valid while open).

@@ -11,7 +11,9 @@
 //! the name (`inval_entry` of the plaintext name, also a cached "no such name") and the
 //! directory's listing and attributes (`inval_inode`); a file whose content changed in place
 //! gets an `inval_inode` of its pages and attributes, a changed mode or owner one of its
-//! attributes. Nothing else changes: the kernel keeps every other name, attribute and page.
+//! attributes; a file whose time changed in place (a sync tool that found its content the
+//! same) is treated as rewritten (below). Nothing else changes: the kernel keeps every other
+//! name, attribute and page.
 //!
 //! Events are read in batches (a short quiet time after the first, [`SETTLE`]), so a burst
 //! costs one pass per directory, and the notifications go out after every lock is released
@@ -29,11 +31,19 @@
 //!   own shared open file is opened for writing even for readers, so every last close of a
 //!   file causes such an event. A file rewritten in place by others becomes a new inode to the
 //!   kernel (the writeback cache keeps a file's size and times as the kernel's own, so
-//!   invalidating its attributes would not show the new size).
+//!   invalidating its attributes would not show the new size);
+//! - a changed mode, owner or time of a file is the mount's own when all of them and the size
+//!   are as it noted them; a SETATTR holds the file's `setting` lock from its change until it
+//!   noted it, and the watch takes that lock before it judges, so the mount's own chmod or
+//!   utimes costs a stat and nothing more. Someone else's changed time or size makes the
+//!   file a new inode, as a rewrite does, unless the file is open through the mount.
 //!
 //! Names that are not entries (IV copies, long-name side files, temporary names, a sync tool's
 //! own files) are left alone, except that a long name whose side file had not arrived yet is
-//! tried again later ([`PENDING_FOR`]).
+//! tried again later ([`PENDING_FOR`]). A sync tool's conflict copy of an entry is shown
+//! beside it, so it counts as an entry name: one that came drops the directory's index and
+//! listing (the name it is shown as comes from the next listing), one that went also the
+//! name it was shown as.
 //!
 //! Directories are watched through `/proc/self/fd/N` of the fd the mount holds: the magic
 //! link resolves to that very open directory, so no name in CIPHERDIR is walked (the rule
@@ -347,9 +357,10 @@ fn handle(
         match e.name {
             None => slot.1 |= e.mask,
             Some(name) => {
-                // Only entry names: IV copies, side files, temporary names and a sync tool's
-                // files are no entries the kernel can have cached.
-                if ParsedEntry::parse(&name).key().is_none() {
+                // Only entry names and conflict copies of entries (shown beside them): IV
+                // copies, side files, temporary names and a sync tool's files are no entries
+                // the kernel can have cached.
+                if ParsedEntry::parse(&name).key().is_none() && !is_copy(&name) {
                     continue;
                 }
                 let Ok(name) = String::from_utf8(name) else { continue };
@@ -372,12 +383,21 @@ fn handle(
     }
 }
 
-/// Whether entry `on_disk` is in `idx`.
+/// Whether `name` is a sync tool's conflict copy of an entry (`veilfs_core::conflict`).
+fn is_copy(name: &[u8]) -> bool {
+    matches!(ParsedEntry::parse(name), ParsedEntry::Conflict(c) if c.is_of_entry())
+}
+
+/// Whether entry `on_disk` is in `idx`. A conflict copy is kept under the key of the name it
+/// is shown as, which its own name does not give: it is looked for among all (rare: only for
+/// an event about a copy).
 fn indexed(idx: &crate::dirs::Index, on_disk: &str) -> Option<Option<Vec<u8>>> {
-    let key = ParsedEntry::parse(on_disk.as_bytes()).key()?;
-    let e = idx.get(key)?;
-    (e.on_disk == on_disk || e.others.iter().any(|o| o == on_disk))
-        .then(|| e.plain.get().and_then(|p| p.as_ref()).map(|p| p.name.clone()))
+    let holds = |e: &&crate::dirs::IndexEntry| e.on_disk == on_disk || e.others.iter().any(|o| o == on_disk);
+    let e = match ParsedEntry::parse(on_disk.as_bytes()).key() {
+        Some(key) => idx.get(key).filter(holds)?,
+        None => idx.values().find(holds)?,
+    };
+    Some(e.plain.get().and_then(|p| p.as_ref()).map(|p| p.name.clone()))
 }
 
 /// The entries `names` of directory `node` changed: tells the mount's changes from others'.
@@ -405,6 +425,7 @@ fn changed(
     };
     let mut suspects: Vec<&str> = Vec::new();
     let mut rewritten: Vec<Arc<Node>> = Vec::new();
+    let mut attrs: Vec<(&str, Arc<Node>)> = Vec::new();
     {
         // First without the directory's `ops` lock, so the mount's own busy directory is not
         // held up: a change the index already shows is finished.
@@ -431,9 +452,40 @@ fn changed(
                             rewritten.push(n);
                         }
                     }
-                    _ => notes.push(Note::Inode(n.id, -1)),
+                    // Another mode, owner or time: judged below, once the index is let go.
+                    Some(_) => attrs.push((on_disk, n)),
+                    None => notes.push(Note::Inode(n.id, -1)),
                 }
             }
+        }
+    }
+    for (on_disk, n) in attrs {
+        let renew = {
+            let Some(f) = &n.file else { continue };
+            // A SETATTR of the mount's own in flight notes its change first.
+            let _setting = f.setting.lock();
+            let Ok(st) = Vault::stat_entry(&dir.cd, on_disk.as_bytes()) else { continue };
+            if f.is_own(&st) {
+                continue;
+            }
+            // The kernel keeps a regular file's size and modification time as its own (see
+            // below): another time or size (a sync tool that found the content unchanged
+            // sets the time in place) takes a new inode, as a rewrite does, unless the file
+            // is open through the mount. A mode or owner is taken from the attributes again.
+            if !f.content_moved(&st) {
+                f.note_own(&st);
+                false
+            } else if f.opened().is_none() {
+                nodes.backing_gone(st.st_ino);
+                true
+            } else {
+                false
+            }
+        };
+        if renew {
+            rewritten.push(n);
+        } else {
+            notes.push(Note::Inode(n.id, -1));
         }
     }
     let mut theirs: Vec<(String, Option<Vec<u8>>)> = Vec::new();
@@ -473,6 +525,9 @@ fn changed(
     for (on_disk, plain) in theirs {
         match plain.or_else(|| plain_name(vault, dir, &on_disk)) {
             Some(p) => notes.push(Note::Entry(node.id, p)),
+            // A new conflict copy: the name it is shown as comes from the listing (dropped
+            // above), not from its own name.
+            None if is_copy(on_disk.as_bytes()) => {}
             None => pending.push((Arc::downgrade(node), on_disk, Instant::now())),
         }
     }

@@ -6,8 +6,10 @@ impl VeilFs {
     /// SETATTR.
     pub(crate) fn do_setattr(&self, ino: u64, a: &SetAttr, fh: Option<u64>, caller: Caller) -> io::Result<FileAttr> {
         let node = self.nodes.get(ino)?;
+        // A regular file's new times, size, mode and owner are the mount's own (see
+        // `FileState::note_own`), noted before CIPHERDIR's watch may judge the change.
+        let _setting = node.file.as_ref().map(|f| f.setting.lock());
         let r = self.setattr_node(&node, a, fh, caller);
-        // A regular file's new times and size are the mount's own (see `FileState::note_own`).
         if let (Ok(_), Some(f)) = (&r, &node.file) {
             if !self.opts.shared_storage {
                 if let Ok(st) = self.do_getattr(&node, fh) {
@@ -19,7 +21,6 @@ impl VeilFs {
     }
 
     fn setattr_node(&self, node: &Arc<Node>, a: &SetAttr, fh: Option<u64>, caller: Caller) -> io::Result<FileAttr> {
-        let ino = node.id;
         let node = node.clone();
         if a.changes_anything() {
             self.check_writable()?;
@@ -39,7 +40,7 @@ impl VeilFs {
                         return Ok(attr);
                     }
                     let rest = SetAttr { size: None, atime: None, mtime: None, ..a.clone() };
-                    return self.do_setattr(ino, &rest, None, caller);
+                    return self.setattr_node(&node, &rest, None, caller);
                 }
             }
         }
