@@ -87,6 +87,18 @@ impl ContentCtx {
         self
     }
 
+    /// The plaintext size a ciphertext file of `cipher_size` bytes has, without reading it:
+    /// for listings and attributes. An impossible size gives the size of the blocks it holds
+    /// whole ([`Layout::plain_size_lenient`]); reading such a file is an integrity error. With
+    /// `"block-map"` the size follows that layout (docs/FORMAT.md §5.10): an impossible one,
+    /// or an all-zero header, gives 0.
+    pub fn plain_size_lenient(&self, cipher_size: u64) -> u64 {
+        match self.block_map {
+            true => crate::content::blockmap::MapLayout::from(self.layout).plain_size(cipher_size).map_or(0, |(p, _)| p),
+            false => self.layout.plain_size_lenient(cipher_size),
+        }
+    }
+
     /// Whether the crash rules of `"ordered-growth"` apply (docs/FORMAT.md §5.8).
     pub fn ordered(&self) -> bool {
         self.unsettled_tails && self.ordered_growth
