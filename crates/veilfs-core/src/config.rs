@@ -794,6 +794,22 @@ mod tests {
     }
 
     #[test]
+    fn block_map_is_named_by_no_new_vault_and_refused_in_a_deterministic_one() {
+        let p = Path::new("veilfs.conf");
+        let (mut cfg, master) = config_with_password("pw");
+        assert!(!cfg.has_feature(FEATURE_BLOCK_MAP));
+        cfg.features.push(FEATURE_BLOCK_MAP.into());
+        cfg.seal(&master);
+        assert!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p).is_ok());
+        let mut det = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[1; 16]).unwrap();
+        det.add_password_slot(&master, &SecretString::from("pw".to_string()), WEAK).unwrap();
+        assert!(det.is_deterministic());
+        det.features.push(FEATURE_BLOCK_MAP.into());
+        det.seal(&master);
+        assert!(matches!(VaultConfig::parse(&serde_json::to_vec(&det).unwrap(), p), Err(Error::Config { .. })));
+    }
+
+    #[test]
     fn parse_refuses_oversized_and_malformed_configs() {
         let p = Path::new("veilfs.conf");
         assert!(matches!(VaultConfig::parse(&vec![b' '; MAX_CONFIG_LEN + 1], p), Err(Error::Config { .. })));

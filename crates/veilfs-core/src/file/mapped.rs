@@ -203,7 +203,9 @@ impl CryptFile {
             let mut st = self.map_state();
             let k = st.blocks();
             if l.block_count(size) != k {
-                return Err(self.map_auth(format!("file has {} blocks but its header commits to {k}", l.block_count(size))));
+                return Err(
+                    self.map_auth(format!("file has {} blocks but its header commits to {k}", l.block_count(size)))
+                );
             }
             (k, (first..=last).map(|n| self.leaf(&mut st, n)).collect::<Result<Vec<_>>>()?)
         };
@@ -250,7 +252,9 @@ impl CryptFile {
         let mut st = self.map_state();
         let k_old = st.blocks();
         if l.block_count(size) != k_old {
-            return Err(self.map_auth(format!("file has {} blocks but its header commits to {k_old}", l.block_count(size))));
+            return Err(
+                self.map_auth(format!("file has {} blocks but its header commits to {k_old}", l.block_count(size)))
+            );
         }
         if st.stale {
             sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;

@@ -71,7 +71,15 @@ impl ContentCtx {
     /// A context for `cipher` with `block_size`-byte blocks (without `"unsettled-tails"`).
     pub fn new(cipher: ContentCipher, block_size: u32, keys: Arc<SubKeys>) -> Self {
         let layout = Layout::new(block_size.into(), cipher.overhead() as u64);
-        ContentCtx { cipher, layout, keys, unsettled_tails: false, stashes: None, ordered_growth: false, block_map: false }
+        ContentCtx {
+            cipher,
+            layout,
+            keys,
+            unsettled_tails: false,
+            stashes: None,
+            ordered_growth: false,
+            block_map: false,
+        }
     }
 
     /// The same context with feature `"ordered-growth"` on or off (it counts only with
@@ -94,7 +102,9 @@ impl ContentCtx {
     /// or an all-zero header, gives 0.
     pub fn plain_size_lenient(&self, cipher_size: u64) -> u64 {
         match self.block_map {
-            true => crate::content::blockmap::MapLayout::from(self.layout).plain_size(cipher_size).map_or(0, |(p, _)| p),
+            true => {
+                crate::content::blockmap::MapLayout::from(self.layout).plain_size(cipher_size).map_or(0, |(p, _)| p)
+            }
             false => self.layout.plain_size_lenient(cipher_size),
         }
     }
