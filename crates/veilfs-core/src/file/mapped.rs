@@ -225,8 +225,14 @@ impl CryptFile {
                     let bstart = n * l.block_size;
                     let from = (off.max(bstart) - bstart) as usize;
                     let to = ((off + len).min(bstart + blen) - bstart) as usize;
-                    self.open_mapped(n, k, &leaves[(n - first) as usize], bct, plain)?;
-                    buf[done..done + to - from].copy_from_slice(&plain[from..to]);
+                    let leaf = &leaves[(n - first) as usize];
+                    if from == 0 && to == blen as usize {
+                        // Wanted whole: straight into the caller's buffer.
+                        self.open_mapped(n, k, leaf, bct, &mut buf[done..done + to])?;
+                    } else {
+                        self.open_mapped(n, k, leaf, bct, plain)?;
+                        buf[done..done + to - from].copy_from_slice(&plain[from..to]);
+                    }
                     done += to - from;
                 }
                 Ok(())
@@ -267,51 +273,65 @@ impl CryptFile {
         // starts past it.
         let reseal = (k_old > 0 && k_old - 1 < first).then(|| k_old - 1);
         let from = reseal.unwrap_or(first);
-        let mut blocks: Vec<(u64, Vec<u8>)> = Vec::new();
+        // Every changed block, sealed into one buffer in order; `spans` says where each is.
+        let cb = (bs + l.overhead) as usize;
+        let mut buf: Vec<u8> = Vec::with_capacity((last - from + 1) as usize * cb);
+        let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity((last - from + 1) as usize);
         let mut plain = vec![0u8; bs as usize];
+        // The nonces of every block, drawn with one call to the random generator.
+        let nl = self.codec.nonce_len();
+        let mut nonces = vec![0u8; (last - from + 1) as usize * nl];
+        crate::random::fill(&mut nonces);
+        let mut nonces = nonces.chunks_exact(nl);
+        let mut seal = |n: u64, last: bool, plain: &[u8], out: &mut [u8]| {
+            out[..nl].copy_from_slice(nonces.next().expect("one nonce per block"));
+            self.codec.seal_into_prefilled(n, last, plain, out);
+        };
         if let Some(n) = reseal {
             plain.fill(0);
             self.read_block_map(&mut st, n, size, &mut plain)?;
-            let mut ct = vec![0u8; (bs + l.overhead) as usize];
-            self.codec.seal_into(n, false, &plain, &mut ct);
-            blocks.push((n, ct));
+            buf.resize(cb, 0);
+            seal(n, false, &plain, &mut buf[..cb]);
+            spans.push((n, 0..cb));
         }
         for n in first..=last {
             let bstart = n * bs;
             let blen = l.block_len(n, new_size) as usize;
             let (wfrom, wto) = (off.max(bstart), (off + data.len() as u64).min(bstart + blen as u64));
-            let pb = &mut plain[..blen];
-            pb.fill(0);
-            let covers_old = wfrom == bstart && wto - bstart >= l.block_len(n, size);
-            if !covers_old && n < k_old {
-                self.read_block_map(&mut st, n, size, pb)?;
+            let at = buf.len();
+            buf.resize(at + blen + l.overhead as usize, 0);
+            if wfrom == bstart && wto == bstart + blen as u64 {
+                // Covered whole: sealed straight from the caller's data.
+                let src = &data[(bstart - off) as usize..(bstart - off) as usize + blen];
+                seal(n, n + 1 == k_new, src, &mut buf[at..]);
+            } else {
+                let pb = &mut plain[..blen];
+                pb.fill(0);
+                if n < k_old {
+                    self.read_block_map(&mut st, n, size, pb)?;
+                }
+                pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
+                    .copy_from_slice(&data[(wfrom - off) as usize..(wto - off) as usize]);
+                seal(n, n + 1 == k_new, pb, &mut buf[at..]);
             }
-            pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
-                .copy_from_slice(&data[(wfrom - off) as usize..(wto - off) as usize]);
-            let mut ct = vec![0u8; blen + l.overhead as usize];
-            self.codec.seal_into(n, n + 1 == k_new, pb, &mut ct);
-            blocks.push((n, ct));
+            spans.push((n, at..buf.len()));
         }
         // The leaves of the groups this write changes, loaded before anything is written.
-        for n in from..=last.min(k_old.saturating_sub(1)) {
-            if n < k_old {
-                self.leaf(&mut st, group_start(group_of(n)))?;
-            }
-        }
-        if let Some(g) = k_old.checked_sub(1).map(group_of) {
+        let mut g = group_of(from);
+        while g < group_count(k_old) && group_start(g) <= last {
             self.leaf(&mut st, group_start(g))?;
+            g += 1;
         }
-        // Blocks: one write per run inside a group.
+        // Blocks: one write per run inside a group (consecutive blocks lie together in `buf`).
         let mut i = 0;
-        while i < blocks.len() {
-            let g = group_of(blocks[i].0);
-            let mut j = i;
-            let mut run = Vec::new();
-            while j < blocks.len() && group_of(blocks[j].0) == g && (j == i || blocks[j].0 == blocks[j - 1].0 + 1) {
-                run.extend_from_slice(&blocks[j].1);
+        while i < spans.len() {
+            let g = group_of(spans[i].0);
+            let mut j = i + 1;
+            while j < spans.len() && group_of(spans[j].0) == g && spans[j].0 == spans[j - 1].0 + 1 {
                 j += 1;
             }
-            sys::pwrite_all(self.fd(), &run, ml.block_offset(blocks[i].0)).ctx(|| format!("writing {}", self.what))?;
+            let bytes = &buf[spans[i].1.start..spans[j - 1].1.end];
+            sys::pwrite_all(self.fd(), bytes, ml.block_offset(spans[i].0)).ctx(|| format!("writing {}", self.what))?;
             i = j;
         }
         // The new leaves: written blocks, and holes between the old end and the write.
@@ -326,8 +346,8 @@ impl CryptFile {
             v[at] = leaf;
             dirty.insert(g);
         };
-        for (n, ct) in &blocks {
-            set(&mut st, *n, bm::leaf_of(ct).expect("a sealed block has a tag"));
+        for (n, r) in &spans {
+            set(&mut st, *n, bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag"));
         }
         self.commit_map(&mut st, k_old, k_new, dirty)?;
         Ok(new_size)
