@@ -737,6 +737,13 @@ fn reference_reader_reads_files_of_a_vault_with_block_map() {
     let r = reader.to_str().unwrap();
     let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
     assert!(out.contains(" 0 failed") && out.contains("compared 8 vault entries"), "{out}");
+    // veilfs reads them back too, and fsck finds the vault clean.
+    let back = t.path().join("back");
+    run(&[bin, "export", v_s, back.to_str().unwrap(), "--passfile", pf_s]);
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        assert!(std::fs::read(e.path()).unwrap() == std::fs::read(back.join(e.file_name())).unwrap(), "{e:?}");
+    }
+    run(&[bin, "fsck", v_s, "--passfile", pf_s]);
     // Every file is header v2.
     let vault = veilfs_core::Vault::open(&v, &secret, None).unwrap();
     let root = vault.root().unwrap();

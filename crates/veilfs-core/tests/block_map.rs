@@ -277,3 +277,25 @@ fn new_vaults_do_not_name_block_map_and_keep_header_v1() {
     let c = snapshot(&cipher_path(&v, &root, "f"));
     assert_eq!((&c[..2], c.len()), (&[0u8, 1][..], 36 + 5 + 28));
 }
+
+#[test]
+fn a_first_write_cut_before_its_header_reads_as_an_empty_file_and_can_be_written_again() {
+    // The writer puts a first write's blocks and map out before its header: a crash between
+    // them leaves an all-zero header (FORMAT.md §5.10, "Reading" rule 1), an empty file.
+    let (t, v, root) = setup();
+    write_file(&v, &root, "f", &data(3 * B as usize, 6));
+    let p = cipher_path(&v, &root, "f");
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().write_all_at(&[0u8; HEADER_V2_LEN], 0).unwrap();
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), b"");
+    let f = open_rw(&v, &root, "f");
+    assert_eq!(f.plain_size().unwrap(), 0);
+    f.write_at(b"again", 0, 0).unwrap();
+    drop(f);
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), b"again");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), L.cipher_size(5), "the old blocks are gone");
+    // A header of another file, or one byte of it changed, is no empty file.
+    let mut c = snapshot(&p);
+    c[HEADER_V2_LEN - 1] ^= 1;
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "header");
+}
