@@ -68,6 +68,20 @@ fn files_round_trip_at_span_edges_and_a_changed_node_is_an_integrity_error() {
         assert_eq!(read_fresh(t.path(), &root, &name).unwrap(), d, "{k} blocks");
         assert_eq!(std::fs::metadata(cipher_path(&v, &root, &name)).unwrap().len(), L.cipher_size(k * B - 3));
     }
+    // Cut back into span 0 (node 0 goes), grown past it again (node 0 is written anew), and
+    // a block of span 0 rewritten (node 0 changes).
+    let f = open_rw(&v, &root, "s3");
+    let mut d = data(((2 * SPAN_BLOCKS + 1) * B - 3) as usize, 3);
+    let size = d.len() as u64;
+    f.truncate((SPAN_BLOCKS - 1) * B + 9, size).unwrap();
+    d.truncate(((SPAN_BLOCKS - 1) * B + 9) as usize);
+    f.write_at(b"past the span", (SPAN_BLOCKS + 4) * B, d.len() as u64).unwrap();
+    d.resize(((SPAN_BLOCKS + 4) * B) as usize, 0);
+    d.extend_from_slice(b"past the span");
+    f.write_at(b"inside", 7 * B, d.len() as u64).unwrap();
+    d[7 * B as usize..7 * B as usize + 6].copy_from_slice(b"inside");
+    drop(f);
+    assert!(read_fresh(t.path(), &root, "s3").unwrap() == d);
     // Node 0 of the file of S + 1 blocks, changed: the root no longer matches.
     let p = cipher_path(&v, &root, "s2");
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
