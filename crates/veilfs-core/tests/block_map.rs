@@ -313,3 +313,28 @@ fn a_first_write_cut_before_its_header_reads_as_an_empty_file_and_can_be_written
     std::fs::write(&p, &c).unwrap();
     assert_auth(read_fresh(t.path(), &root, "f"), "header");
 }
+
+#[test]
+fn a_lost_write_back_cuts_the_file_at_the_hole_it_left() {
+    // As in tests/lost_write.rs: blocks 0-1 then 6-7 arrive, the write of 2-5 was refused
+    // after the kernel acknowledged it. Here a hole is a zero leaf, which reads as zeros at
+    // once, so the cut matters even before any settle.
+    let (t, v, root) = setup();
+    let a = data(8 * B as usize, 1);
+    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    let size = f.write_at(&a[..2 * B as usize], 0, 0).unwrap();
+    assert_eq!(f.write_at(&a[6 * B as usize..], 6 * B, size).unwrap(), 8 * B);
+    f.lost_write(2 * B);
+    assert_eq!(f.drop_lost().unwrap(), Some(2 * B), "cut at the lost write's hole");
+    drop(f);
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), a[..2 * B as usize]);
+    // A hole a truncate made, or one filled since, is not cut.
+    let (_, g) = v.create_file(&root, b"g", 0o644).unwrap();
+    let size = g.write_at(&a[..B as usize], 0, 0).unwrap();
+    g.truncate(6 * B, size).unwrap();
+    let size = g.write_at(&a[8 * B as usize - 10..], 7 * B, 6 * B).unwrap();
+    let size = g.write_at(&a[..B as usize], 6 * B, size).unwrap();
+    g.lost_write(B);
+    assert_eq!(g.drop_lost().unwrap(), Some(size), "nothing to cut");
+}

@@ -47,11 +47,34 @@ pub(super) struct MapState {
     generation: u64,
     /// This handle has started a write session (the header's generation was raised).
     session: bool,
+    /// Holes (block ranges, half-open) this handle's writes past the end made and no write
+    /// has filled since: where a write-back write the kernel acknowledged may have been
+    /// refused (see [`CryptFile::drop_lost`]). Truncates' holes are not in it: their zeros
+    /// were asked for.
+    made_holes: Vec<(u64, u64)>,
 }
 
 impl MapState {
     fn blocks(&self) -> u64 {
         self.hdr.map_or(0, |h| h.blocks)
+    }
+
+    /// Forgets the holes in blocks `a..b` (written, or cut off).
+    fn fill_holes(&mut self, a: u64, b: u64) {
+        let mut out = Vec::with_capacity(self.made_holes.len() + 1);
+        for &(x, y) in &self.made_holes {
+            if y <= a || b <= x {
+                out.push((x, y));
+                continue;
+            }
+            if x < a {
+                out.push((x, a));
+            }
+            if b < y {
+                out.push((b, y));
+            }
+        }
+        self.made_holes = out;
     }
 }
 
@@ -253,6 +276,12 @@ impl CryptFile {
     /// [`write_at`](Self::write_at) for a file with a block map: the blocks, then the map
     /// blocks and nodes that changed, then the header (see the module's notes on crashes).
     pub(super) fn write_at_map(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
+        self.write_map(data, off, size, false)
+    }
+
+    /// [`write_at_map`](Self::write_at_map); `zeros`: the write of a growing truncate, whose
+    /// holes were asked for.
+    fn write_map(&self, data: &[u8], off: u64, size: u64, zeros: bool) -> Result<u64> {
         let (l, ml) = (self.ctx.layout, self.map_layout());
         let bs = l.block_size;
         let mut st = self.map_state();
@@ -350,6 +379,10 @@ impl CryptFile {
             set(&mut st, *n, bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag"));
         }
         self.commit_map(&mut st, k_old, k_new, dirty)?;
+        st.fill_holes(first, last + 1);
+        if first > k_old && !zeros {
+            st.made_holes.push((k_old, first));
+        }
         Ok(new_size)
     }
 
@@ -407,6 +440,15 @@ impl CryptFile {
         self.write_header_map(st, k_new)
     }
 
+    /// The first block at or after `lost` of a hole this handle's writes made and did not
+    /// fill (for [`drop_lost`](Self::drop_lost)): in a file with a block map a hole is a zero
+    /// leaf, which reads as zeros as soon as it is written, so a write refused there must not
+    /// stay inside the file.
+    pub(super) fn made_hole_from(&self, lost: u64) -> Option<u64> {
+        let st = self.map_state();
+        st.made_holes.iter().filter(|&&(_, b)| b > lost).map(|&(a, _)| a.max(lost)).min()
+    }
+
     fn write_header_map(&self, st: &mut MapState, k: u64) -> Result<()> {
         if !st.session {
             st.generation += 1;
@@ -435,7 +477,7 @@ impl CryptFile {
         }
         if new_size > size {
             let from = size.max((new_size - 1) / l.block_size * l.block_size);
-            return self.write_at_map(&vec![0u8; (new_size - from) as usize], from, size).map(drop);
+            return self.write_map(&vec![0u8; (new_size - from) as usize], from, size, true).map(drop);
         }
         let ml = self.map_layout();
         let mut st = self.map_state();
@@ -457,6 +499,7 @@ impl CryptFile {
         // The nodes of the spans before n's are unchanged, and n's span has none now.
         let k_old = st.blocks();
         self.commit_map(&mut st, k_old.min(k_new), k_new, BTreeSet::from([g]))?;
+        st.fill_holes(k_new, u64::MAX);
         sys::ftruncate(self.fd(), ml.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))
     }
 }
