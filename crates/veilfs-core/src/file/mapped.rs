@@ -59,6 +59,19 @@ impl MapState {
         self.hdr.map_or(0, |h| h.blocks)
     }
 
+    /// Sets the cached leaf of block `n` (its group's leaves, extended with holes as
+    /// needed); returns its group.
+    fn set_leaf(&mut self, n: u64, leaf: Leaf) -> u64 {
+        let g = group_of(n);
+        let v = self.leaves.entry(g).or_default();
+        let at = (n - group_start(g)) as usize;
+        if v.len() <= at {
+            v.resize(at + 1, HOLE_LEAF);
+        }
+        v[at] = leaf;
+        g
+    }
+
     /// Forgets the holes in blocks `a..b` (written, or cut off).
     fn fill_holes(&mut self, a: u64, b: u64) {
         let mut out = Vec::with_capacity(self.made_holes.len() + 1);
@@ -302,6 +315,16 @@ impl CryptFile {
         // starts past it.
         let reseal = (k_old > 0 && k_old - 1 < first).then(|| k_old - 1);
         let from = reseal.unwrap_or(first);
+        // A write that grows the file keeps the old final block's ciphertext, to put it back
+        // if the backing store refuses part of the growth (see `undo_map`).
+        let old_final = match k_old {
+            k if k > 0 && new_size > size => Some(self.pread_exact(
+                l.block_len(k - 1, size) + l.overhead,
+                ml.block_offset(k - 1),
+                &format!("block {}", k - 1),
+            )?),
+            _ => None,
+        };
         // Every changed block, sealed into one buffer in order; `spans` says where each is.
         let cb = (bs + l.overhead) as usize;
         let mut buf: Vec<u8> = Vec::with_capacity((last - from + 1) as usize * cb);
@@ -351,7 +374,28 @@ impl CryptFile {
             self.leaf(&mut st, group_start(g))?;
             g += 1;
         }
-        // Blocks: one write per run inside a group (consecutive blocks lie together in `buf`).
+        if let Err(e) = self.store_blocks(&mut st, &buf, &spans, k_old, k_new) {
+            self.undo_map(&mut st, size, new_size, old_final.as_deref(), &buf, &spans);
+            return Err(e);
+        }
+        st.fill_holes(first, last + 1);
+        if first > k_old && !zeros {
+            st.made_holes.push((k_old, first));
+        }
+        Ok(new_size)
+    }
+
+    /// The blocks of a write (`spans` in `buf`, one `pwrite` per run inside a group), then
+    /// their leaves and the map and header of a file of `k_new` blocks.
+    fn store_blocks(
+        &self,
+        st: &mut MapState,
+        buf: &[u8],
+        spans: &[(u64, std::ops::Range<usize>)],
+        k_old: u64,
+        k_new: u64,
+    ) -> Result<()> {
+        let ml = self.map_layout();
         let mut i = 0;
         while i < spans.len() {
             let g = group_of(spans[i].0);
@@ -363,27 +407,63 @@ impl CryptFile {
             sys::pwrite_all(self.fd(), bytes, ml.block_offset(spans[i].0)).ctx(|| format!("writing {}", self.what))?;
             i = j;
         }
-        // The new leaves: written blocks, and holes between the old end and the write.
         let mut dirty = BTreeSet::new();
-        let mut set = |st: &mut MapState, n: u64, leaf: Leaf| {
-            let g = group_of(n);
-            let v = st.leaves.entry(g).or_default();
-            let at = (n - group_start(g)) as usize;
-            if v.len() <= at {
-                v.resize(at + 1, HOLE_LEAF);
+        for (n, r) in spans {
+            dirty.insert(st.set_leaf(*n, bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag")));
+        }
+        self.commit_map(st, k_old, k_new, dirty)
+    }
+
+    /// Puts a file back as it was before a write the backing store refused (a full disk, a
+    /// quota) — as `write::undo` does for v1 files, and more, since here a block that does
+    /// not match its leaf is an error: cut back to the old size, the old final block written
+    /// back (it lies in space it held before), then the map and header committed for the old
+    /// block count with the new leaves of the blocks of `spans` inside the old size whose new
+    /// tag is on disk. A refused `pwrite` stores a prefix of its bytes, so a block whose tag
+    /// (its last bytes) went out is whole; blocks in place are never refused for space, so
+    /// only the old final block (written back) and holes can be torn, and a hole keeps its
+    /// zero leaf, so whatever part of it was written is not read. Best effort: a failure is
+    /// logged.
+    fn undo_map(
+        &self,
+        st: &mut MapState,
+        size: u64,
+        new_size: u64,
+        old_final: Option<&[u8]>,
+        buf: &[u8],
+        spans: &[(u64, std::ops::Range<usize>)],
+    ) {
+        let (l, ml) = (self.ctx.layout, self.map_layout());
+        let k_old = l.block_count(size);
+        let res = (|| -> Result<()> {
+            if new_size > size {
+                sys::ftruncate(self.fd(), ml.cipher_size(size)).ctx(|| format!("truncating {}", self.what))?;
             }
-            v[at] = leaf;
-            dirty.insert(g);
-        };
-        for (n, r) in &spans {
-            set(&mut st, *n, bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag"));
+            if k_old == 0 {
+                let (generation, session) = (st.generation, st.session);
+                *st = MapState { generation, session, ..MapState::default() };
+                return Ok(());
+            }
+            let mut dirty = BTreeSet::new();
+            let restored = old_final.map(|_| k_old - 1);
+            for (n, r) in spans.iter().filter(|(n, _)| *n < k_old && Some(*n) != restored) {
+                let new = bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag");
+                let mut stored = HOLE_LEAF;
+                let at = ml.block_offset(*n) + r.len() as u64 - LEAF_LEN;
+                sys::pread_full(self.fd(), &mut stored, at).ctx(|| format!("reading {}", self.what))?;
+                if stored == new {
+                    dirty.insert(st.set_leaf(*n, new));
+                }
+            }
+            if let Some(ct) = old_final {
+                sys::pwrite_all(self.fd(), ct, ml.block_offset(k_old - 1)).ctx(|| format!("writing {}", self.what))?;
+                dirty.insert(st.set_leaf(k_old - 1, bm::leaf_of(ct).expect("a stored block has a tag")));
+            }
+            self.commit_map(st, k_old, k_old, dirty)
+        })();
+        if let Err(e) = res {
+            tracing::error!("{}: could not undo a failed write, the file may be damaged: {e}", self.what);
         }
-        self.commit_map(&mut st, k_old, k_new, dirty)?;
-        st.fill_holes(first, last + 1);
-        if first > k_old && !zeros {
-            st.made_holes.push((k_old, first));
-        }
-        Ok(new_size)
     }
 
     /// Writes the map blocks in `dirty` (whose cached leaves are the new ones), the nodes that
