@@ -6,7 +6,8 @@
 //! grow, the limit is put at every byte offset (or a dense sample) of the growth, and after
 //! the failed call the file must read back whole and unchanged. Holes inside a
 //! file, which a full disk also refuses, cannot be modelled by a size limit: tests/faults.rs
-//! covers them on a real tmpfs. The limit is per process, so this file holds a single test.
+//! covers them on a real tmpfs. The limit is per process, so this file holds a single test,
+//! which runs the matrix on v1 files and on files with a block map (docs/FORMAT.md §5.10).
 
 mod common;
 use common::*;
