@@ -1454,3 +1454,48 @@ fn onedrive_and_owncloud_copies_of_short_entries_are_shown_under_their_names() {
     m.mount();
     assert_eq!(fs::read_to_string(m.m("report, theirs.txt")).unwrap(), "version A");
 }
+
+/// A vault with the feature `block-map` (docs/FORMAT.md §5.10, named by no vault yet) through
+/// the mount: `cp` of a file of several groups, an overwrite in the middle, an append past a
+/// hole and a truncate read back as on a plain directory, during the mount and after a
+/// remount, and every file on disk is header v2.
+#[test]
+fn a_vault_with_block_map_reads_back_what_cp_and_writes_put_in() {
+    let Some(mut m) = Mounted::new("256m", &[]) else { return };
+    m.umount();
+    with_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+    m.mount();
+    let d: Vec<u8> = (0..(3 << 20) + 123).map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    fs::write(m.plain.join("src"), &d).unwrap();
+    let o = run("cp", &[m.plain.join("src").to_str().unwrap(), m.m("big").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut want = d.clone();
+    let f = OpenOptions::new().write(true).open(m.m("big")).unwrap();
+    f.write_all_at(b"in the middle", 1_000_000).unwrap();
+    want[1_000_000..1_000_013].copy_from_slice(b"in the middle");
+    f.write_all_at(b"after a hole", 5 << 20).unwrap();
+    want.resize(5 << 20, 0);
+    want.extend_from_slice(b"after a hole");
+    drop(f);
+    fs::write(m.m("small"), b"small").unwrap();
+    let f = OpenOptions::new().write(true).open(m.m("small")).unwrap();
+    f.set_len(2).unwrap();
+    drop(f);
+    assert!(fs::read(m.m("big")).unwrap() == want);
+    assert_eq!(fs::read(m.m("small")).unwrap(), b"sm");
+    m.umount();
+    m.mount();
+    assert!(fs::read(m.m("big")).unwrap() == want, "after a remount");
+    assert_eq!(fs::metadata(m.m("big")).unwrap().len(), want.len() as u64);
+    assert_eq!(fs::read(m.m("small")).unwrap(), b"sm");
+    m.umount();
+    let mut files = 0;
+    for e in fs::read_dir(&m.cipher).unwrap().flatten() {
+        let md = e.metadata().unwrap();
+        if md.is_file() && md.len() > 0 && !e.file_name().to_string_lossy().starts_with("veilfs.") {
+            assert_eq!(&fs::read(e.path()).unwrap()[..2], &[0, 2], "{:?} is header v2", e.file_name());
+            files += 1;
+        }
+    }
+    assert_eq!(files, 2);
+}

@@ -200,7 +200,7 @@ impl Exporter<'_> {
         match e.kind {
             EntryKind::File => {
                 kind(x) == libc::S_IFREG
-                    && x.st_size as u64 == self.vault.content().layout.plain_size_lenient(st.st_size as u64)
+                    && x.st_size as u64 == self.vault.content().plain_size_lenient(st.st_size as u64)
                     && x.st_mtime == st.st_mtime
             }
             EntryKind::Symlink => {
@@ -500,7 +500,7 @@ pub fn run(a: Args) -> Result<i32> {
         Some(e) if e.kind == EntryKind::Dir => {
             super::plain_bytes_under(&parent.path.join(&e.on_disk), &vault.content().layout)
         }
-        Some(e) => vault.content().layout.plain_size_lenient(e.stat.st_size as u64),
+        Some(e) => vault.content().plain_size_lenient(e.stat.st_size as u64),
         None => super::plain_bytes_under(&parent.path, &vault.content().layout),
     };
     let pb = super::progress(total, "exporting");

@@ -81,7 +81,7 @@ fn identical(vault: &Vault, dir: &CipherDir, e: &Entry, src: &Node) -> bool {
     let m = &src.stat;
     match (e.kind, kind(m)) {
         (EntryKind::File, libc::S_IFREG) => {
-            vault.content().layout.plain_size_lenient(e.stat.st_size as u64) == m.st_size as u64
+            vault.content().plain_size_lenient(e.stat.st_size as u64) == m.st_size as u64
                 && e.stat.st_mtime == m.st_mtime
         }
         (EntryKind::Symlink, libc::S_IFLNK) => {

@@ -177,7 +177,7 @@ fn print_entry(
         };
         let st = &e.stat;
         let size = match e.kind {
-            EntryKind::File => vault.content().layout.plain_size_lenient(st.st_size as u64),
+            EntryKind::File => vault.content().plain_size_lenient(st.st_size as u64),
             EntryKind::Symlink => target.as_ref().map_or(0, |t| t.len() as u64),
             _ => st.st_size as u64,
         };

@@ -884,6 +884,17 @@ pub fn without_feature(cipher: &Path, passfile: &Path, feature: &str) {
     v.save_config(cfg).unwrap();
 }
 
+/// Adds `feature` to the config of the unmounted vault in `cipher` (for a feature no vault is
+/// made with yet, e.g. `block-map`, on a vault with no files).
+pub fn with_feature(cipher: &Path, passfile: &Path, feature: &str) {
+    let pw = std::fs::read_to_string(passfile).unwrap();
+    let secret = veilfs_core::Secret::Password(secrecy::SecretString::from(pw.trim_end().to_string()));
+    let mut v = veilfs_core::Vault::open(cipher, &secret, None).unwrap();
+    let mut cfg = v.config().clone();
+    cfg.features.push(feature.to_string());
+    v.save_config(cfg).unwrap();
+}
+
 /// Every backing directory under `cipher` with the names (and sizes) of its directory IV
 /// copies (`veilfs.diriv` or `veilfs.diriv.*`).
 pub fn iv_copies(cipher: &Path) -> Vec<(PathBuf, Vec<(String, u64)>)> {

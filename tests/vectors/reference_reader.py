@@ -232,8 +232,8 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
     return body - k * O, k
 
 
-# §5.10: the block map (feature "block-map"; not yet written by any release). Layout, root and
-# header v2 only; the reading rules come with the reader.
+# §5.10: the block map (feature "block-map"; no vault is made with it yet). Layout, root, header
+# v2 and the settled file's reading rules (holes are zero leaves); UNSETTLED comes later.
 H2 = 92
 MAP_SPAN = 1 << 15  # S: blocks per span, a node after each span a block follows
 
@@ -355,7 +355,10 @@ def header_v2_decode(keys, data: bytes) -> dict:
 
 def read_block_map_file(aead, keys, B: int, data: bytes, identity: bytes) -> bytes:
     """A settled file with a block map: header, count, root over the stored map blocks, then each
-    block opened and its tag compared with its leaf (holes, UNSETTLED: the reader's rules, later)."""
+    block's tag compared with its leaf and the block opened; a zero leaf is a hole (B zero bytes),
+    never the final block. An all-zero header is an empty file (a first write cut before it)."""
+    if len(data) == 0 or (len(data) >= H2 and data[:H2].count(0) == H2):
+        return b""
     h = header_v2_decode(keys, data)
     if h["file_id"] != identity:
         raise IntegrityError("header ID differs from the entry's identity")
@@ -378,6 +381,11 @@ def read_block_map_file(aead, keys, B: int, data: bytes, identity: bytes) -> byt
         leaf = maps[g][16 * (n - bm_group_start(g)):][:16]
         size = B + O if n < k - 1 else p - n * B + O
         block = data[bm_offset(n, B, O):][:size]
+        if leaf == bytes(16):
+            if n == k - 1:
+                raise IntegrityError(f"block {n}, the final block, is a hole in the map")
+            out.append(bytes(B))
+            continue
         if block[-16:] != leaf:
             raise IntegrityError(f"block {n} is not the version the map commits to")
         out.append(aead.open(key, block_aad(identity, n, n == k - 1), block))
@@ -393,7 +401,10 @@ def stash_name(fid: bytes) -> str:
 
 
 def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
-    """§5.4 with holes (§5.5), empty files (§5.6), unsettled files (§5.8) and their stashes (§5.9)."""
+    """§5.4 with holes (§5.5), empty files (§5.6), unsettled files (§5.8) and their stashes (§5.9);
+    §5.10 in a vault with "block-map"."""
+    if vault.block_map:
+        return read_block_map_file(vault.aead, vault.keys, vault.block_size, data, identity)
     stash = None
     if vault.unsettled_tails:
         try:
@@ -638,7 +649,8 @@ KDF_FIELDS = {"argon2id": ["algorithm", "memory_kib", "iterations", "parallelism
 FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "sparse-flag", "xattrs"}
 OVERFLOW = "overflow"
 IV_IN_NAME = "iv-in-name"
-OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS, IV_IN_NAME, ORDERED_GROWTH}
+BLOCK_MAP = "block-map"
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS, IV_IN_NAME, ORDERED_GROWTH, BLOCK_MAP}
 
 
 def canonical_json(obj) -> bytes:
@@ -722,6 +734,8 @@ def parse_config(text: bytes) -> dict:
         raise ConfigError(f"feature set {feats} is not a v1 set")
     if ORDERED_GROWTH in feats and UNSETTLED_TAILS not in feats:
         raise ConfigError(f"feature {ORDERED_GROWTH} without {UNSETTLED_TAILS}")
+    if BLOCK_MAP in feats and "deterministic" in feats:
+        raise ConfigError(f"feature {BLOCK_MAP} in a deterministic vault")
     # §17: "deterministic" goes with AES-256-GCM-SIV, and only with it.
     if ("deterministic" in feats) != (cfg["cipher"] == "AES-256-GCM-SIV"):
         raise ConfigError("cipher AES-256-GCM-SIV and feature deterministic must go together")
@@ -897,6 +911,7 @@ class Vault:
         self.unsettled_tails = UNSETTLED_TAILS in cfg["features"]
         self.iv_in_name = IV_IN_NAME in cfg["features"]
         self.ordered_growth = ORDERED_GROWTH in cfg["features"]
+        self.block_map = BLOCK_MAP in cfg["features"]
         self.errors: list[tuple[bytes, str]] = []
 
     @classmethod
@@ -1392,8 +1407,9 @@ def compare(vault: Vault, src: str, t: Tally, verbose: bool):
         if kind == KIND_FILE:
             with open(expected[rel], "rb") as f:
                 t.check(obj == f.read(), f"{what}: contents")
-            t.check(cipher_size(len(obj), vault.block_size, vault.aead.overhead) == vst.st_size,
-                    f"{what}: ciphertext size matches §5.3")
+            size_of, rule = (bm_cipher_size, "§5.10") if vault.block_map else (cipher_size, "§5.3")
+            t.check(size_of(len(obj), vault.block_size, vault.aead.overhead) == vst.st_size,
+                    f"{what}: ciphertext size matches {rule}")
         elif kind == KIND_SYMLINK:
             t.check(obj == os.readlink(expected[rel]), f"{what}: symlink target")
         if kind in (KIND_FILE, KIND_DIR):

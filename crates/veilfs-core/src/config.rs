@@ -56,6 +56,12 @@ pub const FEATURE_IV_IN_NAME: &str = "iv-in-name";
 /// back later lets the settled file be cut at any block boundary undetected. Every new forward
 /// vault names it; vaults made before it keep the older, weaker crash rules.
 pub const FEATURE_ORDERED_GROWTH: &str = "ordered-growth";
+/// Files carry header v2 and a block map: the header commits to the exact ciphertext of
+/// every block, so an older copy of a block, an older header with a newer body (or the
+/// reverse) and an older final block after a truncate are integrity errors
+/// (docs/FORMAT.md §5.10). No vault is made with it yet: the writer does not yet keep the
+/// crash rules of the other features (tests name it on a vault of their own).
+pub const FEATURE_BLOCK_MAP: &str = "block-map";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
 pub const OPTIONAL_FEATURES: &[&str] = &[
     FEATURE_SPECIAL_KINDS,
@@ -64,6 +70,7 @@ pub const OPTIONAL_FEATURES: &[&str] = &[
     FEATURE_UNSETTLED_TAILS,
     FEATURE_IV_IN_NAME,
     FEATURE_ORDERED_GROWTH,
+    FEATURE_BLOCK_MAP,
 ];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
@@ -309,6 +316,9 @@ impl VaultConfig {
         }
         if self.has_feature(FEATURE_ORDERED_GROWTH) && !self.has_feature(FEATURE_UNSETTLED_TAILS) {
             return Err(format!("names feature {FEATURE_ORDERED_GROWTH:?} without {FEATURE_UNSETTLED_TAILS:?}"));
+        }
+        if self.has_feature(FEATURE_BLOCK_MAP) && self.is_deterministic() {
+            return Err(format!("names feature {FEATURE_BLOCK_MAP:?} in a deterministic vault"));
         }
         if !(512..=(1 << 20)).contains(&self.block_size) || !self.block_size.is_power_of_two() {
             return Err(format!("block size {} is invalid", self.block_size));
@@ -781,6 +791,22 @@ mod tests {
         cfg.features.retain(|f| f != FEATURE_UNSETTLED_TAILS);
         cfg.seal(&master);
         assert!(matches!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p), Err(Error::Config { .. })));
+    }
+
+    #[test]
+    fn block_map_is_named_by_no_new_vault_and_refused_in_a_deterministic_one() {
+        let p = Path::new("veilfs.conf");
+        let (mut cfg, master) = config_with_password("pw");
+        assert!(!cfg.has_feature(FEATURE_BLOCK_MAP));
+        cfg.features.push(FEATURE_BLOCK_MAP.into());
+        cfg.seal(&master);
+        assert!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p).is_ok());
+        let mut det = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[1; 16]).unwrap();
+        det.add_password_slot(&master, &SecretString::from("pw".to_string()), WEAK).unwrap();
+        assert!(det.is_deterministic());
+        det.features.push(FEATURE_BLOCK_MAP.into());
+        det.seal(&master);
+        assert!(matches!(VaultConfig::parse(&serde_json::to_vec(&det).unwrap(), p), Err(Error::Config { .. })));
     }
 
     #[test]

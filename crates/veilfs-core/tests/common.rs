@@ -106,3 +106,26 @@ pub fn copy_iv_copy(v: &Vault, from: &CipherDir, to: &CipherDir) {
 pub fn iv_copy_path(v: &Vault, dir: &CipherDir) -> PathBuf {
     dir.path.join(v.iv_copy().name(&dir.iv))
 }
+
+/// A vault with `block_size`-byte blocks whose config names the feature `block-map`
+/// (docs/FORMAT.md §5.10), which no vault is made with yet: every file gets header v2 and a
+/// block map.
+pub fn vault_with_block_map(dir: &Path, block_size: u32) -> Vault {
+    let opts = InitOptions { kdf: FAST_KDF, block_size, ..InitOptions::default() };
+    let mut v = Vault::create(dir, &password(), &opts).unwrap().0;
+    let mut cfg = v.config().clone();
+    cfg.features.push(veilfs_core::config::FEATURE_BLOCK_MAP.to_string());
+    v.save_config(cfg).unwrap();
+    reopen(dir)
+}
+
+/// Asserts `r` is an integrity error whose message mentions `needle`.
+pub fn assert_auth<T: std::fmt::Debug>(r: veilfs_core::Result<T>, needle: &str) {
+    match r {
+        Err(veilfs_core::Error::Auth { what, detail }) => {
+            let msg = format!("{what}: {detail}");
+            assert!(msg.contains(needle), "integrity error {msg:?} should mention {needle:?}");
+        }
+        other => panic!("expected an integrity error mentioning {needle:?}, got {other:?}"),
+    }
+}

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod block_map;
 mod config_copies;
 mod file_model;
 mod fsck;

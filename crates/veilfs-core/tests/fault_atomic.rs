@@ -6,7 +6,8 @@
 //! grow, the limit is put at every byte offset (or a dense sample) of the growth, and after
 //! the failed call the file must read back whole and unchanged. Holes inside a
 //! file, which a full disk also refuses, cannot be modelled by a size limit: tests/faults.rs
-//! covers them on a real tmpfs. The limit is per process, so this file holds a single test.
+//! covers them on a real tmpfs. The limit is per process, so this file holds a single test,
+//! which runs the matrix on v1 files and on files with a block map (docs/FORMAT.md §5.10).
 
 mod common;
 use common::*;
@@ -82,9 +83,20 @@ fn a_refused_grow_or_truncate_leaves_the_file_as_it_was() {
     // Ignoring SIGXFSZ (sent when a write crosses the limit) so the call fails instead.
     veilfs_core::sys::process::ignore_signal(libc::SIGXFSZ);
     let dir = tempfile::tempdir().unwrap();
-    let v = new_vault(dir.path());
+    let (a, b) = (dir.path().join("v1"), dir.path().join("map"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    refused_calls_leave_files_as_they_were(&new_vault(&a));
+    // Files with a block map (docs/FORMAT.md §5.10), where a block written but not committed
+    // in the map would be an integrity error.
+    refused_calls_leave_files_as_they_were(&vault_with_block_map(&b, 4096));
+}
+
+fn refused_calls_leave_files_as_they_were(v: &Vault) {
     let root = v.root().unwrap();
     let l = v.content().layout;
+    let map = veilfs_core::content::blockmap::MapLayout::from(l);
+    let cipher_size = |p: u64| if v.content().block_map { map.cipher_size(p) } else { l.cipher_size(p) };
     let bs = l.block_size;
     let d = data(40_000, 9);
     let mut cases = 0;
@@ -106,7 +118,7 @@ fn a_refused_grow_or_truncate_leaves_the_file_as_it_was() {
                 Op::Write { off, len } => p0.max(off + len as u64),
                 Op::Truncate(n) => n,
             };
-            let (c0, c1) = (l.cipher_size(p0), l.cipher_size(new));
+            let (c0, c1) = (cipher_size(p0), cipher_size(new));
             // The disk fills beyond the file's current end (space the file holds is never
             // refused): every byte near the old and the new end, a sample in between.
             let mut limits: Vec<u64> = (c0..c1 + 2).step_by(61).collect();
@@ -115,13 +127,16 @@ fn a_refused_grow_or_truncate_leaves_the_file_as_it_was() {
             for limit in limits {
                 for defer in [false, true] {
                     cases += 1;
-                    if !case(&v, &root, &old, op, limit, defer, &d) {
+                    if !case(v, &root, &old, op, limit, defer, &d) {
                         refused += 1;
                     }
                 }
             }
         }
     }
-    eprintln!("{cases} cases, {refused} refused by the limit, every file intact");
+    eprintln!(
+        "{cases} cases, {refused} refused by the limit, every file intact (block map: {})",
+        v.content().block_map
+    );
     assert!(refused > cases / 3, "the limit must refuse many of the calls: {refused} of {cases}");
 }

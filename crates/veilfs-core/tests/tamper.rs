@@ -9,16 +9,6 @@ const B: usize = 4096;
 const CB: u64 = 4096 + 28;
 const H: u64 = 36;
 
-fn assert_auth<T: std::fmt::Debug>(r: veilfs_core::Result<T>, needle: &str) {
-    match r {
-        Err(Error::Auth { what, detail }) => {
-            let msg = format!("{what}: {detail}");
-            assert!(msg.contains(needle), "integrity error {msg:?} should mention {needle:?}");
-        }
-        other => panic!("expected an integrity error mentioning {needle:?}, got {other:?}"),
-    }
-}
-
 fn setup() -> (tempfile::TempDir, Vault) {
     let t = tempfile::tempdir().unwrap();
     let v = new_vault(t.path());

@@ -114,7 +114,7 @@ pub const fn node_count(k: u64) -> u64 {
 }
 
 /// The first group of span `j`.
-const fn span_first_group(j: u64) -> u64 {
+pub const fn span_first_group(j: u64) -> u64 {
     group_of(j * SPAN_BLOCKS)
 }
 

@@ -14,7 +14,9 @@
 //! - `settle`: the session's bookkeeping (UNSETTLED, deferred holes), settling and sync;
 //! - `stashing`: the writer's side of the stashes (docs/FORMAT.md §5.8, §5.9);
 //! - `recover`: a file found UNSETTLED at open — read by the crash rules, then rewritten;
-//! - `salvage`: what still authenticates of a damaged file, for fsck and export.
+//! - `salvage`: what still authenticates of a damaged file, for fsck and export;
+//! - `mapped`: files with a block map (feature `"block-map"`): header v2, the map's reader
+//!   and writer.
 
 use crate::content::block::BlockCodec;
 use crate::content::header::{FileHeader, FileId, FLAG_SPARSE, FLAG_UNSETTLED, HEADER_LEN};
@@ -30,6 +32,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+mod mapped;
 mod read;
 mod recover;
 mod salvage;
@@ -59,13 +62,24 @@ pub struct ContentCtx {
     /// file in the order that keeps such an end (docs/FORMAT.md §5.7, §5.8). A writer needs
     /// `stashes` for it.
     pub ordered_growth: bool,
+    /// Feature `"block-map"`: files carry header v2 and a block map (docs/FORMAT.md §5.10),
+    /// read and written by `mapped`; the v1 crash rules above do not apply to them.
+    pub block_map: bool,
 }
 
 impl ContentCtx {
     /// A context for `cipher` with `block_size`-byte blocks (without `"unsettled-tails"`).
     pub fn new(cipher: ContentCipher, block_size: u32, keys: Arc<SubKeys>) -> Self {
         let layout = Layout::new(block_size.into(), cipher.overhead() as u64);
-        ContentCtx { cipher, layout, keys, unsettled_tails: false, stashes: None, ordered_growth: false }
+        ContentCtx {
+            cipher,
+            layout,
+            keys,
+            unsettled_tails: false,
+            stashes: None,
+            ordered_growth: false,
+            block_map: false,
+        }
     }
 
     /// The same context with feature `"ordered-growth"` on or off (it counts only with
@@ -73,6 +87,26 @@ impl ContentCtx {
     pub fn with_ordered_growth(mut self, on: bool) -> Self {
         self.ordered_growth = on;
         self
+    }
+
+    /// The same context with feature `"block-map"` on or off.
+    pub fn with_block_map(mut self, on: bool) -> Self {
+        self.block_map = on;
+        self
+    }
+
+    /// The plaintext size a ciphertext file of `cipher_size` bytes has, without reading it:
+    /// for listings and attributes. An impossible size gives the size of the blocks it holds
+    /// whole ([`Layout::plain_size_lenient`]); reading such a file is an integrity error. With
+    /// `"block-map"` the size follows that layout (docs/FORMAT.md §5.10): an impossible one,
+    /// or an all-zero header, gives 0.
+    pub fn plain_size_lenient(&self, cipher_size: u64) -> u64 {
+        match self.block_map {
+            true => {
+                crate::content::blockmap::MapLayout::from(self.layout).plain_size(cipher_size).map_or(0, |(p, _)| p)
+            }
+            false => self.layout.plain_size_lenient(cipher_size),
+        }
     }
 
     /// Whether the crash rules of `"ordered-growth"` apply (docs/FORMAT.md §5.8).
@@ -175,6 +209,8 @@ pub struct CryptFile {
     /// The size the last truncate or `fallocate` of this process gave the file: asked for
     /// and confirmed, so [`drop_lost`](Self::drop_lost) never cuts below it.
     sized_to: AtomicU64,
+    /// The block map of a file in a vault with `"block-map"` (see `mapped`).
+    map: Mutex<mapped::MapState>,
 }
 
 /// The writer's side of an inner-block stash: a ring of records.
@@ -215,8 +251,11 @@ impl CryptFile {
             epoch: RwLock::new(()),
             lost_from: AtomicU64::new(u64::MAX),
             sized_to: AtomicU64::new(0),
+            map: Mutex::new(mapped::MapState::default()),
         };
-        if f.load_header()? == HDR_ZERO {
+        if f.ctx.block_map {
+            f.load_map()?;
+        } else if f.load_header()? == HDR_ZERO {
             f.load_zero_view()?;
         } else if f.unsettled.load(Ordering::Acquire) {
             f.load_view()?;
@@ -286,6 +325,9 @@ impl CryptFile {
     /// Authenticates the header (and that it carries this file's ID) without reading any
     /// block: for fsck, on a file whose ciphertext is a header alone (an empty file).
     pub fn verify_header(&self) -> Result<()> {
+        if self.ctx.block_map {
+            return self.load_map();
+        }
         self.load_header().map(drop)
     }
 
@@ -295,6 +337,9 @@ impl CryptFile {
 
     /// Plaintext size from the backing file's size.
     pub fn plain_size(&self) -> Result<u64> {
+        if self.ctx.block_map {
+            return self.plain_size_map();
+        }
         if self.has_view.load(Ordering::Acquire) {
             if let Some(t) = self.view.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 return Ok(t.size);

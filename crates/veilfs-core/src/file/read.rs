@@ -73,6 +73,9 @@ impl CryptFile {
 
     /// Reads up to `buf.len()` bytes at `off` from a file of `size` plaintext bytes.
     pub fn read_at(&self, buf: &mut [u8], off: u64, size: u64) -> Result<usize> {
+        if self.ctx.block_map {
+            return self.read_at_map(buf, off, size);
+        }
         if off >= size || buf.is_empty() {
             return Ok(0);
         }

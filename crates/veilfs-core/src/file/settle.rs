@@ -94,7 +94,9 @@ impl CryptFile {
         }
         let _e = self.epoch.write().unwrap_or_else(|e| e.into_inner());
         let size = self.plain_size()?;
-        let cut = {
+        let cut = if self.ctx.block_map {
+            self.made_hole_from(lost)
+        } else {
             let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             p.iter().filter(|&&(_, b)| b > lost).map(|&(a, _)| a.max(lost)).min()
         };

@@ -19,6 +19,9 @@ impl CryptFile {
     }
 
     pub(super) fn truncate_now(&self, new_size: u64, size: u64) -> Result<()> {
+        if self.ctx.block_map {
+            return self.truncate_map(new_size, size);
+        }
         let l = self.ctx.layout;
         self.recover_tail()?;
         if new_size == 0 {

@@ -99,7 +99,10 @@ impl CryptFile {
         if data.is_empty() {
             return Ok(size);
         }
-        self.keeping_setid(|| self.write_at_now(data, off, size))
+        match self.ctx.block_map {
+            true => self.keeping_setid(|| self.write_at_map(data, off, size)),
+            false => self.keeping_setid(|| self.write_at_now(data, off, size)),
+        }
     }
 
     pub(super) fn write_at_now(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {

@@ -259,7 +259,8 @@ impl Vault {
         let ordered = config.has_feature(crate::config::FEATURE_ORDERED_GROWTH);
         let mut ctx = ContentCtx::new(config.cipher, config.block_size, Arc::new(keys))
             .with_unsettled_tails(unsettled)
-            .with_ordered_growth(ordered);
+            .with_ordered_growth(ordered)
+            .with_block_map(config.has_feature(crate::config::FEATURE_BLOCK_MAP));
         // Every writer of a vault with the feature keeps stashes: the writer of
         // "ordered-growth" cannot grow a file without its record (docs/FORMAT.md §5.7).
         if unsettled {

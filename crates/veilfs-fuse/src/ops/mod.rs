@@ -327,6 +327,11 @@ impl VeilFs {
     /// The attributes of `node` given its backing `st`.
     pub(crate) fn attr_of(&self, node: &Node, st: &Stat) -> FileAttr {
         let size = node.file.as_ref().and_then(|f| f.open_size());
+        // A closed file's size from its ciphertext size, by its vault's layout.
+        let size = size.or_else(|| {
+            (attr::kind(st.st_mode) == fuser::FileType::RegularFile)
+                .then(|| self.ctx.plain_size_lenient(st.st_size as u64))
+        });
         attr::file_attr(st, node.id, &self.layout, size)
     }
 }

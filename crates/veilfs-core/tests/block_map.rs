@@ -1,0 +1,340 @@
+//! Files with a block map (feature `"block-map"`, docs/FORMAT.md §5.10): round trips at the
+//! edges of blocks, groups and spans, holes, a session of mixed writes against a model, and
+//! the rollbacks the map exists to catch, each named by attack. Vaults here use 512-byte
+//! blocks so that a span (2^15 blocks) is 16 MiB.
+
+use crate::common::*;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use veilfs_core::content::blockmap::{group_start, MapLayout, HEADER_V2_LEN, SPAN_BLOCKS};
+use veilfs_core::{CipherDir, Vault};
+
+const B: u64 = 512;
+const L: MapLayout = MapLayout::new(B, 28);
+
+fn setup() -> (tempfile::TempDir, Vault, CipherDir) {
+    let t = tempfile::tempdir().unwrap();
+    let v = vault_with_block_map(t.path(), B as u32);
+    assert!(v.content().block_map);
+    let root = v.root().unwrap();
+    (t, v, root)
+}
+
+fn open_rw(v: &Vault, root: &CipherDir, name: &str) -> veilfs_core::CryptFile {
+    let e = v.lookup(root, name.as_bytes()).unwrap().unwrap();
+    v.open_file(root, &e, libc::O_RDWR).unwrap()
+}
+
+/// Reads `name` through a new handle of a reopened vault (nothing cached).
+fn read_fresh(dir: &std::path::Path, root: &CipherDir, name: &str) -> veilfs_core::Result<Vec<u8>> {
+    read_file(&reopen(dir), root, name)
+}
+
+fn snapshot(p: &PathBuf) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+#[test]
+fn files_round_trip_at_block_and_group_edges() {
+    let (t, v, root) = setup();
+    let sizes = [0, 1, B - 1, B, B + 1, 2 * B, 3 * B + 7, 4 * B, 5 * B - 1, 8 * B + 1, 255 * B, 256 * B, 256 * B + 1];
+    let sizes = sizes.iter().chain(&[257 * B + 3, 512 * B, 512 * B + 1]);
+    for (i, &s) in sizes.enumerate() {
+        let name = format!("f{i}");
+        let d = data(s as usize, i as u8);
+        write_file(&v, &root, &name, &d);
+        assert_eq!(read_fresh(t.path(), &root, &name).unwrap(), d, "size {s}");
+        let c = snapshot(&cipher_path(&v, &root, &name));
+        assert_eq!(c.len() as u64, L.cipher_size(s), "size {s}");
+        if s > 0 {
+            assert_eq!(&c[..2], &[0, 2], "header v2");
+        }
+    }
+}
+
+#[test]
+fn files_round_trip_at_span_edges_and_a_changed_node_is_an_integrity_error() {
+    let (t, v, root) = setup();
+    for (i, k) in [SPAN_BLOCKS - 1, SPAN_BLOCKS, SPAN_BLOCKS + 1, 2 * SPAN_BLOCKS + 1].into_iter().enumerate() {
+        let name = format!("s{i}");
+        let d = data((k * B - 3) as usize, i as u8);
+        // Written in 1 MiB pieces, as import does.
+        let (_, f) = v.create_file(&root, name.as_bytes(), 0o644).unwrap();
+        let mut size = 0;
+        for piece in d.chunks(1 << 20) {
+            size = f.write_at(piece, size, size).unwrap();
+        }
+        drop(f);
+        assert_eq!(read_fresh(t.path(), &root, &name).unwrap(), d, "{k} blocks");
+        assert_eq!(std::fs::metadata(cipher_path(&v, &root, &name)).unwrap().len(), L.cipher_size(k * B - 3));
+    }
+    // Cut back into span 0 (node 0 goes), grown past it again (node 0 is written anew), and
+    // a block of span 0 rewritten (node 0 changes).
+    let f = open_rw(&v, &root, "s3");
+    let mut d = data(((2 * SPAN_BLOCKS + 1) * B - 3) as usize, 3);
+    let size = d.len() as u64;
+    f.truncate((SPAN_BLOCKS - 1) * B + 9, size).unwrap();
+    d.truncate(((SPAN_BLOCKS - 1) * B + 9) as usize);
+    f.write_at(b"past the span", (SPAN_BLOCKS + 4) * B, d.len() as u64).unwrap();
+    d.resize(((SPAN_BLOCKS + 4) * B) as usize, 0);
+    d.extend_from_slice(b"past the span");
+    f.write_at(b"inside", 7 * B, d.len() as u64).unwrap();
+    d[7 * B as usize..7 * B as usize + 6].copy_from_slice(b"inside");
+    drop(f);
+    assert!(read_fresh(t.path(), &root, "s3").unwrap() == d);
+    // Node 0 of the file of S + 1 blocks, changed: the root no longer matches.
+    let p = cipher_path(&v, &root, "s2");
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(&[0xff], L.node_offset(0) + 5).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "s2"), "root");
+}
+
+#[test]
+fn appends_overwrites_holes_and_truncates_in_one_session_match_a_model() {
+    let (t, v, root) = setup();
+    write_file(&v, &root, "m", b"");
+    let f = open_rw(&v, &root, "m");
+    let mut model: Vec<u8> = Vec::new();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    for step in 0..300 {
+        let size = model.len() as u64;
+        match next(10) {
+            // Truncate to anywhere in 0..size + 40 blocks.
+            0 => {
+                let n = next(size + 40 * B + 1);
+                f.truncate(n, size).unwrap();
+                model.resize(n as usize, 0);
+            }
+            // Append, write inside, or write past the end (a hole).
+            _ => {
+                let off = match next(3) {
+                    0 => size,
+                    1 => next(size + 1),
+                    _ => size + next(300 * B),
+                };
+                let d = data(next(6 * B) as usize + 1, step as u8);
+                let new = f.write_at(&d, off, size).unwrap();
+                let end = off as usize + d.len();
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[off as usize..end].copy_from_slice(&d);
+                assert_eq!(new, model.len() as u64);
+            }
+        }
+        let mut buf = vec![0u8; model.len()];
+        assert_eq!(f.read_at(&mut buf, 0, model.len() as u64).unwrap(), model.len());
+        assert!(buf == model, "step {step}: the handle reads what was written");
+        if step % 25 == 0 {
+            assert!(read_fresh(t.path(), &root, "m").unwrap() == model, "step {step}: a new reader too");
+        }
+    }
+    drop(f);
+    assert!(read_fresh(t.path(), &root, "m").unwrap() == model);
+}
+
+#[test]
+fn holes_read_as_zeros_and_a_written_block_replaced_by_zeros_is_an_integrity_error() {
+    let (t, v, root) = setup();
+    let (_, f) = v.create_file(&root, b"h", 0o644).unwrap();
+    f.write_at(b"start", 0, 0).unwrap();
+    f.write_at(b"end", 100 * B, 5).unwrap();
+    drop(f);
+    let mut want = vec![0u8; 100 * B as usize + 3];
+    want[..5].copy_from_slice(b"start");
+    want[100 * B as usize..].copy_from_slice(b"end");
+    assert_eq!(read_fresh(t.path(), &root, "h").unwrap(), want);
+    // A v1 file with SPARSE reads any all-zero inner block as a hole; here only a block the
+    // map says is a hole does.
+    let p = cipher_path(&v, &root, "h");
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(&[0u8; (B + 28) as usize], L.block_offset(0)).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "h"), "block 0 is not the version");
+}
+
+#[test]
+fn a_hole_stays_a_hole_when_an_older_block_is_put_back_there() {
+    let (t, v, root) = setup();
+    let d = data(10 * B as usize, 1);
+    write_file(&v, &root, "f", &d);
+    let p = cipher_path(&v, &root, "f");
+    let old = snapshot(&p);
+    // Cut to 1 block, grow to 10 again: blocks 1–8 are holes now.
+    let f = open_rw(&v, &root, "f");
+    f.truncate(B, 10 * B).unwrap();
+    f.truncate(10 * B, B).unwrap();
+    drop(f);
+    let (a, b) = (L.block_offset(4) as usize, (L.block_offset(4) + B + 28) as usize);
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().write_all_at(&old[a..b], a as u64).unwrap();
+    let got = read_fresh(t.path(), &root, "f").unwrap();
+    assert_eq!(&got[..B as usize], &d[..B as usize]);
+    assert!(got[B as usize..].iter().all(|&x| x == 0), "the older block 4 does not come back");
+}
+
+#[test]
+fn an_older_copy_of_a_block_put_back_is_an_integrity_error() {
+    let (t, v, root) = setup();
+    write_file(&v, &root, "f", &data(20 * B as usize, 1));
+    let p = cipher_path(&v, &root, "f");
+    let old = snapshot(&p);
+    // Block 5 is rewritten (same size); its older copy, which still opens as block 5 of this
+    // file (v1 would accept it), is put back.
+    let f = open_rw(&v, &root, "f");
+    f.write_at(b"new", 5 * B + 10, 20 * B).unwrap();
+    drop(f);
+    let (a, b) = (L.block_offset(5) as usize, (L.block_offset(5) + B + 28) as usize);
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().write_all_at(&old[a..b], a as u64).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "block 5 is not the version the header commits to");
+    // The older copy together with its map block too: the root catches it.
+    let g = veilfs_core::content::blockmap::group_of(5);
+    let (ma, mb) = (L.map_offset(g) as usize, (L.map_offset(g) + 16 * (group_start(g + 1) - group_start(g))) as usize);
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().write_all_at(&old[ma..mb], ma as u64).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "root");
+}
+
+#[test]
+fn an_older_header_with_the_newer_body_is_an_integrity_error() {
+    let (t, v, root) = setup();
+    write_file(&v, &root, "f", &data(20 * B as usize, 2));
+    let p = cipher_path(&v, &root, "f");
+    let old = snapshot(&p);
+    let f = open_rw(&v, &root, "f");
+    f.write_at(b"newer", 7 * B, 20 * B).unwrap();
+    drop(f);
+    let new = snapshot(&p);
+    let h = HEADER_V2_LEN;
+    // The older header on the newer body.
+    let mut c = old[..h].to_vec();
+    c.extend_from_slice(&new[h..]);
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "root");
+    // And the reverse: the newer header on the older body.
+    let mut c = new[..h].to_vec();
+    c.extend_from_slice(&old[h..]);
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "root");
+    // Both as they were read as they were.
+    std::fs::write(&p, &new).unwrap();
+    assert_eq!(&read_fresh(t.path(), &root, "f").unwrap()[7 * B as usize..7 * B as usize + 5], b"newer");
+}
+
+#[test]
+fn the_newer_header_with_an_older_final_block_is_an_integrity_error() {
+    let (t, v, root) = setup();
+    let d = data(6 * B as usize + 300, 3);
+    write_file(&v, &root, "f", &d);
+    let p = cipher_path(&v, &root, "f");
+    let old = snapshot(&p);
+    // A truncate inside the final block: same block count, shorter final block.
+    let f = open_rw(&v, &root, "f");
+    f.truncate(6 * B + 100, 6 * B + 300).unwrap();
+    drop(f);
+    let new = snapshot(&p);
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), d[..6 * B as usize + 100]);
+    // The older, longer final block (which opens as block 6, last, of this file) after the
+    // newer header and map.
+    let mut c = new[..L.block_offset(6) as usize].to_vec();
+    c.extend_from_slice(&old[L.block_offset(6) as usize..]);
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "block 6 is not the version the header commits to");
+    // A truncate to fewer blocks, then the older tail put back after the newer header.
+    std::fs::write(&p, &new).unwrap();
+    let f = open_rw(&v, &root, "f");
+    f.truncate(2 * B + 5, 6 * B + 100).unwrap();
+    drop(f);
+    let mut c = snapshot(&p)[..HEADER_V2_LEN].to_vec();
+    c.extend_from_slice(&old[HEADER_V2_LEN..]);
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "header commits to 3");
+}
+
+#[test]
+fn a_cut_at_a_group_boundary_is_an_integrity_error() {
+    let (t, v, root) = setup();
+    // 300 blocks: groups 0–8 hold blocks 0–255, group 9 the rest.
+    write_file(&v, &root, "f", &data(256 * B as usize, 4));
+    let p = cipher_path(&v, &root, "f");
+    let at_256 = snapshot(&p);
+    let f = open_rw(&v, &root, "f");
+    f.write_at(&data(44 * B as usize, 5), 256 * B, 256 * B).unwrap();
+    drop(f);
+    let full = snapshot(&p);
+    // Cut where group 9's map block starts: a valid size for a file of 256 blocks.
+    let cut = L.map_offset(9) as usize;
+    assert_eq!(L.plain_size(cut as u64).unwrap(), (256 * B, 256));
+    std::fs::write(&p, &full[..cut]).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "header commits to 300");
+    // With the header of when the file had 256 blocks: block 255 has since been re-sealed
+    // as an inner block, so its leaf is not the one that header's root commits to.
+    let mut c = at_256[..HEADER_V2_LEN].to_vec();
+    c.extend_from_slice(&full[HEADER_V2_LEN..cut]);
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "root");
+    // The whole file as it was still reads whole (a whole-file rollback is layer 2's job).
+    std::fs::write(&p, &full).unwrap();
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap().len() as u64, 300 * B);
+}
+
+#[test]
+fn new_vaults_do_not_name_block_map_and_keep_header_v1() {
+    let t = tempfile::tempdir().unwrap();
+    let v = new_vault(t.path());
+    assert!(!v.content().block_map);
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", b"hello");
+    let c = snapshot(&cipher_path(&v, &root, "f"));
+    assert_eq!((&c[..2], c.len()), (&[0u8, 1][..], 36 + 5 + 28));
+}
+
+#[test]
+fn a_first_write_cut_before_its_header_reads_as_an_empty_file_and_can_be_written_again() {
+    // The writer puts a first write's blocks and map out before its header: a crash between
+    // them leaves an all-zero header (FORMAT.md §5.10, "Reading" rule 1), an empty file.
+    let (t, v, root) = setup();
+    write_file(&v, &root, "f", &data(3 * B as usize, 6));
+    let p = cipher_path(&v, &root, "f");
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().write_all_at(&[0u8; HEADER_V2_LEN], 0).unwrap();
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), b"");
+    let f = open_rw(&v, &root, "f");
+    assert_eq!(f.plain_size().unwrap(), 0);
+    f.write_at(b"again", 0, 0).unwrap();
+    drop(f);
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), b"again");
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), L.cipher_size(5), "the old blocks are gone");
+    // A header of another file, or one byte of it changed, is no empty file.
+    let mut c = snapshot(&p);
+    c[HEADER_V2_LEN - 1] ^= 1;
+    std::fs::write(&p, &c).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "header");
+}
+
+#[test]
+fn a_lost_write_back_cuts_the_file_at_the_hole_it_left() {
+    // As in tests/lost_write.rs: blocks 0-1 then 6-7 arrive, the write of 2-5 was refused
+    // after the kernel acknowledged it. Here a hole is a zero leaf, which reads as zeros at
+    // once, so the cut matters even before any settle.
+    let (t, v, root) = setup();
+    let a = data(8 * B as usize, 1);
+    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    f.set_defer_sparse(true);
+    let size = f.write_at(&a[..2 * B as usize], 0, 0).unwrap();
+    assert_eq!(f.write_at(&a[6 * B as usize..], 6 * B, size).unwrap(), 8 * B);
+    f.lost_write(2 * B);
+    assert_eq!(f.drop_lost().unwrap(), Some(2 * B), "cut at the lost write's hole");
+    drop(f);
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), a[..2 * B as usize]);
+    // A hole a truncate made, or one filled since, is not cut.
+    let (_, g) = v.create_file(&root, b"g", 0o644).unwrap();
+    let size = g.write_at(&a[..B as usize], 0, 0).unwrap();
+    g.truncate(6 * B, size).unwrap();
+    let size = g.write_at(&a[8 * B as usize - 10..], 7 * B, 6 * B).unwrap();
+    let size = g.write_at(&a[..B as usize], 6 * B, size).unwrap();
+    g.lost_write(B);
+    assert_eq!(g.drop_lost().unwrap(), Some(size), "nothing to cut");
+}
