@@ -13,6 +13,27 @@ use veilfs_core::keys::MasterKey;
 use veilfs_core::names::SpecialBinding;
 use veilfs_core::{EntryKind, NameCipher, RecoveryKey, Secret, VaultConfig};
 
+/// Whether python3 with `cryptography` is there for the reference reader; without it a test
+/// skips, except under CI=true, where it fails.
+fn reference_reader_can_run() -> bool {
+    let py = std::process::Command::new("python3").args(["-c", "import cryptography"]).output();
+    if py.is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    let msg = "the reference reader needs python3 with cryptography (pip install cryptography)";
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
+    eprintln!("SKIPPED: {msg}");
+    false
+}
+
+/// Runs `args` (program first), fails the test unless it succeeds, and gives its output.
+fn run(args: &[&str]) -> String {
+    let o = std::process::Command::new(args[0]).args(&args[1..]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{args:?}: {text}");
+    text
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -585,21 +606,10 @@ fn format_v1_known_answers() {
 /// the mount tests do); python3 with `cryptography` is required under CI=true.
 #[test]
 fn reference_reader_reads_special_files_of_vaults_with_and_without_special_kinds() {
-    use std::process::Command;
-    let py = Command::new("python3").args(["-c", "import cryptography"]).output();
-    if !py.is_ok_and(|o| o.status.success()) {
-        let msg = "the reference reader needs python3 with cryptography (pip install cryptography)";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
-        eprintln!("SKIPPED: {msg}");
+    if !reference_reader_can_run() {
         return;
     }
     let bin = env!("CARGO_BIN_EXE_veilfs");
-    let run = |args: &[&str]| {
-        let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(o.status.success(), "{args:?}: {text}");
-        text
-    };
     let t = tempfile::tempdir().unwrap();
     let (src, pf) = (t.path().join("src"), t.path().join("pass"));
     std::fs::create_dir(&src).unwrap();
@@ -645,22 +655,11 @@ fn reference_reader_reads_special_files_of_vaults_with_and_without_special_kinds
 /// in both. python3 with `cryptography` is required under CI=true.
 #[test]
 fn reference_reader_reads_directories_of_vaults_with_and_without_iv_in_name() {
-    use std::process::Command;
     use veilfs_core::diriv::IvCopy;
-    let py = Command::new("python3").args(["-c", "import cryptography"]).output();
-    if !py.is_ok_and(|o| o.status.success()) {
-        let msg = "the reference reader needs python3 with cryptography (pip install cryptography)";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
-        eprintln!("SKIPPED: {msg}");
+    if !reference_reader_can_run() {
         return;
     }
     let bin = env!("CARGO_BIN_EXE_veilfs");
-    let run = |args: &[&str]| {
-        let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(o.status.success(), "{args:?}: {text}");
-        text
-    };
     let t = tempfile::tempdir().unwrap();
     let (src, pf) = (t.path().join("src"), t.path().join("pass"));
     std::fs::create_dir_all(src.join("a/b")).unwrap();
@@ -700,21 +699,10 @@ fn reference_reader_reads_directories_of_vaults_with_and_without_iv_in_name() {
 #[test]
 fn reference_reader_reads_files_of_a_vault_with_block_map() {
     use std::os::unix::fs::FileExt;
-    use std::process::Command;
-    let py = Command::new("python3").args(["-c", "import cryptography"]).output();
-    if !py.is_ok_and(|o| o.status.success()) {
-        let msg = "the reference reader needs python3 with cryptography (pip install cryptography)";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}: refusing to skip under CI=true");
-        eprintln!("SKIPPED: {msg}");
+    if !reference_reader_can_run() {
         return;
     }
     let bin = env!("CARGO_BIN_EXE_veilfs");
-    let run = |args: &[&str]| {
-        let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(o.status.success(), "{args:?}: {text}");
-        text
-    };
     let t = tempfile::tempdir().unwrap();
     let (src, pf, v) = (t.path().join("src"), t.path().join("pass"), t.path().join("v"));
     std::fs::create_dir(&src).unwrap();

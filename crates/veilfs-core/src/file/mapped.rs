@@ -74,20 +74,7 @@ impl MapState {
 
     /// Forgets the holes in blocks `a..b` (written, or cut off).
     fn fill_holes(&mut self, a: u64, b: u64) {
-        let mut out = Vec::with_capacity(self.made_holes.len() + 1);
-        for &(x, y) in &self.made_holes {
-            if y <= a || b <= x {
-                out.push((x, y));
-                continue;
-            }
-            if x < a {
-                out.push((x, a));
-            }
-            if b < y {
-                out.push((b, y));
-            }
-        }
-        self.made_holes = out;
+        self.made_holes = super::without_range(&self.made_holes, a, b);
     }
 }
 

@@ -133,6 +133,25 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// The block ranges `ranges` (half-open, `[x, y)`) with blocks `a..b` taken out: a range
+/// inside it goes, one that overlaps it is cut, one that spans it is split in two.
+fn without_range(ranges: &[(u64, u64)], a: u64, b: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(ranges.len() + 1);
+    for &(x, y) in ranges {
+        if y <= a || b <= x {
+            out.push((x, y));
+            continue;
+        }
+        if x < a {
+            out.push((x, a));
+        }
+        if b < y {
+            out.push((b, y));
+        }
+    }
+    out
+}
+
 /// Runs `f` with two scratch buffers of at least `a` and `b` bytes (contents unspecified).
 fn with_scratch<R>(a: usize, b: usize, f: impl FnOnce(&mut [u8], &mut [u8]) -> R) -> R {
     SCRATCH.with(|cell| match cell.try_borrow_mut() {

@@ -5,7 +5,7 @@
 //! settling (the last close, fsync) writes the header that describes the file as it is and
 //! ends the session. The rules are on `set_defer_sparse`.
 
-use super::{CryptFile, HDR_ABSENT, HDR_PLAIN, HDR_SPARSE, HDR_UNKNOWN};
+use super::{without_range, CryptFile, HDR_ABSENT, HDR_PLAIN, HDR_SPARSE, HDR_UNKNOWN};
 use crate::crash;
 use crate::error::{IoContext, Result};
 use crate::sys;
@@ -189,20 +189,7 @@ impl CryptFile {
             return;
         }
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::with_capacity(p.len() + 1);
-        for &(x, y) in p.iter() {
-            if y <= a || b <= x {
-                out.push((x, y));
-                continue;
-            }
-            if x < a {
-                out.push((x, a));
-            }
-            if b < y {
-                out.push((b, y));
-            }
-        }
-        *p = out;
+        *p = without_range(&p, a, b);
         self.has_pending.store(!p.is_empty(), Ordering::Release);
     }
 
