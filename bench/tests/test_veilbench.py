@@ -8,6 +8,7 @@ failures), Markdown rendering and the output checker.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -364,8 +365,10 @@ class WarmGroupTest(unittest.TestCase):
         self.assertEqual(sorted(ctx.values), sorted(m.name for m in group.metrics))
         self.assertTrue(all(not m.higher_is_better and m.unit == "s" for m in group.metrics))
         for i, (kind, cmd) in enumerate(log):
-            if kind == "timed":
+            if kind == "timed" and log[i - 1] != ("timed", cmd):
                 self.assertEqual(log[i - 1], ("run", cmd), f"{cmd} ran once before it was timed")
+        status = [c for k, c in log if k == "timed" and "status" in c]
+        self.assertEqual(len(status), workloads.RUNS["git_status"], "git status: the median of several runs")
         self.assertIn(("timed", ["find", str(top), "-newer", "/m/warm-ref"]), log)
         self.assertTrue(any(k == "run" and "clone" in c for k, c in log), "the checkout is cloned untimed")
 
@@ -477,8 +480,9 @@ class OtherMachineTest(unittest.TestCase):
             (store / "d" / "sub" / "deep.c").write_text("deep\n")
             d = om.Delivery(plain=other / "d", source=other / "d", target=store / "d")
             status = Path(tmp) / "writer.status"
+            here = om.cpu_list(frozenset(sorted(os.sched_getaffinity(0))[:1]))   # deliveries via taskset
             proc = subprocess.Popen([sys.executable, "-m", "veilbench.othermachine", str(status), "0.05",
-                                     *d.args()], cwd=BENCH, start_new_session=True)
+                                     here, *d.args()], cwd=BENCH, start_new_session=True)
             try:
                 deadline = time.monotonic() + 20
                 while self._changes(status) < 12 and time.monotonic() < deadline:
@@ -493,6 +497,56 @@ class OtherMachineTest(unittest.TestCase):
             self.assertEqual((store / "d" / "kept.c").read_text(), "int x;\n")
             self.assertEqual((store / "d" / "sub" / "deep.c").read_text(), "deep\n",
                              "a delivery touches the directory's own entries only")
+
+    def test_the_cpus_are_split_between_the_two_machines(self):
+        from veilbench.othermachine import CpuSplit, split_cpus
+        self.assertIsNone(split_cpus({3}), "one CPU: nothing to split")
+        self.assertEqual(split_cpus({0, 1}), CpuSplit(here=frozenset({0}), other=frozenset({1})))
+        self.assertEqual(split_cpus({0, 1, 2, 5, 7}),
+                         CpuSplit(here=frozenset({0, 1, 2}), other=frozenset({5, 7})))
+
+    def test_a_process_is_pinned_with_all_its_threads(self):
+        import subprocess
+        from veilbench.othermachine import pin_process
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            self.skipTest("needs two CPUs")
+        code = "import threading,time\n[threading.Thread(target=time.sleep,args=(30,)).start() for _ in range(3)]\ntime.sleep(30)"
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            deadline = time.monotonic() + 10
+            while len(os.listdir(f"/proc/{proc.pid}/task")) < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            pin_process(proc.pid, frozenset({cpus[-1]}))
+            tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+            self.assertEqual(len(tids), 4)
+            self.assertTrue(all(os.sched_getaffinity(t) == {cpus[-1]} for t in tids))
+        finally:
+            proc.kill()
+            proc.wait()
+
+    def test_the_measured_side_runs_on_its_cpus_and_gets_them_back(self):
+        import subprocess
+        from types import SimpleNamespace
+        from veilbench import workloads
+        from veilbench.othermachine import split_cpus
+        cpus = split_cpus()
+        if cpus is None:
+            self.skipTest("needs two CPUs")
+        before = os.sched_getaffinity(0)
+        daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            ctx = SimpleNamespace(mount=SimpleNamespace(pid=daemon.pid))
+            with self.assertRaises(RuntimeError):
+                with workloads._on_this_machine(ctx, cpus):
+                    self.assertEqual(os.sched_getaffinity(0), cpus.here)
+                    self.assertEqual(os.sched_getaffinity(daemon.pid), cpus.here)
+                    raise RuntimeError("a step failed")
+            self.assertEqual(os.sched_getaffinity(0), before)
+            self.assertEqual(os.sched_getaffinity(daemon.pid), before)
+        finally:
+            daemon.kill()
+            daemon.wait()
 
     @staticmethod
     def _changes(status: Path) -> int:

@@ -18,6 +18,14 @@ never shares a GIL with the driver's timing; it is stopped by PID (its process g
 rsync it started goes too) and counts its changes in a status file the driver reads
 before and after each timed step.
 
+The other machine gets CPUs of its own (:func:`split_cpus`: half of them; on a 2-core host
+one each).  Its mount's daemon and the writer run only there, and this machine's side -- the
+driver, the timed commands, the measured mount's daemon and the sync tool's deliveries into
+the measured store -- only on the rest.  Without the split, the other machine's work (a
+second FUSE daemon encrypting and fsyncing every change, for veilfs; a plain write, for
+plain) ran on the measured cores and was charged to the measured filesystem's row.  Every
+filesystem gets the same split, so the rows still compare side by side.
+
 This needs a store where one plaintext directory is one ciphertext directory (veilfs,
 gocryptfs, EncFS, securefs, a passthrough): a directory's change is then found in one
 directory of the store (:func:`cipher_dir`).  A filesystem whose store is a loop image, or
@@ -65,11 +73,48 @@ class Delivery:
         return [str(self.plain), str(self.source), str(self.target)]
 
 
-def deliver(d: Delivery, timeout: float = 60) -> None:
+def deliver(d: Delivery, timeout: float = 60, cpus: frozenset[int] | None = None) -> None:
     """What a sync tool does with one changed directory: new and changed files written
     under a temporary name and renamed into place, removed ones deleted; its
-    subdirectories untouched (``-d``: the directory's own entries only)."""
-    run(["rsync", "-d", "-lptgoD", "--delete", f"{d.source}/", f"{d.target}/"], timeout=timeout)
+    subdirectories untouched (``-d``: the directory's own entries only).  The sync tool
+    runs on the measured machine: *cpus* are that machine's (None: wherever the caller runs)."""
+    argv = ["rsync", "-d", "-lptgoD", "--delete", f"{d.source}/", f"{d.target}/"]
+    if cpus is not None:
+        argv = ["taskset", "-c", cpu_list(cpus), *argv]
+    run(argv, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """The measured machine's CPUs and the other machine's (disjoint)."""
+    here: frozenset[int]
+    other: frozenset[int]
+
+
+def split_cpus(available: set[int] | None = None) -> CpuSplit | None:
+    """The CPUs this process may use, split in two: the first half (rounded up) for the
+    measured machine, the rest for the other machine.  None on a single CPU: then both
+    share it, as before."""
+    cpus = sorted(os.sched_getaffinity(0) if available is None else available)
+    if len(cpus) < 2:
+        return None
+    cut = (len(cpus) + 1) // 2
+    return CpuSplit(here=frozenset(cpus[:cut]), other=frozenset(cpus[cut:]))
+
+
+def cpu_list(cpus: frozenset[int]) -> str:
+    """*cpus* as taskset(1) and the writer's command line spell them: ``0,2,3``."""
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def pin_process(pid: int, cpus: frozenset[int]) -> None:
+    """Every thread of *pid* (a FUSE daemon runs several) allowed only *cpus*; threads it
+    starts later inherit that.  A thread that ended meanwhile is skipped."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass
 
 
 def write_file(path: Path, data: bytes) -> None:
@@ -125,6 +170,7 @@ class OtherMachine:
         self.other = None                 # its MountSession
         self.writer: subprocess.Popen | None = None
         self.tokens: list[int] = []
+        self.cpus: CpuSplit | None = None
 
     def copy_store(self, timeout: float) -> None:
         """Run while the measured filesystem is unmounted: the other machine's copy."""
@@ -142,6 +188,14 @@ class OtherMachine:
         self.root = m.path
         self.copy_root = m.store
 
+    def split(self, cpus: CpuSplit | None) -> None:
+        """Gives the other machine *cpus.other* (its mount's daemon now, the writer when it
+        starts) and leaves *cpus.here* to the caller; see the module's docstring."""
+        self.cpus = cpus
+        pid = self.other.mount.pid if self.other is not None and self.other.mount else None
+        if cpus is not None and pid is not None:
+            pin_process(pid, cpus.other)
+
     def _remove_mountpoint(self) -> None:
         if not is_mounted(self.mnt):
             self.mnt.rmdir()
@@ -158,11 +212,15 @@ class OtherMachine:
         (past KEEP) the oldest deleted, then each directory delivered."""
         log = open(self.logdir / f"{self.mnt.name}-writer.log", "wb")
         argv = [sys.executable, "-m", "veilbench.othermachine", str(self.status), str(INTERVAL),
+                cpu_list(self.cpus.here) if self.cpus else "-",
                 *[a for d in deliveries for a in d.args()]]
+        other_cpus = self.cpus.other if self.cpus else None
         try:
             self.writer = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1],
                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                           start_new_session=True)
+                                           start_new_session=True,
+                                           preexec_fn=(lambda: os.sched_setaffinity(0, other_cpus))
+                                           if other_cpus else None)
         finally:
             log.close()
         writer = self.writer
@@ -200,7 +258,7 @@ class OtherMachine:
             raise StepError(f"{name} exists before the other machine wrote it")
         os.listdir(seen_dir)
         write_file(d.plain / name, b"written by the other machine\n")
-        deliver(d)
+        deliver(d, cpus=self.cpus.here if self.cpus else None)
         start = time.monotonic()
         while time.monotonic() - start < FRESH_LIMIT:
             if seen.exists() and name in os.listdir(seen_dir):
@@ -222,8 +280,10 @@ class OtherMachine:
 
 # ------------------------------------------------------------------ the writer process
 
-def write_loop(status: Path, interval: float, deliveries: list[Delivery]) -> None:
-    """The other machine at work until killed (see :meth:`OtherMachine.start_writer`)."""
+def write_loop(status: Path, interval: float, deliveries: list[Delivery],
+               deliver_on: frozenset[int] | None = None) -> None:
+    """The other machine at work until killed (see :meth:`OtherMachine.start_writer`);
+    its deliveries run on *deliver_on*, the measured machine's CPUs."""
     mine: dict[Delivery, list[Path]] = {d: [] for d in deliveries}
     changes = tick = 0
     while True:
@@ -231,7 +291,7 @@ def write_loop(status: Path, interval: float, deliveries: list[Delivery]) -> Non
         tick += 1
         for d in deliveries:
             changes += _change(d, mine[d], tick)
-            deliver(d)
+            deliver(d, cpus=deliver_on)
             tmp = status.with_suffix(".tmp")   # counted once delivered
             tmp.write_text(f"{changes} {tick}\n")
             os.replace(tmp, status)
@@ -257,13 +317,14 @@ def _change(d: Delivery, files: list[Path], tick: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    status, interval, rest = Path(argv[0]), float(argv[1]), argv[2:]
-    if not rest or len(rest) % 3:
-        print("usage: othermachine STATUS INTERVAL (PLAIN SOURCE TARGET)...", file=sys.stderr)
+    if len(argv) < 6 or (len(argv) - 3) % 3:
+        print("usage: othermachine STATUS INTERVAL DELIVER-CPUS|- (PLAIN SOURCE TARGET)...", file=sys.stderr)
         return 2
+    status, interval, cpus, rest = Path(argv[0]), float(argv[1]), argv[2], argv[3:]
+    deliver_on = None if cpus == "-" else frozenset(int(c) for c in cpus.split(","))
     deliveries = [Delivery(Path(rest[i]), Path(rest[i + 1]), Path(rest[i + 2]))
                   for i in range(0, len(rest), 3)]
-    write_loop(status, interval, deliveries)
+    write_loop(status, interval, deliveries, deliver_on)
     return 0
 
 
