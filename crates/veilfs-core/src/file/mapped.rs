@@ -30,6 +30,10 @@ use crate::maplog::{Log, NODE_BIT};
 use crate::sys;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// What [`CryptFile::read_root`] reads: every map block's hash the root's list gives, the
+/// leaves of the last span's map blocks, and the root.
+pub(super) type RootList = (Vec<Hash>, BTreeMap<u64, Vec<Leaf>>, Hash);
+
 /// The verified map of an open file with a block map.
 #[derive(Debug, Default)]
 pub(super) struct MapState {
@@ -147,11 +151,7 @@ impl CryptFile {
     /// Reads the root's list for a file of `k` blocks (its nodes and the map blocks of its
     /// last span, through `overlay`): the hash of every map block it gives, the leaves of the
     /// last span's, and the root they make.
-    pub(super) fn read_root(
-        &self,
-        k: u64,
-        overlay: Option<(&Log, u64)>,
-    ) -> Result<(Vec<Hash>, BTreeMap<u64, Vec<Leaf>>, Hash)> {
+    pub(super) fn read_root(&self, k: u64, overlay: Option<(&Log, u64)>) -> Result<RootList> {
         let ml = self.map_layout();
         let (mut hashes, mut leaves, mut list) = (Vec::new(), BTreeMap::new(), Vec::new());
         for j in 0..node_count(k) {
@@ -343,7 +343,11 @@ impl CryptFile {
     /// [`write_at`](Self::write_at) for a file with a block map: in a write session (see
     /// `mapsession`), the blocks in place, the map in memory.
     pub(super) fn write_at_map(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
-        self.write_map(data, off, size, false)
+        let mut size = size;
+        for (i, piece) in data.chunks(crate::maplog::WRITE_PIECE).enumerate() {
+            size = self.write_map(piece, off + (i * crate::maplog::WRITE_PIECE) as u64, size, false)?;
+        }
+        Ok(size)
     }
 
     /// [`write_at_map`](Self::write_at_map); `zeros`: the write of a growing truncate, whose
@@ -558,16 +562,22 @@ impl CryptFile {
 
     /// Brings the map in memory to a file of `k_new` blocks (it had `k_old`) whose changed
     /// groups, with their new cached leaves, are `dirty`; notes what the next commit writes.
+    /// The hashes of changed groups are stale until the commit's [`rehash`](Self::rehash):
+    /// nothing reads them before (their leaves stay cached, so no map block of theirs is
+    /// read and checked against them).
     /// Groups past the old end that no write touched are holes: their map block is zeros on
     /// disk already (the file was never longer than its old end since it was cut), so only
     /// their hash is needed.
     pub(super) fn stage_map(&self, st: &mut MapState, k_old: u64, k_new: u64, mut dirty: BTreeSet<u64>) {
         let ml = self.map_layout();
         let g_new = group_count(k_new);
-        st.hashes.truncate(g_new as usize);
-        st.leaves.retain(|g, _| *g < g_new);
-        st.write.retain(|g| *g < g_new);
-        st.changed.retain(|g| *g < g_new);
+        if (g_new as usize) < st.hashes.len() {
+            // Groups cut off (only a shrink gets here: every write pays for this otherwise).
+            st.hashes.truncate(g_new as usize);
+            st.leaves.retain(|g, _| *g < g_new);
+            st.write.retain(|g| *g < g_new);
+            st.changed.retain(|g| *g < g_new);
+        }
         let old_groups = group_count(k_old);
         for g in old_groups.saturating_sub(1)..g_new {
             // The old last group grows with holes when the file does; new groups are new.
@@ -579,33 +589,37 @@ impl CryptFile {
                 }
             }
         }
+        // New groups: holes only, unless a write changed them (hashed at the commit).
         let mut zero_hash: Option<(u64, Hash)> = None;
-        for g in 0..g_new {
+        while (st.hashes.len() as u64) < g_new {
+            let g = st.hashes.len() as u64;
             let len = ml.map_len(g, k_new);
-            if let Some(v) = st.leaves.get(&g).filter(|_| dirty.contains(&g)) {
-                let h = bm::hash(v.as_flattened());
-                match st.hashes.get_mut(g as usize) {
-                    Some(x) => *x = h,
-                    None => st.hashes.push(h),
-                }
-                st.write.insert(g);
-                st.changed.insert(g);
-            } else if g as usize >= st.hashes.len() {
-                // A group of holes only, past the old end.
-                let h = match zero_hash {
-                    Some((l, h)) if l == len => h,
-                    _ => bm::hash(&vec![0u8; len as usize]),
-                };
-                zero_hash = Some((len, h));
-                st.hashes.push(h);
-                st.changed.insert(g);
-            }
+            let h = match zero_hash {
+                Some((l, h)) if l == len => h,
+                _ => bm::hash(&vec![0u8; len as usize]),
+            };
+            zero_hash = Some((len, h));
+            st.hashes.push(h);
+            st.changed.insert(g);
+        }
+        // Changed groups are hashed once, at the commit (`rehash`), not at every write.
+        for g in dirty.into_iter().filter(|g| *g < g_new && st.leaves.contains_key(g)) {
+            st.write.insert(g);
+            st.changed.insert(g);
+        }
+    }
+
+    /// The hash of every group a write changed since the last commit, from its leaves.
+    fn rehash(&self, st: &mut MapState) {
+        for &g in &st.write {
+            st.hashes[g as usize] = bm::hash(st.leaves[&g].as_flattened());
         }
     }
 
     /// What a commit writes: the changed map blocks, and the nodes that are new or whose span
     /// has a changed map block, each as (`a` of its map record, offset, bytes).
-    pub(super) fn map_writes(&self, st: &MapState) -> Vec<(u64, u64, Vec<u8>)> {
+    pub(super) fn map_writes(&self, st: &mut MapState) -> Vec<(u64, u64, Vec<u8>)> {
+        self.rehash(st);
         let ml = self.map_layout();
         let mut out = Vec::new();
         for &g in &st.write {

@@ -34,6 +34,8 @@ pub(super) struct Session {
     pos: u64,
     /// Its next sequence number.
     seq: u64,
+    /// The MAC of its records.
+    mac: maplog::Keyed,
 }
 
 /// A session found UNSETTLED (a crash, or a writer elsewhere), read by its log.
@@ -84,15 +86,16 @@ impl CryptFile {
             .create(self.id())
             .map_err(|e| Error::io(format!("creating {}", dir.path_of(self.id()).display()), e))?;
         let g = st.generation + 1;
+        let mac = maplog::Keyed::new(&self.ctx.keys, self.id(), g);
         let mut recs = Vec::new();
-        maplog::push(&mut recs, &self.ctx.keys, self.id(), g, Kind::Size, 0, 0, &st.size.to_be_bytes());
+        mac.push(&mut recs, Kind::Size, 0, 0, &st.size.to_be_bytes());
         sys::pwrite_all(log.as_fd(), &recs, 0)
             .map_err(|e| Error::io(format!("writing {}", dir.path_of(self.id()).display()), e))?;
         crate::crash::point!("map.session_logged");
         st.generation = g;
         self.write_header_map(st, true)?;
         crate::crash::point!("map.session_started");
-        st.session = Some(Session { log, pos: recs.len() as u64, seq: 1 });
+        st.session = Some(Session { log, pos: recs.len() as u64, seq: 1, mac });
         Ok(())
     }
 
@@ -116,15 +119,14 @@ impl CryptFile {
         k_old: u64,
         new_size: Option<u64>,
     ) -> Result<()> {
-        let (keys, id, g) = (&self.ctx.keys, self.id(), st.generation);
         let s = st.session.as_mut().expect("a session is open");
         let mut recs = Vec::new();
         if let Some(p) = new_size {
-            maplog::push(&mut recs, keys, id, g, Kind::Size, s.seq, 0, &p.to_be_bytes());
+            s.mac.push(&mut recs, Kind::Size, s.seq, 0, &p.to_be_bytes());
             s.seq += 1;
         }
         for (n, r) in spans.iter().filter(|(n, _)| *n < k_old) {
-            maplog::push(&mut recs, keys, id, g, Kind::Block, s.seq, *n, &buf[r.clone()]);
+            s.mac.push(&mut recs, Kind::Block, s.seq, *n, &buf[r.clone()]);
             s.seq += 1;
         }
         if recs.is_empty() {
@@ -138,11 +140,10 @@ impl CryptFile {
     /// Logs block `n`'s new ciphertext `ct` and the size `size` the file takes with it (a
     /// shrinking truncate's new final block).
     pub(super) fn log_block(&self, st: &mut MapState, n: u64, ct: &[u8], size: u64) -> Result<()> {
-        let (keys, id, g) = (&self.ctx.keys, self.id(), st.generation);
         let s = st.session.as_mut().expect("a session is open");
         let mut recs = Vec::new();
-        maplog::push(&mut recs, keys, id, g, Kind::Size, s.seq, 0, &size.to_be_bytes());
-        maplog::push(&mut recs, keys, id, g, Kind::Block, s.seq + 1, n, ct);
+        s.mac.push(&mut recs, Kind::Size, s.seq, 0, &size.to_be_bytes());
+        s.mac.push(&mut recs, Kind::Block, s.seq + 1, n, ct);
         s.seq += 2;
         self.append_log(st, &recs)?;
         crate::crash::point!("map.blocks_logged");
@@ -158,15 +159,14 @@ impl CryptFile {
         let writes = self.map_writes(st);
         match st.session.take() {
             Some(s) => {
-                let (keys, id, g) = (&self.ctx.keys, *self.id(), st.generation);
-                let root = bm::map_root(&id, st.k, &st.hashes).expect("one hash per group");
+                let root = bm::map_root(self.id(), st.k, &st.hashes).expect("one hash per group");
                 let mut recs = Vec::new();
                 let mut seq = s.seq;
                 for (a, _, bytes) in &writes {
-                    maplog::push(&mut recs, keys, &id, g, Kind::Map, seq, *a, bytes);
+                    s.mac.push(&mut recs, Kind::Map, seq, *a, bytes);
                     seq += 1;
                 }
-                maplog::push(&mut recs, keys, &id, g, Kind::Commit, seq, 0, &maplog::commit_payload(st.size, &root));
+                s.mac.push(&mut recs, Kind::Commit, seq, 0, &maplog::commit_payload(st.size, &root));
                 if let Err(e) = sys::pwrite_all(s.log.as_fd(), &recs, s.pos) {
                     // Nothing of the commit counts yet: the session stays open (a cut record
                     // at its end does not authenticate and is written over next time).
@@ -418,13 +418,13 @@ impl CryptFile {
             Ok(Some(fd)) => (fd, f.log.end, f.log.next_seq),
             _ => (dir.create(&id).map_err(|e| Error::io(format!("creating {}", dir.path_of(&id).display()), e))?, 0, 0),
         };
+        let mac = maplog::Keyed::new(&self.ctx.keys, &id, st.generation);
         let mut recs = Vec::new();
         for (a, _, bytes) in &writes {
-            maplog::push(&mut recs, &self.ctx.keys, &id, st.generation, Kind::Map, seq, *a, bytes);
+            mac.push(&mut recs, Kind::Map, seq, *a, bytes);
             seq += 1;
         }
-        let payload = maplog::commit_payload(p, &root);
-        maplog::push(&mut recs, &self.ctx.keys, &id, st.generation, Kind::Commit, seq, 0, &payload);
+        mac.push(&mut recs, Kind::Commit, seq, 0, &maplog::commit_payload(p, &root));
         sys::pwrite_all(log.as_fd(), &recs, pos).ctx(|| format!("writing the write-session log of {}", self.what))?;
         self.put_map(&writes)?;
         sys::ftruncate(self.fd(), ml.cipher_size(p)).ctx(|| format!("truncating {}", self.what))?;
