@@ -99,18 +99,21 @@ impl CryptFile {
         Ok(())
     }
 
-    /// Appends `recs` (records of the open session) to its log in one `pwrite`.
-    fn append_log(&self, st: &mut MapState, recs: &[u8]) -> Result<()> {
+    /// Writes `recs` (records of the open session) at its log's end in one `pwrite`, and
+    /// moves the end past the first `kept` bytes of them.
+    fn append_log(&self, st: &mut MapState, recs: &[u8], kept: usize) -> Result<()> {
         let s = st.session.as_mut().expect("a session is open");
         sys::pwrite_all(s.log.as_fd(), recs, s.pos)
             .ctx(|| format!("writing the write-session log of {}", self.what))?;
-        s.pos += recs.len() as u64;
+        s.pos += kept as u64;
         Ok(())
     }
 
-    /// Logs a write before its blocks go out: a block record for each block it overwrites
-    /// in place (below `k_old`, the block count before it), and the size after it when that
-    /// changes.
+    /// Logs a write before its blocks go out: a block record (the tag) and a copy record for
+    /// each block it overwrites in place (below `k_old`, the block count before it), and the
+    /// size after it when that changes. The log's end moves past the block records only: the
+    /// next records go over the copies, which this write no longer needs once it returns
+    /// (writes of one file are serialized by its map state's lock).
     pub(super) fn log_write(
         &self,
         st: &mut MapState,
@@ -125,14 +128,20 @@ impl CryptFile {
             s.mac.push(&mut recs, Kind::Size, s.seq, 0, &p.to_be_bytes());
             s.seq += 1;
         }
-        for (n, r) in spans.iter().filter(|(n, _)| *n < k_old) {
-            s.mac.push(&mut recs, Kind::Block, s.seq, *n, &buf[r.clone()]);
+        let inplace = || spans.iter().filter(|(n, _)| *n < k_old);
+        for (n, r) in inplace() {
+            s.mac.push(&mut recs, Kind::Block, s.seq, *n, &buf[r.end - 16..r.end]);
+            s.seq += 1;
+        }
+        let kept = recs.len();
+        for (n, r) in inplace() {
+            s.mac.push(&mut recs, Kind::Copy, s.seq, *n, &buf[r.clone()]);
             s.seq += 1;
         }
         if recs.is_empty() {
             return Ok(());
         }
-        self.append_log(st, &recs)?;
+        self.append_log(st, &recs, kept)?;
         crate::crash::point!("map.blocks_logged");
         Ok(())
     }
@@ -143,9 +152,11 @@ impl CryptFile {
         let s = st.session.as_mut().expect("a session is open");
         let mut recs = Vec::new();
         s.mac.push(&mut recs, Kind::Size, s.seq, 0, &size.to_be_bytes());
-        s.mac.push(&mut recs, Kind::Block, s.seq + 1, n, ct);
-        s.seq += 2;
-        self.append_log(st, &recs)?;
+        s.mac.push(&mut recs, Kind::Block, s.seq + 1, n, &ct[ct.len() - 16..]);
+        let kept = recs.len();
+        s.mac.push(&mut recs, Kind::Copy, s.seq + 2, n, ct);
+        s.seq += 3;
+        self.append_log(st, &recs, kept)?;
         crate::crash::point!("map.blocks_logged");
         Ok(())
     }
@@ -295,11 +306,11 @@ impl CryptFile {
         let (committed, k0) = (f.commit.is_some(), f.k0);
         let leaf = if committed || n < k0 { Some(self.leaf(st, n)?) } else { None };
         let f = st.found.as_ref().expect("a found session");
-        let records = f.log.blocks_of(n);
+        let vouched = f.log.tags_of(n);
         let last = n + 1 == k;
         let len = (l.block_len(n, p) + l.overhead) as usize;
         let plain = len - l.overhead as usize;
-        let hole_by_leaf = leaf == Some(HOLE_LEAF) && (committed || records.is_empty());
+        let hole_by_leaf = leaf == Some(HOLE_LEAF) && (committed || vouched.is_empty());
         if hole_by_leaf {
             if last {
                 return Err(Error::auth(&self.what, format!("block {n}, the final block, is a hole in the map")));
@@ -311,11 +322,11 @@ impl CryptFile {
         let got = sys::pread_full(self.fd(), &mut ct, ml.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
         if got == len {
             let tag = bm::leaf_of(&ct).expect("a block has a tag");
-            let vouched = match leaf {
+            let ok = match leaf {
                 Some(lf) => lf == tag,
                 None => true,
-            } || (!committed && records.iter().any(|r| bm::leaf_of(f.log.payload(r)) == Some(tag)));
-            if vouched && self.codec.open_into(n, last, &ct, out, &self.what).is_ok() {
+            } || (!committed && vouched.contains(&tag));
+            if ok && self.codec.open_into(n, last, &ct, out, &self.what).is_ok() {
                 return Ok((plain, Source::Disk(tag)));
             }
             if leaf.is_none() && !last && ct.iter().all(|&b| b == 0) {
@@ -323,9 +334,15 @@ impl CryptFile {
                 return Ok((plain, Source::Hole));
             }
         }
-        for r in records {
+        // A copy counts only as a version the map or a block record vouches for.
+        for r in f.log.copies_of(n) {
             let rct = f.log.payload(r);
-            if rct.len() != len || (committed && bm::leaf_of(rct) != leaf) {
+            let tag = bm::leaf_of(rct);
+            let ok = match committed {
+                true => tag == leaf,
+                false => tag.is_some_and(|t| vouched.contains(&t) || leaf == Some(t)),
+            };
+            if rct.len() != len || !ok {
                 continue;
             }
             if self.codec.open_into(n, last, rct, out, &self.what).is_ok() {
