@@ -123,6 +123,7 @@ fn operate(point: &str, mnt: &Path) {
         | "map.torn_block"
         | "map.blocks_written"
         | "map.committed"
+        | "map.torn_map"
         | "map.map_written"
         | "map.settled" => write_at("old", 2_000, &added()[..10_000], false),
         "vault.create" => fs::File::create(p("c1")).map(drop),
@@ -226,6 +227,7 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
         | "map.torn_block"
         | "map.blocks_written"
         | "map.committed"
+        | "map.torn_map"
         | "map.map_written"
         | "map.settled" => {
             // An overwrite inside the file, not fsynced: each block old or new, as on a
@@ -480,7 +482,7 @@ fn crash_at_every_point_loses_nothing_fsynced_and_fsck_repairs_the_rest() {
     // CRASH_POINTS=prefix runs only the points whose name starts with it (e.g. `map.`).
     let only = std::env::var("CRASH_POINTS").unwrap_or_default();
     for point in veilfs_core::crash::POINTS.iter().filter(|p| p.starts_with(&only)) {
-        let action = if point.starts_with("file.torn_") || *point == "map.torn_block" { "return" } else { "panic" };
+        let action = if point.starts_with("file.torn_") || point.starts_with("map.torn_") { "return" } else { "panic" };
         let Some(r) = crash_case(point, action) else { return };
         n += 1;
         println!(

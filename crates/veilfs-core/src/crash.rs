@@ -33,6 +33,7 @@ pub const POINTS: &[&str] = &[
     "map.grown",
     "map.blocks_written",
     "map.committed",
+    "map.torn_map",
     "map.map_written",
     "map.settled",
     "vault.create",

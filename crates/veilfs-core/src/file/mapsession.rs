@@ -212,6 +212,7 @@ impl CryptFile {
 
     fn put_map(&self, writes: &[(u64, u64, Vec<u8>)]) -> Result<()> {
         for (_, off, bytes) in writes {
+            crate::crash::torn!("map.torn_map", self.fd(), bytes, *off);
             sys::pwrite_all(self.fd(), bytes, *off).ctx(|| format!("writing {}", self.what))?;
         }
         Ok(())
