@@ -707,10 +707,11 @@ impl CryptFile {
         (st.k, st.size) = (k_new, new_size);
         self.stage_map(&mut st, k_old.min(k_new), k_new, BTreeSet::from([g]));
         st.fill_holes(k_new, u64::MAX);
+        let log_end = st.session.as_ref().map(|s| s.log_end());
         let r = self.finish_map(&mut st, Some(ml.cipher_size(new_size)));
-        if r.is_err() && st.session.is_some() {
-            // The backing store refused the commit record (a full disk, a quota): the
-            // truncate did not happen. Block n goes back as it was (in its own space), and
+        if r.is_err() && st.session.as_ref().map(|s| s.log_end()) == log_end {
+            // The backing store refused the commit record (a full disk, a quota; the log's
+            // end did not move): the truncate did not happen. Block n goes back as it was (in its own space), and
             // the map in memory too; the session stays open.
             sys::pwrite_all(self.fd(), &old_ct, ml.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
             (st.hashes, st.leaves, st.write, st.changed, st.made_holes) = saved;

@@ -49,6 +49,13 @@ pub(super) struct Found {
     pub(super) commit: Option<u64>,
 }
 
+impl Session {
+    /// Where its next record goes.
+    pub(super) fn log_end(&self) -> u64 {
+        self.pos
+    }
+}
+
 impl Found {
     fn rule(&self) -> TailRule {
         match self.commit {
@@ -169,7 +176,7 @@ impl CryptFile {
     pub(super) fn finish_map(&self, st: &mut MapState, cut: Option<u64>) -> Result<()> {
         let writes = self.map_writes(st);
         match st.session.take() {
-            Some(s) => {
+            Some(mut s) => {
                 let root = bm::map_root(self.id(), st.k, &st.hashes).expect("one hash per group");
                 let mut recs = Vec::new();
                 let mut seq = s.seq;
@@ -185,12 +192,21 @@ impl CryptFile {
                     return Err(Error::io(format!("writing the write-session log of {}", self.what), e));
                 }
                 crate::crash::point!("map.committed");
-                self.put_map(&writes)?;
-                crate::crash::point!("map.map_written");
-                if let Some(c) = cut {
-                    sys::ftruncate(self.fd(), c).ctx(|| format!("truncating {}", self.what))?;
+                // From here the commit record is what a reader goes by: if a step fails, the
+                // session stays open with it in its log, and the next commit comes after it.
+                (s.pos, s.seq) = (s.pos + recs.len() as u64, seq + 1);
+                let rest = (|| -> Result<()> {
+                    self.put_map(&writes)?;
+                    crate::crash::point!("map.map_written");
+                    if let Some(c) = cut {
+                        sys::ftruncate(self.fd(), c).ctx(|| format!("truncating {}", self.what))?;
+                    }
+                    self.write_header_map(st, false)
+                })();
+                if let Err(e) = rest {
+                    st.session = Some(s);
+                    return Err(e);
                 }
-                self.write_header_map(st, false)?;
                 crate::crash::point!("map.settled");
                 drop(s);
                 self.remove_stash();
