@@ -552,10 +552,27 @@ fn torn_fill_of_a_hole_reads_as_zeros_not_an_error() {
 /// byte reads back, and what a torn tail leaves `fsck --repair` salvages to a prefix.
 #[test]
 fn sigkill_under_load_keeps_every_fsynced_byte() {
+    sigkill_rounds(false);
+}
+
+/// The same in a vault with `"block-map"`: the kill lands anywhere in the write sessions
+/// (their logs, blocks, commits, map blocks, headers), and the file always reads — with
+/// every fsynced byte — without fsck's salvage (docs/FORMAT.md §5.10).
+#[test]
+fn sigkill_under_load_of_a_block_map_file_reads_every_fsynced_byte_without_repair() {
+    sigkill_rounds(true);
+}
+
+fn sigkill_rounds(block_map: bool) {
     let rounds = 4;
     let mut torn = 0;
     for round in 0..rounds {
         let Some(mut m) = Mounted::new("256m", &[]) else { return };
+        if block_map {
+            m.umount();
+            with_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+            m.mount();
+        }
         let path = m.m("log");
         let synced_len = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let s2 = synced_len.clone();
@@ -616,6 +633,7 @@ fn sigkill_under_load_keeps_every_fsynced_byte() {
         println!("round {round}: {synced} B fsynced, {} B read back", got.len());
     }
     println!("{rounds} random kills under load, {torn} left a torn tail that fsck --repair salvaged");
+    assert!(!block_map || torn == 0, "a crash of a block-map file needed fsck's salvage");
 }
 
 fn pattern_at(i: u64) -> u8 {
