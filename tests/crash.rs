@@ -37,6 +37,12 @@ const KNOWN_TORN: &[(&str, &str)] = &[];
 /// order and crash rules (docs/FORMAT.md §5.7, §5.8).
 const OLD_VAULT_POINTS: &[&str] = &["file.header_alone"];
 
+/// Points of the block-map writer's write session (docs/FORMAT.md §5.10): these run in a
+/// vault with `"block-map"` (named by no new vault yet), whose baseline files carry a map.
+fn in_map_vault(point: &str) -> bool {
+    point.starts_with("map.")
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
@@ -107,6 +113,19 @@ fn operate(point: &str, mnt: &Path) {
         "file.tail_stashed" => write_at("old", 19_000, &added()[..500], false),
         "file.inner_stashed" | "file.torn_inner" => write_at("old", 2_000, &added()[..10_000], false),
         "file.shrink_resealed" => fs::OpenOptions::new().write(true).open(p("old")).and_then(|f| f.set_len(10_001)),
+        // A write session of a file with a block map: growth (new blocks out, the old final
+        // block not yet re-sealed), or an overwrite in place (the session's start, its log,
+        // a torn block, its commit, its map, its settled header at the fsync).
+        "map.grown" => write_at("old", 20_000, &added(), false),
+        "map.session_logged"
+        | "map.session_started"
+        | "map.blocks_logged"
+        | "map.torn_block"
+        | "map.blocks_written"
+        | "map.committed"
+        | "map.torn_map"
+        | "map.map_written"
+        | "map.settled" => write_at("old", 2_000, &added()[..10_000], false),
         "vault.create" => fs::File::create(p("c1")).map(drop),
         "vault.side_file" => fs::File::create(p(&LONG.replace('l', "n"))).map(drop),
         "vault.mkdir_temp" | "vault.mkdir_diriv" => fs::create_dir(p("nd")),
@@ -183,7 +202,8 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
             Err(_) => Ok("old"),
             Ok(_) => old_new_or_prefix(&read(&p("h"))?, &[], &added()[..5_000]),
         },
-        "file.torn_write" | "file.after_write" | "file.growth_logged" | "file.grown" | "file.torn_reseal" => {
+        "file.torn_write" | "file.after_write" | "file.growth_logged" | "file.grown" | "file.torn_reseal"
+        | "map.grown" => {
             let mut new = old();
             new.extend_from_slice(&added());
             old_new_or_prefix(&read(&p("old"))?, &old(), &new)
@@ -199,7 +219,17 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
                 _ => Err(format!("old: {} B, neither old nor new", got.len())),
             }
         }
-        "file.inner_stashed" | "file.torn_inner" => {
+        "file.inner_stashed"
+        | "file.torn_inner"
+        | "map.session_logged"
+        | "map.session_started"
+        | "map.blocks_logged"
+        | "map.torn_block"
+        | "map.blocks_written"
+        | "map.committed"
+        | "map.torn_map"
+        | "map.map_written"
+        | "map.settled" => {
             // An overwrite inside the file, not fsynced: each block old or new, as on a
             // kernel filesystem (a torn block reads as written, from its record, FORMAT.md §5.9).
             let mut new = old();
@@ -360,6 +390,11 @@ struct Row {
 /// invariant that no known gap explains.
 fn crash_case(point: &str, action: &str) -> Option<Row> {
     let mut m = Mounted::new("64m", &[])?;
+    if in_map_vault(point) {
+        m.umount();
+        with_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+        m.mount();
+    }
     baseline(&mut m);
     if OLD_VAULT_POINTS.contains(&point) {
         without_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_ORDERED_GROWTH);
@@ -444,8 +479,10 @@ fn crash_at_every_point_loses_nothing_fsynced_and_fsck_repairs_the_rest() {
     println!("|---|---|---|---|---|");
     let mut broken = Vec::new();
     let mut n = 0;
-    for point in veilfs_core::crash::POINTS {
-        let action = if point.starts_with("file.torn_") { "return" } else { "panic" };
+    // CRASH_POINTS=prefix runs only the points whose name starts with it (e.g. `map.`).
+    let only = std::env::var("CRASH_POINTS").unwrap_or_default();
+    for point in veilfs_core::crash::POINTS.iter().filter(|p| p.starts_with(&only)) {
+        let action = if point.starts_with("file.torn_") || point.starts_with("map.torn_") { "return" } else { "panic" };
         let Some(r) = crash_case(point, action) else { return };
         n += 1;
         println!(
@@ -515,10 +552,27 @@ fn torn_fill_of_a_hole_reads_as_zeros_not_an_error() {
 /// byte reads back, and what a torn tail leaves `fsck --repair` salvages to a prefix.
 #[test]
 fn sigkill_under_load_keeps_every_fsynced_byte() {
+    sigkill_rounds(false);
+}
+
+/// The same in a vault with `"block-map"`: the kill lands anywhere in the write sessions
+/// (their logs, blocks, commits, map blocks, headers), and the file always reads — with
+/// every fsynced byte — without fsck's salvage (docs/FORMAT.md §5.10).
+#[test]
+fn sigkill_under_load_of_a_block_map_file_reads_every_fsynced_byte_without_repair() {
+    sigkill_rounds(true);
+}
+
+fn sigkill_rounds(block_map: bool) {
     let rounds = 4;
     let mut torn = 0;
     for round in 0..rounds {
         let Some(mut m) = Mounted::new("256m", &[]) else { return };
+        if block_map {
+            m.umount();
+            with_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+            m.mount();
+        }
         let path = m.m("log");
         let synced_len = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let s2 = synced_len.clone();
@@ -579,6 +633,7 @@ fn sigkill_under_load_keeps_every_fsynced_byte() {
         println!("round {round}: {synced} B fsynced, {} B read back", got.len());
     }
     println!("{rounds} random kills under load, {torn} left a torn tail that fsck --repair salvaged");
+    assert!(!block_map || torn == 0, "a crash of a block-map file needed fsck's salvage");
 }
 
 fn pattern_at(i: u64) -> u8 {

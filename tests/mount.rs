@@ -1498,4 +1498,10 @@ fn a_vault_with_block_map_reads_back_what_cp_and_writes_put_in() {
         }
     }
     assert_eq!(files, 2);
+    // Every write session ended (at the last close, FORMAT.md §5.10): no log is left.
+    let logs: Vec<_> = (fs::read_dir(&m.cipher).unwrap().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(veilfs_core::stash::STASH_PREFIX))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(logs.is_empty(), "write-session logs left: {logs:?}");
 }

@@ -25,6 +25,7 @@ pub mod file;
 pub mod fsck;
 pub mod kdf;
 pub mod lock;
+pub mod maplog;
 pub mod record;
 pub mod recovery;
 pub mod reverse;

@@ -18,6 +18,7 @@
 //! ID its authenticated header names; whether that is the ID its entry promises is checked
 //! as always when the file is next opened by name.
 
+use crate::content::blockmap::{HeaderV2, HEADER_V2_LEN};
 use crate::content::header::{FileHeader, HEADER_LEN};
 use crate::error::{IoContext, Result};
 use crate::file::CryptFile;
@@ -72,7 +73,10 @@ fn sweep(vault: &Vault, root: BorrowedFd<'_>, dir: BorrowedFd<'_>, path: &Path, 
                     sweep(vault, root, sub.as_fd(), &path.join(&*name), n);
                 }
             }
-            libc::S_IFREG if vault.content().unsettled_tails && st.st_size as usize >= HEADER_LEN => {
+            libc::S_IFREG
+                if (vault.content().unsettled_tails || vault.content().block_map)
+                    && st.st_size as usize >= HEADER_LEN =>
+            {
                 match settle_one(vault, dir, &e.name, path) {
                     Ok(true) => n.files += 1,
                     Ok(false) => {}
@@ -91,6 +95,17 @@ fn settle_one(vault: &Vault, dir: BorrowedFd<'_>, name: &[u8], path: &Path) -> R
         Ok(x) => x,
         Err(_) => return Ok(false),
     };
+    if vault.content().block_map {
+        // A header v2 with UNSETTLED: a write session cut short (docs/FORMAT.md §5.10).
+        let mut buf = [0u8; HEADER_V2_LEN];
+        let got = sys::pread_full(fd.as_fd(), &mut buf, 0).ctx(|| what.clone())?;
+        let Ok(h) = HeaderV2::decode(&buf[..got], &vault.content().keys) else { return Ok(false) };
+        if !h.is_unsettled() {
+            return Ok(false);
+        }
+        let f = CryptFile::open(sys::into_file(fd), vault.content().clone(), h.id, what)?;
+        return Ok(f.recover_tail()?.is_some());
+    }
     let mut buf = [0u8; HEADER_LEN];
     let got = sys::pread_full(fd.as_fd(), &mut buf, 0).ctx(|| what.clone())?;
     if got == HEADER_LEN && vault.content().ordered() && buf.iter().all(|&b| b == 0) {

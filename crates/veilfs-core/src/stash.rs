@@ -127,6 +127,40 @@ impl StashDir {
         Ok(Some(Found { fd, records }))
     }
 
+    /// Reads `id`'s stash whole, up to [`READ_LIMIT`] bytes, if there is one (a regular file;
+    /// anything else at the name is ignored): for the session log of a file with a block map
+    /// (`maplog`), whose records are not of one size.
+    pub fn read(&self, id: &FileId) -> io::Result<Option<Vec<u8>>> {
+        sys::privileged(|| {
+            let dir = self.dir()?;
+            let fd = match sys::open_regular_at(dir.as_fd(), stash_name(id).as_bytes(), libc::O_RDONLY) {
+                Ok((fd, _)) => fd,
+                Err(Err(e)) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+                Err(Err(e)) => return Err(e),
+                Err(Ok(_)) => return Ok(None),
+            };
+            let len = sys::fstat(fd.as_fd())?.st_size as u64;
+            let mut buf = vec![0u8; len.min(READ_LIMIT) as usize];
+            let got = sys::pread_full(fd.as_fd(), &mut buf, 0)?;
+            buf.truncate(got);
+            Ok(Some(buf))
+        })
+    }
+
+    /// Opens `id`'s existing stash (a regular file) for writing: to append to a session log
+    /// a crash left (`maplog`). `None` when there is none.
+    pub fn open_rw(&self, id: &FileId) -> io::Result<Option<OwnedFd>> {
+        sys::privileged(|| {
+            let dir = self.dir()?;
+            match sys::open_regular_at(dir.as_fd(), stash_name(id).as_bytes(), libc::O_RDWR) {
+                Ok((fd, _)) => Ok(Some(fd)),
+                Err(Err(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+                Err(Err(e)) => Err(e),
+                Err(Ok(_)) => Ok(None),
+            }
+        })
+    }
+
     /// Removes `id`'s stash (missing is fine).
     pub fn remove(&self, id: &FileId) -> io::Result<()> {
         sys::privileged(|| unlink(self.dir()?.as_fd(), &stash_name(id)))

@@ -91,9 +91,25 @@ fn files_round_trip_at_span_edges_and_a_changed_node_is_an_integrity_error() {
 
 #[test]
 fn appends_overwrites_holes_and_truncates_in_one_session_match_a_model() {
+    model_session(false, 25, 300);
+}
+
+/// The same with one owner (as the mount): one write session until the handle settles, and
+/// after every step the file as a crash at that point leaves it — UNSETTLED, read by its
+/// session's log by a new reader (FORMAT.md §5.10, "Write sessions and their log") — reads as
+/// written so far. Every 40 steps the handle settles (a new session starts).
+#[test]
+fn every_state_of_a_write_session_reads_as_written_so_far() {
+    model_session(true, 1, 200);
+}
+
+/// Random truncates, appends, writes inside and past the end (holes) against a model; a new
+/// reader checks the file every `fresh_every` steps.
+fn model_session(defer: bool, fresh_every: usize, steps: usize) {
     let (t, v, root) = setup();
     write_file(&v, &root, "m", b"");
     let f = open_rw(&v, &root, "m");
+    f.set_defer_sparse(defer);
     let mut model: Vec<u8> = Vec::new();
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = |m: u64| {
@@ -102,7 +118,9 @@ fn appends_overwrites_holes_and_truncates_in_one_session_match_a_model() {
         x ^= x << 17;
         x % m
     };
-    for step in 0..300 {
+    let p = cipher_path(&v, &root, "m");
+    let mut unsettled = 0;
+    for step in 0..steps {
         let size = model.len() as u64;
         match next(10) {
             // Truncate to anywhere in 0..size + 40 blocks.
@@ -131,12 +149,22 @@ fn appends_overwrites_holes_and_truncates_in_one_session_match_a_model() {
         let mut buf = vec![0u8; model.len()];
         assert_eq!(f.read_at(&mut buf, 0, model.len() as u64).unwrap(), model.len());
         assert!(buf == model, "step {step}: the handle reads what was written");
-        if step % 25 == 0 {
+        if step % fresh_every == 0 {
+            unsettled += usize::from(snapshot(&p).get(3).is_some_and(|f| f & 2 != 0));
             assert!(read_fresh(t.path(), &root, "m").unwrap() == model, "step {step}: a new reader too");
         }
+        if defer && step % 40 == 39 && step + 1 < steps {
+            f.settle().unwrap();
+        }
     }
+    // Dropped without settling: a crash. Settling the file (as a writer's open, the crash
+    // sweep or fsck --repair do) keeps what it reads.
     drop(f);
+    assert!(open_rw(&v, &root, "m").recover_tail().unwrap().is_some() == defer);
+    assert!(snapshot(&p).get(3).is_none_or(|f| f & 2 == 0), "settled");
     assert!(read_fresh(t.path(), &root, "m").unwrap() == model);
+    // With one owner most states checked were UNSETTLED (a shrinking truncate commits).
+    assert_eq!(defer, unsettled > steps / 2, "{unsettled} UNSETTLED states of {steps}");
 }
 
 #[test]
@@ -337,4 +365,264 @@ fn a_lost_write_back_cuts_the_file_at_the_hole_it_left() {
     let size = g.write_at(&a[..B as usize], 6 * B, size).unwrap();
     g.lost_write(B);
     assert_eq!(g.drop_lost().unwrap(), Some(size), "nothing to cut");
+}
+
+// Write sessions (FORMAT.md §5.10, "Write sessions and their log"). A handle with
+// `set_defer_sparse(true)` keeps its session open until `settle`; dropping it without one
+// leaves the file as a writer killed at that point leaves it (the page cache survives).
+
+/// The session log of the file whose ciphertext is `c`, in the vault at `dir`.
+fn log_path(dir: &std::path::Path, c: &[u8]) -> PathBuf {
+    dir.join(veilfs_core::stash::stash_name(&c[4..20].try_into().unwrap()))
+}
+
+fn put(p: &PathBuf, off: u64, bytes: &[u8]) {
+    std::fs::OpenOptions::new().write(true).open(p).unwrap().write_all_at(bytes, off).unwrap();
+}
+
+fn block_bytes(c: &[u8], n: u64) -> Vec<u8> {
+    c[L.block_offset(n) as usize..(L.block_offset(n) + B + 28) as usize].to_vec()
+}
+
+fn map_region(c: &[u8], g: u64, k: u64) -> (u64, Vec<u8>) {
+    let off = L.map_offset(g);
+    (off, c[off as usize..(off + L.map_len(g, k)) as usize].to_vec())
+}
+
+fn is_unsettled(c: &[u8]) -> bool {
+    c[3] & 2 != 0
+}
+
+#[test]
+fn a_session_cut_short_reads_as_written_and_settles_to_the_same() {
+    let (t, v, root) = setup();
+    let mut want = data(20 * B as usize, 1);
+    write_file(&v, &root, "f", &want);
+    let p = cipher_path(&v, &root, "f");
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    let mut size = want.len() as u64;
+    // An inner block, the final block rewritten, growth past a hole, an inner block again.
+    for (off, what) in
+        [(5 * B + 3, &b"inner"[..]), (20 * B - 2, b"end"), (30 * B + 7, b"grown"), (5 * B + 100, b"again")]
+    {
+        size = f.write_at(what, off, size).unwrap();
+        let end = off as usize + what.len();
+        if want.len() < end {
+            want.resize(end, 0);
+        }
+        want[off as usize..end].copy_from_slice(what);
+    }
+    drop(f);
+    let c = snapshot(&p);
+    assert!(is_unsettled(&c), "the session did not end");
+    assert!(log_path(t.path(), &c).exists());
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), want, "read by the session's log");
+    // Settling (a writer's open, the crash sweep, fsck --repair) writes that state back.
+    let f = open_rw(&v, &root, "f");
+    assert!(f.recover_tail().unwrap().is_some());
+    drop(f);
+    let c = snapshot(&p);
+    assert!(!is_unsettled(&c));
+    assert!(!log_path(t.path(), &c).exists(), "the log goes once the file is settled");
+    assert_eq!(c.len() as u64, L.cipher_size(want.len() as u64));
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), want);
+    // Without its log the UNSETTLED file has no vouched size: damage, not an empty file.
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    f.write_at(b"x", 3, want.len() as u64).unwrap();
+    drop(f);
+    let c = snapshot(&p);
+    std::fs::remove_file(log_path(t.path(), &c)).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "no size");
+}
+
+#[test]
+fn a_record_of_another_session_or_another_file_is_never_accepted() {
+    let (t, v, root) = setup();
+    let d = data(20 * B as usize, 2);
+    write_file(&v, &root, "f", &d);
+    write_file(&v, &root, "g", &d);
+    let p = cipher_path(&v, &root, "f");
+    let size = d.len() as u64;
+    // Session 1 writes block 5 twice; its first version is vouched for by its log only.
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    f.write_at(b"first", 5 * B, size).unwrap();
+    let (c1, log1) = (snapshot(&p), std::fs::read(log_path(t.path(), &snapshot(&p))).unwrap());
+    let first = block_bytes(&c1, 5);
+    f.write_at(b"second", 5 * B, size).unwrap();
+    f.settle().unwrap();
+    drop(f);
+    // Session 2 is cut short after a write elsewhere.
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    f.write_at(b"third", 9 * B, size).unwrap();
+    drop(f);
+    let c2 = snapshot(&p);
+    let log2_path = log_path(t.path(), &c2);
+    let log2 = std::fs::read(&log2_path).unwrap();
+    assert!(is_unsettled(&c2));
+    assert_eq!(&read_fresh(t.path(), &root, "f").unwrap()[5 * B as usize..5 * B as usize + 6], b"second");
+    // Session 1's version of block 5, with session 1's records added to the log.
+    put(&p, L.block_offset(5), &first);
+    std::fs::write(&log2_path, [log2.clone(), log1.clone()].concat()).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "block 5 is not a version");
+    // Session 1's log alone (its records name another generation): no size of session 2.
+    std::fs::write(&log2_path, &log1).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "no size");
+    // Another file's log, of a session cut short with the same generation: its records
+    // are bound to its own ID.
+    std::fs::write(&p, &c2).unwrap();
+    let g = open_rw(&v, &root, "g");
+    g.write_at(b"a settled session", 0, size).unwrap();
+    g.set_defer_sparse(true);
+    g.write_at(b"other", 9 * B, size).unwrap();
+    g.write_at(b"other", 5 * B, size).unwrap();
+    drop(g);
+    let gc = snapshot(&cipher_path(&v, &root, "g"));
+    assert_eq!(&gc[20..28], &c2[20..28], "same generation");
+    std::fs::write(&log2_path, std::fs::read(log_path(t.path(), &gc)).unwrap()).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "no size");
+    // Its own log back: reads again.
+    std::fs::write(&log2_path, &log2).unwrap();
+    assert_eq!(&read_fresh(t.path(), &root, "f").unwrap()[9 * B as usize..9 * B as usize + 5], b"third");
+}
+
+#[test]
+fn an_unsettled_header_replayed_after_its_session_settled_gives_at_most_that_sessions_versions() {
+    let (t, v, root) = setup();
+    let d = data(20 * B as usize, 3);
+    write_file(&v, &root, "f", &d);
+    let p = cipher_path(&v, &root, "f");
+    let before = snapshot(&p);
+    let size = d.len() as u64;
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    f.write_at(b"during", 5 * B, size).unwrap();
+    let during = snapshot(&p);
+    let log = std::fs::read(log_path(t.path(), &during)).unwrap();
+    f.write_at(b"at the end", 5 * B, size).unwrap();
+    f.settle().unwrap();
+    drop(f);
+    let settled = snapshot(&p);
+    assert!(!is_unsettled(&settled) && is_unsettled(&during));
+    // The session's UNSETTLED header and its log put back on the settled file: the map on
+    // disk is the session's end, which that header does not commit to, and the log has no
+    // commit record.
+    put(&p, 0, &during[..HEADER_V2_LEN]);
+    std::fs::write(log_path(t.path(), &settled), &log).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "commit record");
+    // With the map of before the session too: the file reads, block 5 as the session
+    // first wrote it (a version of that session; the settled one is vouched for by nothing).
+    let g = veilfs_core::content::blockmap::group_of(5);
+    let (off, old_map) = map_region(&before, g, 20);
+    put(&p, off, &old_map);
+    let got = read_fresh(t.path(), &root, "f").unwrap();
+    assert_eq!(&got[5 * B as usize..5 * B as usize + 6], b"during");
+    assert_eq!(&got[..5 * B as usize], &d[..5 * B as usize]);
+    // And block 5 as it was before the session is a version it accepts (the header's map):
+    // the window is that one session's versions and the file it started from.
+    put(&p, L.block_offset(5), &block_bytes(&before, 5));
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), d);
+}
+
+#[test]
+fn a_commit_record_completes_a_map_cut_short_and_a_forged_one_is_damage() {
+    use veilfs_core::maplog::{self, Kind, Log};
+    let (t, v, root) = setup();
+    let mut want = data(20 * B as usize, 4);
+    write_file(&v, &root, "f", &want);
+    let p = cipher_path(&v, &root, "f");
+    let before = snapshot(&p);
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    let size = f.write_at(b"inner", 5 * B, want.len() as u64).unwrap();
+    want[5 * B as usize..5 * B as usize + 5].copy_from_slice(b"inner");
+    f.write_at(b"grown", 40 * B, size).unwrap();
+    want.resize(40 * B as usize, 0);
+    want.extend_from_slice(b"grown");
+    let during = snapshot(&p);
+    let log_file = log_path(t.path(), &during);
+    let log = std::fs::read(&log_file).unwrap();
+    f.settle().unwrap();
+    drop(f);
+    let settled = snapshot(&p);
+    // The state a crash after the commit record leaves: the session's header, the log with
+    // map records and the commit record (written here with the vault's keys, as the writer
+    // does), and of the map blocks in place one still old.
+    let keys = &v.content().keys;
+    let id: [u8; 16] = during[4..20].try_into().unwrap();
+    let gen = u64::from_be_bytes(during[20..28].try_into().unwrap());
+    let k = u64::from_be_bytes(settled[36..44].try_into().unwrap());
+    let root_new: [u8; 32] = settled[44..76].try_into().unwrap();
+    let mut seq = Log::parse(log.clone(), keys, &id, gen).next_seq;
+    let mut with_commit = log.clone();
+    for g in 0..veilfs_core::content::blockmap::group_count(k) {
+        let (_, bytes) = map_region(&settled, g, k);
+        maplog::push(&mut with_commit, keys, &id, gen, Kind::Map, seq, g, &bytes);
+        seq += 1;
+    }
+    let commit_at = with_commit.len();
+    maplog::push(
+        &mut with_commit,
+        keys,
+        &id,
+        gen,
+        Kind::Commit,
+        seq,
+        0,
+        &maplog::commit_payload(want.len() as u64, &root_new),
+    );
+    let mut c = settled.clone();
+    c[..HEADER_V2_LEN].copy_from_slice(&during[..HEADER_V2_LEN]);
+    let g5 = veilfs_core::content::blockmap::group_of(5);
+    let (off, old_map) = map_region(&before, g5, 20);
+    c[off as usize..off as usize + old_map.len()].copy_from_slice(&old_map);
+    std::fs::write(&p, &c).unwrap();
+    std::fs::write(&log_file, &with_commit).unwrap();
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), want, "read by the commit record's map");
+    // One byte of the commit record's MAC changed: it does not count, and the map on disk
+    // is neither the header's nor a commit's.
+    let mut forged = with_commit.clone();
+    forged[commit_at + 30] ^= 1;
+    std::fs::write(&log_file, &forged).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "commit record");
+    // A commit record MAC'd for another file, or for another session, neither.
+    for (oid, ogen) in [([9u8; 16], gen), (id, gen + 1)] {
+        let mut other = with_commit[..commit_at].to_vec();
+        maplog::push(
+            &mut other,
+            keys,
+            &oid,
+            ogen,
+            Kind::Commit,
+            seq,
+            0,
+            &maplog::commit_payload(want.len() as u64, &root_new),
+        );
+        std::fs::write(&log_file, &other).unwrap();
+        assert_auth(read_fresh(t.path(), &root, "f"), "commit record");
+    }
+    // A commit whose root its map records do not give (a root of another version).
+    let mut wrong = with_commit[..commit_at].to_vec();
+    maplog::push(
+        &mut wrong,
+        keys,
+        &id,
+        gen,
+        Kind::Commit,
+        seq,
+        0,
+        &maplog::commit_payload(want.len() as u64, &[7; 32]),
+    );
+    std::fs::write(&log_file, &wrong).unwrap();
+    assert_auth(read_fresh(t.path(), &root, "f"), "commit record");
+    // The real one back: settling finishes the map and the header.
+    std::fs::write(&log_file, &with_commit).unwrap();
+    let f = open_rw(&v, &root, "f");
+    assert!(f.recover_tail().unwrap().is_some());
+    drop(f);
+    assert!(!is_unsettled(&snapshot(&p)));
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), want);
 }

@@ -39,6 +39,12 @@ pub enum TailRule {
     Empty,
     /// The header is all zeros: a first write cut before its header (`"ordered-growth"`).
     NoHeader,
+    /// A file with a block map whose write session did not end: read by the header's map
+    /// and what the session's log vouches for (docs/FORMAT.md §5.10).
+    MapSession,
+    /// A file with a block map whose write session committed but whose map or header was not
+    /// all written: read by the commit record's map.
+    MapCommitted,
 }
 
 impl TailRule {
@@ -51,6 +57,8 @@ impl TailRule {
             TailRule::Dropped => "a torn final block dropped (a prefix)",
             TailRule::Empty => "a torn first write dropped (empty)",
             TailRule::NoHeader => "a first write cut before its header (empty)",
+            TailRule::MapSession => "a write session cut short, read by its log",
+            TailRule::MapCommitted => "a write session committed, its map not all written",
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Files with a block map (feature `"block-map"`, docs/FORMAT.md §5.10): the reader and a
-//! first writer.
+//! Files with a block map (feature `"block-map"`, docs/FORMAT.md §5.10): the reader and the
+//! writer.
 //!
 //! Why a path of its own: a v1 block authenticates its position and "last or not", not its
 //! version, so an older copy of a block, an older header with a newer body, or an older final
@@ -13,55 +13,82 @@
 //! when first read). A hole is a block whose leaf is 16 zero bytes: it reads as zeros
 //! whatever its bytes on disk, and SPARSE means nothing in these files (writers leave it 0).
 //!
-//! The writer commits every call: blocks, then the map blocks and nodes they change, then the
-//! header with the new root and block count. A first write into an empty file writes its
-//! header last, so a crash before it leaves an all-zero header, which reads as an empty file.
-//! Other crashes between those steps leave an integrity error, not the file before or after:
-//! the crash rules (UNSETTLED, stash records bound to the session) are the next step, and the
-//! feature is named by no vault until they exist. The state assumes this handle is the file's
-//! only writer while it is open.
+//! The writer works in write sessions (`mapsession`): blocks go out in place as they are
+//! written, the map stays in memory, and the session's end writes the changed map blocks and
+//! nodes and then the settled header. A first write into an empty file needs no session: it
+//! writes its header last, so a crash before it leaves an all-zero header, an empty file. The
+//! state assumes this handle is the file's only writer while it is open.
 
+use super::mapsession::{Found, Session};
 use super::{with_scratch, CryptFile};
 use crate::content::blockmap::{
     self as bm, group_count, group_of, group_start, node_count, span_first_group, Hash, HeaderV2, Leaf, MapLayout,
     HEADER_V2_LEN, HOLE_LEAF, LEAF_LEN,
 };
 use crate::error::{Error, IoContext, Result};
+use crate::maplog::{Log, NODE_BIT};
 use crate::sys;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// What [`CryptFile::read_root`] reads: every map block's hash the root's list gives, the
+/// leaves of the last span's map blocks, and the root.
+pub(super) type RootList = (Vec<Hash>, BTreeMap<u64, Vec<Leaf>>, Hash);
 
 /// The verified map of an open file with a block map.
 #[derive(Debug, Default)]
 pub(super) struct MapState {
     /// The header on disk; `None` for an empty file (no header, or an all-zero one).
-    hdr: Option<HeaderV2>,
+    pub(super) hdr: Option<HeaderV2>,
+    /// The file's block count as this handle sees it (in a session, ahead of the header's).
+    pub(super) k: u64,
+    /// The file's plaintext size as this handle sees it.
+    pub(super) size: u64,
     /// The ciphertext is not empty although the file is (an all-zero header, or a header of
     /// 0 blocks): a writer cuts it to 0 bytes first.
-    stale: bool,
+    pub(super) stale: bool,
     /// The hash of every map block of the file, verified against the root (or computed by
     /// this writer).
-    hashes: Vec<Hash>,
+    pub(super) hashes: Vec<Hash>,
     /// The leaves of the map blocks read so far, by group, each verified against its hash.
-    leaves: BTreeMap<u64, Vec<Leaf>>,
+    pub(super) leaves: BTreeMap<u64, Vec<Leaf>>,
     /// The generation of the last header this handle read or wrote.
-    generation: u64,
-    /// This handle has started a write session (the header's generation was raised).
-    session: bool,
+    pub(super) generation: u64,
+    /// The block count of the map on disk (the last commit's): nodes of spans at or past its
+    /// last are new.
+    pub(super) k_base: u64,
+    /// Groups whose map block bytes changed since the last commit (to be written).
+    pub(super) write: BTreeSet<u64>,
+    /// Groups whose hash changed since the last commit (their nodes are written).
+    pub(super) changed: BTreeSet<u64>,
+    /// The write session this handle has open (`mapsession`).
+    pub(super) session: Option<Session>,
+    /// The file as a crashed (or still running) session left it, read by its log until it
+    /// is settled (`mapsession`).
+    pub(super) found: Option<Found>,
     /// Holes (block ranges, half-open) this handle's writes past the end made and no write
     /// has filled since: where a write-back write the kernel acknowledged may have been
     /// refused (see [`CryptFile::drop_lost`]). Truncates' holes are not in it: their zeros
     /// were asked for.
-    made_holes: Vec<(u64, u64)>,
+    pub(super) made_holes: Vec<(u64, u64)>,
 }
 
 impl MapState {
-    fn blocks(&self) -> u64 {
-        self.hdr.map_or(0, |h| h.blocks)
+    pub(super) fn blocks(&self) -> u64 {
+        self.k
+    }
+
+    /// The block count the map on disk is read with: the header's while a found session is
+    /// read without its commit record, else the file's.
+    fn map_count(&self) -> u64 {
+        match &self.found {
+            Some(f) if f.commit.is_none() => f.k0,
+            _ => self.k,
+        }
     }
 
     /// Sets the cached leaf of block `n` (its group's leaves, extended with holes as
     /// needed); returns its group.
-    fn set_leaf(&mut self, n: u64, leaf: Leaf) -> u64 {
+    pub(super) fn set_leaf(&mut self, n: u64, leaf: Leaf) -> u64 {
         let g = group_of(n);
         let v = self.leaves.entry(g).or_default();
         let at = (n - group_start(g)) as usize;
@@ -76,24 +103,30 @@ impl MapState {
     fn fill_holes(&mut self, a: u64, b: u64) {
         self.made_holes = super::without_range(&self.made_holes, a, b);
     }
+
+    /// Back to an empty file, keeping the generation.
+    pub(super) fn reset(&mut self) {
+        let generation = self.generation;
+        *self = MapState { generation, ..MapState::default() };
+    }
 }
 
 impl CryptFile {
-    fn map_layout(&self) -> MapLayout {
+    pub(super) fn map_layout(&self) -> MapLayout {
         self.ctx.layout.into()
     }
 
-    fn map_state(&self) -> std::sync::MutexGuard<'_, MapState> {
+    pub(super) fn map_state(&self) -> std::sync::MutexGuard<'_, MapState> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn map_auth(&self, detail: impl Into<String>) -> Error {
+    pub(super) fn map_auth(&self, detail: impl Into<String>) -> Error {
         let e = Error::auth(&self.what, detail);
         tracing::error!("{e}");
         e
     }
 
-    fn pread_exact(&self, len: u64, at: u64, what: &str) -> Result<Vec<u8>> {
+    pub(super) fn pread_exact(&self, len: u64, at: u64, what: &str) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len as usize];
         let got = sys::pread_full(self.fd(), &mut buf, at).ctx(|| format!("reading {}", self.what))?;
         if got < buf.len() {
@@ -102,12 +135,48 @@ impl CryptFile {
         Ok(buf)
     }
 
+    /// The bytes of map block `g` (or, with `NODE_BIT`, a node) of `len` bytes at `off`: from
+    /// the newest map record before the commit `overlay` names, else from the file.
+    fn map_bytes(&self, a: u64, len: u64, off: u64, overlay: Option<(&Log, u64)>) -> Result<Vec<u8>> {
+        if let Some(b) = overlay.and_then(|(log, seq)| log.map_bytes(a, len, seq)) {
+            return Ok(b.to_vec());
+        }
+        let what = match a {
+            a if a >= NODE_BIT => format!("node {}", a - NODE_BIT),
+            g => format!("map block {g}"),
+        };
+        self.pread_exact(len, off, &what)
+    }
+
+    /// Reads the root's list for a file of `k` blocks (its nodes and the map blocks of its
+    /// last span, through `overlay`): the hash of every map block it gives, the leaves of the
+    /// last span's, and the root they make.
+    pub(super) fn read_root(&self, k: u64, overlay: Option<(&Log, u64)>) -> Result<RootList> {
+        let ml = self.map_layout();
+        let (mut hashes, mut leaves, mut list) = (Vec::new(), BTreeMap::new(), Vec::new());
+        for j in 0..node_count(k) {
+            let node = self.map_bytes(NODE_BIT + j, ml.node_len(j), ml.node_offset(j), overlay)?;
+            hashes.extend(node.chunks(32).map(|c| <Hash>::try_from(c).expect("32 bytes")));
+            list.push(bm::hash(&node));
+        }
+        for g in span_first_group(node_count(k))..group_count(k) {
+            let bytes = self.map_bytes(g, ml.map_len(g, k), ml.map_offset(g), overlay)?;
+            let hash = bm::hash(&bytes);
+            hashes.push(hash);
+            list.push(hash);
+            leaves.insert(g, leaves_of(&bytes));
+        }
+        let root =
+            bm::root_from_list(self.codec.file_id(), k, &list).expect("one hash per node and last-span map block");
+        Ok((hashes, leaves, root))
+    }
+
     /// Reads and verifies the header, the block count against the ciphertext size, and the
-    /// root against the nodes and the last span's map blocks (docs/FORMAT.md §5.10).
+    /// root against the nodes and the last span's map blocks (docs/FORMAT.md §5.10). A header
+    /// with UNSETTLED is read by its session's log (`mapsession`).
     pub(super) fn load_map(&self) -> Result<()> {
         let mut st = self.map_state();
-        let generation = st.generation;
-        *st = MapState { generation, ..MapState::default() };
+        st.reset();
         let mut buf = [0u8; HEADER_V2_LEN];
         let n = sys::pread_full(self.fd(), &mut buf, 0).ctx(|| format!("reading header of {}", self.what))?;
         if n == 0 {
@@ -119,9 +188,6 @@ impl CryptFile {
             return Ok(());
         }
         let h = HeaderV2::decode(&buf[..n], &self.ctx.keys).map_err(|e| e.into_error(&self.what))?;
-        if h.is_unsettled() {
-            return Err(self.map_auth("UNSETTLED in a file with a block map (its crash rules are not implemented)"));
-        }
         if h.id != *self.codec.file_id() {
             return Err(self.map_auth(
                 "content belongs to another file (its file ID does not match the name's binding: swapped or replaced)",
@@ -130,30 +196,18 @@ impl CryptFile {
         let ml = self.map_layout();
         ml.check_block_count(h.blocks).map_err(|e| self.map_auth(e.to_string()))?;
         let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
-        let (_, k) = ml.plain_size(c).map_err(|e| self.map_auth(e.to_string()))?;
+        if h.is_unsettled() {
+            return self.load_session(&mut st, h);
+        }
+        let (p, k) = ml.plain_size(c).map_err(|e| self.map_auth(e.to_string()))?;
         if k != h.blocks {
             return Err(self.map_auth(format!(
                 "file has {k} blocks but its header commits to {} (cut, extended, or a header of another version)",
                 h.blocks
             )));
         }
-        let mut list = Vec::new();
-        for j in 0..node_count(k) {
-            let node = self.pread_exact(ml.node_len(j), ml.node_offset(j), &format!("node {j}"))?;
-            st.hashes.extend(node.chunks(32).map(|c| <Hash>::try_from(c).expect("32 bytes")));
-            list.push(bm::hash(&node));
-        }
-        for g in span_first_group(node_count(k))..group_count(k) {
-            let bytes = self.pread_exact(ml.map_len(g, k), ml.map_offset(g), &format!("map block {g}"))?;
-            let hash = bm::hash(&bytes);
-            st.hashes.push(hash);
-            list.push(hash);
-            st.leaves.insert(g, leaves_of(&bytes));
-        }
-        let root = bm::root_from_list(&h.id, k, &list).expect("one hash per node and last-span map block");
+        let (hashes, leaves, root) = self.read_root(k, None)?;
         if root != h.root {
-            st.hashes.clear();
-            st.leaves.clear();
             return Err(self.map_auth(
                 "block map does not match the header's root (a map block, node or header of another version)",
             ));
@@ -161,30 +215,40 @@ impl CryptFile {
         if k == 0 {
             st.stale = true;
         }
-        st.generation = h.generation;
+        (st.hashes, st.leaves) = (hashes, leaves);
+        (st.k, st.size, st.k_base, st.generation) = (k, p, k, h.generation);
         st.hdr = Some(h);
         Ok(())
     }
 
-    /// Plaintext size: from the ciphertext size, which must hold the header's block count.
+    /// Plaintext size: this handle's (a found session's as its log reads; else from the
+    /// ciphertext size, which must hold the block count).
     pub(super) fn plain_size_map(&self) -> Result<u64> {
         let st = self.map_state();
-        let Some(h) = st.hdr else { return Ok(0) };
+        if st.found.is_some() {
+            return Ok(st.size);
+        }
+        if st.hdr.is_none() {
+            return Ok(0);
+        }
         let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         match self.map_layout().plain_size(c) {
-            Ok((p, k)) if k == h.blocks => Ok(p),
-            Ok((_, k)) => Err(self.map_auth(format!("file has {k} blocks but its header commits to {}", h.blocks))),
+            Ok((p, k)) if k == st.k => Ok(p),
+            Ok((_, k)) => Err(self.map_auth(format!("file has {k} blocks but its header commits to {}", st.k))),
             Err(e) => Err(self.map_auth(e.to_string())),
         }
     }
 
-    /// The leaf of block `n` (< the block count), reading and verifying its map block the
-    /// first time.
-    fn leaf(&self, st: &mut MapState, n: u64) -> Result<Leaf> {
+    /// The leaf of block `n` (< the block count the map is read with), reading and verifying
+    /// its map block the first time (through the commit record's map records, for a found
+    /// session read by its commit).
+    pub(super) fn leaf(&self, st: &mut MapState, n: u64) -> Result<Leaf> {
         let g = group_of(n);
         if !st.leaves.contains_key(&g) {
             let ml = self.map_layout();
-            let bytes = self.pread_exact(ml.map_len(g, st.blocks()), ml.map_offset(g), &format!("map block {g}"))?;
+            let len = ml.map_len(g, st.map_count());
+            let overlay = st.found.as_ref().and_then(|f| f.commit.map(|seq| (&f.log, seq)));
+            let bytes = self.map_bytes(g, len, ml.map_offset(g), overlay)?;
             if bm::hash(&bytes) != st.hashes[g as usize] {
                 return Err(self.map_auth(format!(
                     "map block {g} does not match the header's root (a map block of another version)"
@@ -224,6 +288,9 @@ impl CryptFile {
         let (first, last) = l.blocks_touched(off, len).expect("non-empty");
         let (k, leaves) = {
             let mut st = self.map_state();
+            if st.found.is_some() {
+                return self.read_found(&mut st, buf, off, len);
+            }
             let k = st.blocks();
             if l.block_count(size) != k {
                 return Err(
@@ -273,10 +340,14 @@ impl CryptFile {
         self.open_mapped(n, st.blocks(), &leaf, &ct, out)
     }
 
-    /// [`write_at`](Self::write_at) for a file with a block map: the blocks, then the map
-    /// blocks and nodes that changed, then the header (see the module's notes on crashes).
+    /// [`write_at`](Self::write_at) for a file with a block map: in a write session (see
+    /// `mapsession`), the blocks in place, the map in memory.
     pub(super) fn write_at_map(&self, data: &[u8], off: u64, size: u64) -> Result<u64> {
-        self.write_map(data, off, size, false)
+        let mut size = size;
+        for (i, piece) in data.chunks(crate::maplog::WRITE_PIECE).enumerate() {
+            size = self.write_map(piece, off + (i * crate::maplog::WRITE_PIECE) as u64, size, false)?;
+        }
+        Ok(size)
     }
 
     /// [`write_at_map`](Self::write_at_map); `zeros`: the write of a growing truncate, whose
@@ -285,6 +356,7 @@ impl CryptFile {
         let (l, ml) = (self.ctx.layout, self.map_layout());
         let bs = l.block_size;
         let mut st = self.map_state();
+        self.settle_found(&mut st)?;
         let k_old = st.blocks();
         if l.block_count(size) != k_old {
             return Err(
@@ -361,19 +433,39 @@ impl CryptFile {
             self.leaf(&mut st, group_start(g))?;
             g += 1;
         }
+        // A file with blocks is changed in a session, whose log vouches for what this write
+        // puts in place; a first write needs none (its header goes out last).
+        let logged = k_old > 0;
+        if logged {
+            self.begin_session(&mut st)?;
+            self.log_write(&mut st, &buf, &spans, k_old, (new_size != size).then_some(new_size))?;
+        }
         if let Err(e) = self.store_blocks(&mut st, &buf, &spans, k_old, k_new) {
             self.undo_map(&mut st, size, new_size, old_final.as_deref(), &buf, &spans);
             return Err(e);
         }
+        st.size = new_size;
         st.fill_holes(first, last + 1);
         if first > k_old && !zeros {
             st.made_holes.push((k_old, first));
         }
+        if !logged {
+            self.finish_map(&mut st, None)?;
+        } else if !self.deferring() {
+            // Without an owner that settles at close or sync, every call is a session. The
+            // write itself is done: a commit the backing store refuses leaves the session
+            // open (its log reads the file as written) for the next settle or writer.
+            if let Err(e) = self.finish_map(&mut st, None) {
+                tracing::warn!("{}: write session not ended: {e}", self.what);
+            }
+        }
         Ok(new_size)
     }
 
-    /// The blocks of a write (`spans` in `buf`, one `pwrite` per run inside a group), then
-    /// their leaves and the map and header of a file of `k_new` blocks.
+    /// The blocks of a write (`spans` in `buf`, one `pwrite` per run inside a group): the
+    /// blocks past the old end first, then those in place (so that until the old final block
+    /// is re-sealed as an inner block, it still ends the file); then their leaves and the map
+    /// of a file of `k_new` blocks, in memory.
     fn store_blocks(
         &self,
         st: &mut MapState,
@@ -383,22 +475,36 @@ impl CryptFile {
         k_new: u64,
     ) -> Result<()> {
         let ml = self.map_layout();
-        let mut i = 0;
-        while i < spans.len() {
-            let g = group_of(spans[i].0);
-            let mut j = i + 1;
-            while j < spans.len() && group_of(spans[j].0) == g && spans[j].0 == spans[j - 1].0 + 1 {
-                j += 1;
+        let split = spans.iter().position(|(n, _)| *n >= k_old).unwrap_or(spans.len());
+        for (pi, part) in [&spans[split..], &spans[..split]].into_iter().enumerate() {
+            let mut i = 0;
+            while i < part.len() {
+                let g = group_of(part[i].0);
+                let mut j = i + 1;
+                while j < part.len() && group_of(part[j].0) == g && part[j].0 == part[j - 1].0 + 1 {
+                    j += 1;
+                }
+                let bytes = &buf[part[i].1.start..part[j - 1].1.end];
+                let at = ml.block_offset(part[i].0);
+                if part[i].0 < k_old {
+                    crate::crash::torn!("map.torn_block", self.fd(), bytes, at);
+                }
+                sys::pwrite_all(self.fd(), bytes, at).ctx(|| format!("writing {}", self.what))?;
+                i = j;
             }
-            let bytes = &buf[spans[i].1.start..spans[j - 1].1.end];
-            sys::pwrite_all(self.fd(), bytes, ml.block_offset(spans[i].0)).ctx(|| format!("writing {}", self.what))?;
-            i = j;
+            if pi == 0 && split > 0 && !part.is_empty() {
+                // The new blocks are out, the blocks in place (the old final one) not yet.
+                crate::crash::point!("map.grown");
+            }
         }
+        crate::crash::point!("map.blocks_written");
         let mut dirty = BTreeSet::new();
         for (n, r) in spans {
             dirty.insert(st.set_leaf(*n, bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag")));
         }
-        self.commit_map(st, k_old, k_new, dirty)
+        st.k = k_new;
+        self.stage_map(st, k_old, k_new, dirty);
+        Ok(())
     }
 
     /// Puts a file back as it was before a write the backing store refused (a full disk, a
@@ -427,8 +533,7 @@ impl CryptFile {
                 sys::ftruncate(self.fd(), ml.cipher_size(size)).ctx(|| format!("truncating {}", self.what))?;
             }
             if k_old == 0 {
-                let (generation, session) = (st.generation, st.session);
-                *st = MapState { generation, session, ..MapState::default() };
+                st.reset();
                 return Ok(());
             }
             let mut dirty = BTreeSet::new();
@@ -446,65 +551,103 @@ impl CryptFile {
                 sys::pwrite_all(self.fd(), ct, ml.block_offset(k_old - 1)).ctx(|| format!("writing {}", self.what))?;
                 dirty.insert(st.set_leaf(k_old - 1, bm::leaf_of(ct).expect("a stored block has a tag")));
             }
-            self.commit_map(st, k_old, k_old, dirty)
+            (st.k, st.size) = (k_old, size);
+            self.stage_map(st, k_old, k_old, dirty);
+            self.finish_map(st, None)
         })();
         if let Err(e) = res {
             tracing::error!("{}: could not undo a failed write, the file may be damaged: {e}", self.what);
         }
     }
 
-    /// Writes the map blocks in `dirty` (whose cached leaves are the new ones), the nodes that
-    /// change, and the header for a file of `k_new` blocks (it had `k_old`). Groups past the
-    /// old end that no write touched are holes: their map block is zeros on disk already (the
-    /// file was never longer than its old end since it was cut), so only their hash is needed.
-    fn commit_map(&self, st: &mut MapState, k_old: u64, k_new: u64, mut dirty: BTreeSet<u64>) -> Result<()> {
+    /// Brings the map in memory to a file of `k_new` blocks (it had `k_old`) whose changed
+    /// groups, with their new cached leaves, are `dirty`; notes what the next commit writes.
+    /// The hashes of changed groups are stale until the commit's [`rehash`](Self::rehash):
+    /// nothing reads them before (their leaves stay cached, so no map block of theirs is
+    /// read and checked against them).
+    /// Groups past the old end that no write touched are holes: their map block is zeros on
+    /// disk already (the file was never longer than its old end since it was cut), so only
+    /// their hash is needed.
+    pub(super) fn stage_map(&self, st: &mut MapState, k_old: u64, k_new: u64, mut dirty: BTreeSet<u64>) {
         let ml = self.map_layout();
         let g_new = group_count(k_new);
-        st.hashes.truncate(g_new as usize);
-        st.leaves.retain(|g, _| *g < g_new);
+        if (g_new as usize) < st.hashes.len() {
+            // Groups cut off (only a shrink gets here: every write pays for this otherwise).
+            st.hashes.truncate(g_new as usize);
+            st.leaves.retain(|g, _| *g < g_new);
+            st.write.retain(|g| *g < g_new);
+            st.changed.retain(|g| *g < g_new);
+        }
         let old_groups = group_count(k_old);
         for g in old_groups.saturating_sub(1)..g_new {
-            if g + 1 >= old_groups || st.leaves.contains_key(&g) {
-                // The old last group grows with holes when the file does; new groups are new.
-                if let Some(v) = st.leaves.get_mut(&g) {
-                    let want = (ml.map_len(g, k_new) / LEAF_LEN) as usize;
-                    if v.len() != want {
-                        v.resize(want, HOLE_LEAF);
-                        dirty.insert(g);
-                    }
+            // The old last group grows with holes when the file does; new groups are new.
+            if let Some(v) = st.leaves.get_mut(&g) {
+                let want = (ml.map_len(g, k_new) / LEAF_LEN) as usize;
+                if v.len() != want {
+                    v.resize(want, HOLE_LEAF);
+                    dirty.insert(g);
                 }
             }
         }
+        // New groups: holes only, unless a write changed them (hashed at the commit).
         let mut zero_hash: Option<(u64, Hash)> = None;
-        for g in 0..g_new {
+        while (st.hashes.len() as u64) < g_new {
+            let g = st.hashes.len() as u64;
             let len = ml.map_len(g, k_new);
-            if let Some(v) = st.leaves.get(&g).filter(|_| dirty.contains(&g)) {
-                let bytes = v.as_flattened();
-                sys::pwrite_all(self.fd(), bytes, ml.map_offset(g)).ctx(|| format!("writing {}", self.what))?;
-                let h = bm::hash(bytes);
-                match st.hashes.get_mut(g as usize) {
-                    Some(x) => *x = h,
-                    None => st.hashes.push(h),
-                }
-            } else if g as usize >= st.hashes.len() {
-                // A group of holes only, past the old end.
-                let h = match zero_hash {
-                    Some((l, h)) if l == len => h,
-                    _ => bm::hash(&vec![0u8; len as usize]),
-                };
-                zero_hash = Some((len, h));
-                st.hashes.push(h);
-                dirty.insert(g);
-            }
+            let h = match zero_hash {
+                Some((l, h)) if l == len => h,
+                _ => bm::hash(&vec![0u8; len as usize]),
+            };
+            zero_hash = Some((len, h));
+            st.hashes.push(h);
+            st.changed.insert(g);
         }
-        for j in 0..node_count(k_new) {
+        // Changed groups are hashed once, at the commit (`rehash`), not at every write.
+        for g in dirty.into_iter().filter(|g| *g < g_new && st.leaves.contains_key(g)) {
+            st.write.insert(g);
+            st.changed.insert(g);
+        }
+    }
+
+    /// The hash of every group a write changed since the last commit, from its leaves.
+    fn rehash(&self, st: &mut MapState) {
+        for &g in &st.write {
+            st.hashes[g as usize] = bm::hash(st.leaves[&g].as_flattened());
+        }
+    }
+
+    /// What a commit writes: the changed map blocks, and the nodes that are new or whose span
+    /// has a changed map block, each as (`a` of its map record, offset, bytes).
+    pub(super) fn map_writes(&self, st: &mut MapState) -> Vec<(u64, u64, Vec<u8>)> {
+        self.rehash(st);
+        let ml = self.map_layout();
+        let mut out = Vec::new();
+        for &g in &st.write {
+            out.push((g, ml.map_offset(g), st.leaves[&g].as_flattened().to_vec()));
+        }
+        for j in 0..node_count(st.k) {
             let (a, b) = (span_first_group(j), span_first_group(j + 1));
-            if j >= node_count(k_old) || dirty.range(a..b).next().is_some() {
-                let node = bm::node_bytes(&st.hashes[a as usize..b as usize]);
-                sys::pwrite_all(self.fd(), &node, ml.node_offset(j)).ctx(|| format!("writing {}", self.what))?;
+            if j >= node_count(st.k_base) || st.changed.range(a..b).next().is_some() {
+                out.push((NODE_BIT + j, ml.node_offset(j), bm::node_bytes(&st.hashes[a as usize..b as usize])));
             }
         }
-        self.write_header_map(st, k_new)
+        out
+    }
+
+    /// Writes the header v2 of this handle's file: settled (the block count and the root of
+    /// the map in memory), or UNSETTLED for a session that starts (the header's count and
+    /// root as they are).
+    pub(super) fn write_header_map(&self, st: &mut MapState, unsettled: bool) -> Result<()> {
+        let id = *self.codec.file_id();
+        let (blocks, root, flags) = match (unsettled, st.hdr) {
+            (true, Some(h)) => (h.blocks, h.root, crate::content::header::FLAG_UNSETTLED),
+            _ => (st.k, bm::map_root(&id, st.k, &st.hashes).expect("one hash per group"), 0),
+        };
+        // No client ID exists yet (it comes with layer 2): the writer field stays zero.
+        let h = HeaderV2 { flags, id, generation: st.generation, writer: [0; 8], blocks, root };
+        sys::pwrite_all(self.fd(), &h.encode(&self.ctx.keys), 0).ctx(|| format!("writing header of {}", self.what))?;
+        st.hdr = Some(h);
+        Ok(())
     }
 
     /// The first block at or after `lost` of a hole this handle's writes made and did not
@@ -516,30 +659,19 @@ impl CryptFile {
         st.made_holes.iter().filter(|&&(_, b)| b > lost).map(|&(a, _)| a.max(lost)).min()
     }
 
-    fn write_header_map(&self, st: &mut MapState, k: u64) -> Result<()> {
-        if !st.session {
-            st.generation += 1;
-            st.session = true;
-        }
-        let id = *self.codec.file_id();
-        let root = bm::map_root(&id, k, &st.hashes).expect("one hash per group");
-        // No client ID exists yet (it comes with layer 2): the writer field stays zero.
-        let h = HeaderV2 { flags: 0, id, generation: st.generation, writer: [0; 8], blocks: k, root };
-        sys::pwrite_all(self.fd(), &h.encode(&self.ctx.keys), 0).ctx(|| format!("writing header of {}", self.what))?;
-        st.hdr = Some(h);
-        Ok(())
-    }
-
-    /// [`truncate`](Self::truncate) for a file with a block map. Shrinking re-seals the new
-    /// final block, writes its map block and the header, then cuts; growing writes the new
-    /// final block's zeros through the write path (the blocks between become holes).
+    /// [`truncate`](Self::truncate) for a file with a block map. Shrinking logs and re-seals
+    /// the new final block in place, then commits the session for the new size, cutting the
+    /// file before the settled header (so no reader ever needs the cut map); growing writes
+    /// the new final block's zeros through the write path (the blocks between become holes).
     pub(super) fn truncate_map(&self, new_size: u64, size: u64) -> Result<()> {
         let l = self.ctx.layout;
         if new_size == 0 {
-            sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
             let mut st = self.map_state();
-            let (generation, session) = (st.generation, st.session);
-            *st = MapState { generation, session, ..MapState::default() };
+            sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
+            if st.session.take().is_some() || st.found.take().is_some() {
+                self.remove_stash();
+            }
+            st.reset();
             return Ok(());
         }
         if new_size > size {
@@ -548,6 +680,7 @@ impl CryptFile {
         }
         let ml = self.map_layout();
         let mut st = self.map_state();
+        self.settle_found(&mut st)?;
         if l.block_count(size) != st.blocks() {
             return Err(self.map_auth("file size does not match its header's block count"));
         }
@@ -558,16 +691,33 @@ impl CryptFile {
         let blen = l.block_len(n, new_size) as usize;
         let mut ct = vec![0u8; blen + l.overhead as usize];
         self.codec.seal_into(n, true, &plain[..blen], &mut ct);
+        self.begin_session(&mut st)?;
+        self.log_block(&mut st, n, &ct, new_size)?;
+        // What a refused commit puts back (below).
+        let old_ct = self.pread_exact(l.block_len(n, size) + l.overhead, ml.block_offset(n), &format!("block {n}"))?;
+        let saved = (st.hashes.clone(), st.leaves.clone(), st.write.clone(), st.changed.clone(), st.made_holes.clone());
+        crate::crash::torn!("map.torn_block", self.fd(), &ct, ml.block_offset(n));
         sys::pwrite_all(self.fd(), &ct, ml.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
+        crate::crash::point!("map.blocks_written");
         let g = group_of(n);
         let v = st.leaves.get_mut(&g).expect("loaded by the read");
         v.truncate((n - group_start(g)) as usize + 1);
         v[(n - group_start(g)) as usize] = bm::leaf_of(&ct).expect("a sealed block has a tag");
-        // The nodes of the spans before n's are unchanged, and n's span has none now.
         let k_old = st.blocks();
-        self.commit_map(&mut st, k_old.min(k_new), k_new, BTreeSet::from([g]))?;
+        (st.k, st.size) = (k_new, new_size);
+        self.stage_map(&mut st, k_old.min(k_new), k_new, BTreeSet::from([g]));
         st.fill_holes(k_new, u64::MAX);
-        sys::ftruncate(self.fd(), ml.cipher_size(new_size)).ctx(|| format!("truncating {}", self.what))
+        let log_end = st.session.as_ref().map(|s| s.log_end());
+        let r = self.finish_map(&mut st, Some(ml.cipher_size(new_size)));
+        if r.is_err() && st.session.as_ref().map(|s| s.log_end()) == log_end {
+            // The backing store refused the commit record (a full disk, a quota; the log's
+            // end did not move): the truncate did not happen. Block n goes back as it was (in its own space), and
+            // the map in memory too; the session stays open.
+            sys::pwrite_all(self.fd(), &old_ct, ml.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
+            (st.hashes, st.leaves, st.write, st.changed, st.made_holes) = saved;
+            (st.k, st.size) = (k_old, size);
+        }
+        r
     }
 }
 

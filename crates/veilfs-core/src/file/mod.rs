@@ -16,7 +16,9 @@
 //! - `recover`: a file found UNSETTLED at open — read by the crash rules, then rewritten;
 //! - `salvage`: what still authenticates of a damaged file, for fsck and export;
 //! - `mapped`: files with a block map (feature `"block-map"`): header v2, the map's reader
-//!   and writer.
+//!   and writer;
+//! - `mapsession`: their write sessions, the session's log, and a file a session left
+//!   UNSETTLED.
 
 use crate::content::block::BlockCodec;
 use crate::content::header::{FileHeader, FileId, FLAG_SPARSE, FLAG_UNSETTLED, HEADER_LEN};
@@ -33,6 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 mod mapped;
+mod mapsession;
 mod read;
 mod recover;
 mod salvage;

@@ -175,6 +175,9 @@ impl CryptFile {
     /// How a file found UNSETTLED at open ends (rule and plaintext size), while it is read
     /// by the crash rules; `None` for a settled file. For fsck.
     pub fn crash_state(&self) -> Option<(TailRule, u64)> {
+        if self.ctx.block_map {
+            return self.map_crash_state();
+        }
         if !self.has_view.load(Ordering::Acquire) {
             return None;
         }
@@ -188,6 +191,9 @@ impl CryptFile {
     /// Returns the rule that had applied, `None` when there was nothing to settle. Needs a
     /// writable file; run by the mount at open and by `fsck --repair`.
     pub fn recover_tail(&self) -> Result<Option<TailRule>> {
+        if self.ctx.block_map {
+            return self.keeping_setid(|| self.recover_map());
+        }
         if !self.has_view.load(Ordering::Acquire) {
             return Ok(None);
         }

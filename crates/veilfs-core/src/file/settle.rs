@@ -59,6 +59,9 @@ impl CryptFile {
     /// [`sync`](Self::sync). Returns whether it wrote the header (which moves the backing
     /// file's modification and change times: a mount tells the kernel).
     pub fn settle(&self) -> Result<bool> {
+        if self.ctx.block_map {
+            return self.keeping_setid(|| self.end_map_session());
+        }
         let flagged = self.unsettled.load(Ordering::Acquire) || self.provisional_sparse.load(Ordering::Acquire);
         if !self.has_pending.load(Ordering::Acquire) && !flagged {
             return Ok(false);
@@ -200,7 +203,9 @@ impl CryptFile {
     /// what it flushed (the cleared header reaches the disk with the next flush). Returns
     /// whether the header was written (see [`settle`](Self::settle)).
     pub fn sync(&self, data_only: bool) -> Result<bool> {
-        let before = !self.unsettled_ok() && self.settle()?;
+        // A file with a block map ends its session before the flush, so that the flush makes
+        // the settled header durable with the data (its log is never flushed).
+        let before = (self.ctx.block_map || !self.unsettled_ok()) && self.settle()?;
         let r = if data_only { sys::fdatasync(self.fd()) } else { sys::fsync(self.fd()) };
         r.ctx(|| format!("syncing {}", self.what))?;
         let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();

@@ -262,8 +262,9 @@ impl Vault {
             .with_ordered_growth(ordered)
             .with_block_map(config.has_feature(crate::config::FEATURE_BLOCK_MAP));
         // Every writer of a vault with the feature keeps stashes: the writer of
-        // "ordered-growth" cannot grow a file without its record (docs/FORMAT.md §5.7).
-        if unsettled {
+        // "ordered-growth" cannot grow a file without its record (docs/FORMAT.md §5.7). A
+        // file with a block map keeps its write session's log there (§5.10).
+        if unsettled || config.has_feature(crate::config::FEATURE_BLOCK_MAP) {
             ctx = ctx.with_stashes(cipherdir);
         }
         let iv_copy = IvCopy::of(&config);

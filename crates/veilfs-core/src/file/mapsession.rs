@@ -1,0 +1,491 @@
+//! Write sessions of files with a block map (docs/FORMAT.md §5.10, "Write sessions and their
+//! log"): how a writer changes such a file so that a crash at any step leaves a file that
+//! reads as before the session or with what it wrote, and how a reader and settling read a
+//! file a session left UNSETTLED.
+//!
+//! Why sessions: committing every write (blocks, changed map blocks, header) costs a map
+//! block and a header per write and still leaves, after a crash between those steps, blocks
+//! the header does not commit to. A session instead marks the header UNSETTLED once, writes
+//! blocks in place, keeps the map in memory, and at its end writes the changed map blocks and
+//! nodes and then the settled header. Its log (`maplog`, kept where the stash is) says what a
+//! reader of the UNSETTLED file may accept meanwhile: each block the session overwrites in
+//! place (a block record, before the block), each size the file takes (a size record), and at
+//! the end a commit record with the new size and root, preceded by the new bytes of every map
+//! block and node it will overwrite (so a crash while they are written, torn or not, reads
+//! the same). Every record is MAC'd under `record-mac` with the file ID and the session's
+//! generation.
+
+use super::mapped::MapState;
+use super::CryptFile;
+use crate::content::blockmap::{self as bm, group_count, group_start, node_count, span_first_group, Leaf, HOLE_LEAF};
+use crate::content::tail::TailRule;
+use crate::error::{Error, IoContext, Result};
+use crate::maplog::{self, Kind, Log, NODE_BIT};
+use crate::sys;
+use std::collections::BTreeSet;
+use std::os::fd::{AsFd, OwnedFd};
+
+/// A write session this handle has open.
+#[derive(Debug)]
+pub(super) struct Session {
+    /// The session's log.
+    log: OwnedFd,
+    /// Where its next record goes.
+    pos: u64,
+    /// Its next sequence number.
+    seq: u64,
+    /// The MAC of its records.
+    mac: maplog::Keyed,
+}
+
+/// A session found UNSETTLED (a crash, or a writer elsewhere), read by its log.
+#[derive(Debug)]
+pub(super) struct Found {
+    /// The records of the header's session that authenticate.
+    pub(super) log: Log,
+    /// The header's block count (the map before the session).
+    pub(super) k0: u64,
+    /// The sequence number of the commit record whose map the file is read by, if any.
+    pub(super) commit: Option<u64>,
+}
+
+impl Session {
+    /// Where its next record goes.
+    pub(super) fn log_end(&self) -> u64 {
+        self.pos
+    }
+}
+
+impl Found {
+    fn rule(&self) -> TailRule {
+        match self.commit {
+            Some(_) => TailRule::MapCommitted,
+            None => TailRule::MapSession,
+        }
+    }
+}
+
+/// Where the version of a block a found session's file is read with comes from.
+enum Source {
+    /// The block as stored, with this tag.
+    Disk(Leaf),
+    /// A block record of the session (its ciphertext).
+    Record(Vec<u8>),
+    /// A hole.
+    Hole,
+}
+
+impl CryptFile {
+    /// Starts a write session if none is open: a size record with the size as it is, in a
+    /// new log, then the header with UNSETTLED, the next generation and the map as it is. A
+    /// session whose log has grown past [`maplog::CHECKPOINT`] is ended first.
+    pub(super) fn begin_session(&self, st: &mut MapState) -> Result<()> {
+        if st.session.as_ref().is_some_and(|s| s.pos > maplog::CHECKPOINT) {
+            self.finish_map(st, None)?;
+        }
+        if st.session.is_some() {
+            return Ok(());
+        }
+        let Some(dir) = &self.ctx.stashes else {
+            return Err(Error::io(&self.what, std::io::Error::other("no place for the write session's log")));
+        };
+        let log = dir
+            .create(self.id())
+            .map_err(|e| Error::io(format!("creating {}", dir.path_of(self.id()).display()), e))?;
+        let g = st.generation + 1;
+        let mac = maplog::Keyed::new(&self.ctx.keys, self.id(), g);
+        let mut recs = Vec::new();
+        mac.push(&mut recs, Kind::Size, 0, 0, &st.size.to_be_bytes());
+        sys::pwrite_all(log.as_fd(), &recs, 0)
+            .map_err(|e| Error::io(format!("writing {}", dir.path_of(self.id()).display()), e))?;
+        crate::crash::point!("map.session_logged");
+        st.generation = g;
+        self.write_header_map(st, true)?;
+        crate::crash::point!("map.session_started");
+        st.session = Some(Session { log, pos: recs.len() as u64, seq: 1, mac });
+        Ok(())
+    }
+
+    /// Writes `recs` (records of the open session) at its log's end in one `pwrite`, and
+    /// moves the end past the first `kept` bytes of them.
+    fn append_log(&self, st: &mut MapState, recs: &[u8], kept: usize) -> Result<()> {
+        let s = st.session.as_mut().expect("a session is open");
+        sys::pwrite_all(s.log.as_fd(), recs, s.pos)
+            .ctx(|| format!("writing the write-session log of {}", self.what))?;
+        s.pos += kept as u64;
+        Ok(())
+    }
+
+    /// Logs a write before its blocks go out: a block record (the tag) and a copy record for
+    /// each block it overwrites in place (below `k_old`, the block count before it), and the
+    /// size after it when that changes. The log's end moves past the block records only: the
+    /// next records go over the copies, which this write no longer needs once it returns
+    /// (writes of one file are serialized by its map state's lock).
+    pub(super) fn log_write(
+        &self,
+        st: &mut MapState,
+        buf: &[u8],
+        spans: &[(u64, std::ops::Range<usize>)],
+        k_old: u64,
+        new_size: Option<u64>,
+    ) -> Result<()> {
+        let s = st.session.as_mut().expect("a session is open");
+        let mut recs = Vec::new();
+        if let Some(p) = new_size {
+            s.mac.push(&mut recs, Kind::Size, s.seq, 0, &p.to_be_bytes());
+            s.seq += 1;
+        }
+        let inplace = || spans.iter().filter(|(n, _)| *n < k_old);
+        for (n, r) in inplace() {
+            s.mac.push(&mut recs, Kind::Block, s.seq, *n, &buf[r.end - 16..r.end]);
+            s.seq += 1;
+        }
+        let kept = recs.len();
+        for (n, r) in inplace() {
+            s.mac.push(&mut recs, Kind::Copy, s.seq, *n, &buf[r.clone()]);
+            s.seq += 1;
+        }
+        if recs.is_empty() {
+            return Ok(());
+        }
+        self.append_log(st, &recs, kept)?;
+        crate::crash::point!("map.blocks_logged");
+        Ok(())
+    }
+
+    /// Logs block `n`'s new ciphertext `ct` and the size `size` the file takes with it (a
+    /// shrinking truncate's new final block).
+    pub(super) fn log_block(&self, st: &mut MapState, n: u64, ct: &[u8], size: u64) -> Result<()> {
+        let s = st.session.as_mut().expect("a session is open");
+        let mut recs = Vec::new();
+        s.mac.push(&mut recs, Kind::Size, s.seq, 0, &size.to_be_bytes());
+        s.mac.push(&mut recs, Kind::Block, s.seq + 1, n, &ct[ct.len() - 16..]);
+        let kept = recs.len();
+        s.mac.push(&mut recs, Kind::Copy, s.seq + 2, n, ct);
+        s.seq += 3;
+        self.append_log(st, &recs, kept)?;
+        crate::crash::point!("map.blocks_logged");
+        Ok(())
+    }
+
+    /// Commits the map in memory: in a session, the new bytes of every map block and node it
+    /// changes and a commit record (size, root) go to the log, then those bytes in place,
+    /// then (after cutting the file to `cut`, for a shrinking truncate) the settled header;
+    /// the log goes last. Without a session (a first write into an empty file), the map and
+    /// the header of a new generation, header last.
+    pub(super) fn finish_map(&self, st: &mut MapState, cut: Option<u64>) -> Result<()> {
+        let writes = self.map_writes(st);
+        match st.session.take() {
+            Some(mut s) => {
+                let root = bm::map_root(self.id(), st.k, &st.hashes).expect("one hash per group");
+                let mut recs = Vec::new();
+                let mut seq = s.seq;
+                for (a, _, bytes) in &writes {
+                    s.mac.push(&mut recs, Kind::Map, seq, *a, bytes);
+                    seq += 1;
+                }
+                s.mac.push(&mut recs, Kind::Commit, seq, 0, &maplog::commit_payload(st.size, &root));
+                if let Err(e) = sys::pwrite_all(s.log.as_fd(), &recs, s.pos) {
+                    // Nothing of the commit counts yet: the session stays open (a cut record
+                    // at its end does not authenticate and is written over next time).
+                    st.session = Some(s);
+                    return Err(Error::io(format!("writing the write-session log of {}", self.what), e));
+                }
+                crate::crash::point!("map.committed");
+                // From here the commit record is what a reader goes by: if a step fails, the
+                // session stays open with it in its log, and the next commit comes after it.
+                (s.pos, s.seq) = (s.pos + recs.len() as u64, seq + 1);
+                let rest = (|| -> Result<()> {
+                    self.put_map(&writes)?;
+                    crate::crash::point!("map.map_written");
+                    if let Some(c) = cut {
+                        sys::ftruncate(self.fd(), c).ctx(|| format!("truncating {}", self.what))?;
+                    }
+                    self.write_header_map(st, false)
+                })();
+                if let Err(e) = rest {
+                    st.session = Some(s);
+                    return Err(e);
+                }
+                crate::crash::point!("map.settled");
+                drop(s);
+                self.remove_stash();
+            }
+            None => {
+                st.generation += 1;
+                self.put_map(&writes)?;
+                if let Some(c) = cut {
+                    sys::ftruncate(self.fd(), c).ctx(|| format!("truncating {}", self.what))?;
+                }
+                self.write_header_map(st, false)?;
+            }
+        }
+        st.write.clear();
+        st.changed.clear();
+        st.k_base = st.k;
+        Ok(())
+    }
+
+    fn put_map(&self, writes: &[(u64, u64, Vec<u8>)]) -> Result<()> {
+        for (_, off, bytes) in writes {
+            crate::crash::torn!("map.torn_map", self.fd(), bytes, *off);
+            sys::pwrite_all(self.fd(), bytes, *off).ctx(|| format!("writing {}", self.what))?;
+        }
+        Ok(())
+    }
+
+    /// Ends this handle's write session, if one is open (the last close, fsync). Returns
+    /// whether it wrote the header; the backing file keeps its modification time.
+    pub(super) fn end_map_session(&self) -> Result<bool> {
+        let mut st = self.map_state();
+        if st.session.is_none() {
+            return Ok(false);
+        }
+        let before = sys::fstat(self.fd()).ok();
+        self.finish_map(&mut st, None)?;
+        if let Some(b) = before {
+            self.put_back_mtime(&b);
+        }
+        Ok(true)
+    }
+
+    /// Reads a file whose header carries UNSETTLED by its session's log: by the newest commit
+    /// record whose map (its map records over the map on disk) gives its root, else by the
+    /// header's map with the newest size record whose final block is vouched for.
+    pub(super) fn load_session(&self, st: &mut MapState, h: bm::HeaderV2) -> Result<()> {
+        let bytes = match &self.ctx.stashes {
+            Some(dir) => dir.read(self.id()).ctx(|| format!("reading {}", dir.path_of(self.id()).display()))?,
+            None => None,
+        };
+        let log = Log::parse(bytes.unwrap_or_default(), &self.ctx.keys, self.id(), h.generation);
+        let (l, ml) = (self.ctx.layout, self.map_layout());
+        (st.generation, st.hdr) = (h.generation, Some(h));
+        for (p, root, seq) in log.commits() {
+            let k = l.block_count(p);
+            if k == 0 || ml.check_block_count(k).is_err() {
+                continue;
+            }
+            if let Ok((hashes, leaves, r)) = self.read_root(k, Some((&log, seq))) {
+                if r == root {
+                    (st.hashes, st.leaves, st.k, st.size, st.k_base) = (hashes, leaves, k, p, k);
+                    st.found = Some(Found { log, k0: h.blocks, commit: Some(seq) });
+                    tracing::warn!(
+                        "{}: recovered crash state ({}): reads as {p} bytes",
+                        self.what,
+                        TailRule::MapCommitted.describe()
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        let (hashes, leaves, root) = self.read_root(h.blocks, None)?;
+        if root != h.root {
+            return Err(self.map_auth(
+                "block map does not match the header's root nor a commit record of its write session (a map block, \
+                 node or header of another version)",
+            ));
+        }
+        (st.hashes, st.leaves, st.k_base) = (hashes, leaves, h.blocks);
+        let sizes = log.sizes();
+        st.found = Some(Found { log, k0: h.blocks, commit: None });
+        let mut plain = vec![0u8; l.block_size as usize];
+        for p in sizes {
+            let k = l.block_count(p);
+            if k == 0 || ml.check_block_count(k).is_err() {
+                continue;
+            }
+            (st.k, st.size) = (k, p);
+            if self.accept(st, k - 1, &mut plain).is_ok() {
+                tracing::warn!(
+                    "{}: recovered crash state ({}): reads as {p} bytes",
+                    self.what,
+                    TailRule::MapSession.describe()
+                );
+                return Ok(());
+            }
+        }
+        st.reset();
+        Err(self.map_auth(
+            "UNSETTLED, and no size its write session's log records ends the file (a log lost, or of another session or file)",
+        ))
+    }
+
+    /// Block `n` of a found session's file, into `out`: the block as stored if its tag is
+    /// the leaf the map in use gives, or (without a commit) the tag of a block record of the
+    /// session, or (without a commit, past the header's block count, which has no leaf) if it
+    /// opens; a hole by its leaf, or an all-zero slot past the header's count; else the
+    /// newest block record that the same rules allow and that opens. Anything else is an
+    /// integrity error.
+    fn accept(&self, st: &mut MapState, n: u64, out: &mut [u8]) -> Result<(usize, Source)> {
+        let (l, ml) = (self.ctx.layout, self.map_layout());
+        let (k, p) = (st.k, st.size);
+        let f = st.found.as_ref().expect("a found session");
+        let (committed, k0) = (f.commit.is_some(), f.k0);
+        let leaf = if committed || n < k0 { Some(self.leaf(st, n)?) } else { None };
+        let f = st.found.as_ref().expect("a found session");
+        let vouched = f.log.tags_of(n);
+        let last = n + 1 == k;
+        let len = (l.block_len(n, p) + l.overhead) as usize;
+        let plain = len - l.overhead as usize;
+        let hole_by_leaf = leaf == Some(HOLE_LEAF) && (committed || vouched.is_empty());
+        if hole_by_leaf {
+            if last {
+                return Err(Error::auth(&self.what, format!("block {n}, the final block, is a hole in the map")));
+            }
+            out[..plain].fill(0);
+            return Ok((plain, Source::Hole));
+        }
+        let mut ct = vec![0u8; len];
+        let got = sys::pread_full(self.fd(), &mut ct, ml.block_offset(n)).ctx(|| format!("reading {}", self.what))?;
+        if got == len {
+            let tag = bm::leaf_of(&ct).expect("a block has a tag");
+            let ok = match leaf {
+                Some(lf) => lf == tag,
+                None => true,
+            } || (!committed && vouched.contains(&tag));
+            if ok && self.codec.open_into(n, last, &ct, out, &self.what).is_ok() {
+                return Ok((plain, Source::Disk(tag)));
+            }
+            if leaf.is_none() && !last && ct.iter().all(|&b| b == 0) {
+                out[..plain].fill(0);
+                return Ok((plain, Source::Hole));
+            }
+        }
+        // A copy counts only as a version the map or a block record vouches for.
+        for r in f.log.copies_of(n) {
+            let rct = f.log.payload(r);
+            let tag = bm::leaf_of(rct);
+            let ok = match committed {
+                true => tag == leaf,
+                false => tag.is_some_and(|t| vouched.contains(&t) || leaf == Some(t)),
+            };
+            if rct.len() != len || !ok {
+                continue;
+            }
+            if self.codec.open_into(n, last, rct, out, &self.what).is_ok() {
+                return Ok((plain, Source::Record(rct.to_vec())));
+            }
+        }
+        Err(Error::auth(
+            &self.what,
+            format!("block {n} is not a version the header or its write session's log vouches for"),
+        ))
+    }
+
+    /// [`read_at_map`](Self::read_at_map) for a found session's file: block by block.
+    pub(super) fn read_found(&self, st: &mut MapState, buf: &mut [u8], off: u64, len: u64) -> Result<usize> {
+        let l = self.ctx.layout;
+        let size = st.size;
+        if off >= size {
+            return Ok(0);
+        }
+        let len = len.min(size - off);
+        let (first, last) = l.blocks_touched(off, len).expect("non-empty");
+        let mut plain = vec![0u8; l.block_size as usize];
+        let mut done = 0usize;
+        for n in first..=last {
+            let (blen, _) = self.accept(st, n, &mut plain).inspect_err(|e| tracing::error!("{e}"))?;
+            let bstart = n * l.block_size;
+            let from = (off.max(bstart) - bstart) as usize;
+            let to = ((off + len).min(bstart + blen as u64) - bstart) as usize;
+            buf[done..done + to - from].copy_from_slice(&plain[from..to]);
+            done += to - from;
+        }
+        Ok(done)
+    }
+
+    /// Settles a found session's file: writes in place every block it reads from a record,
+    /// then, in the same session's log, the map records and a commit record for the file as
+    /// it reads; then the map in place, the cut to its size, the settled header, and the log
+    /// goes. Each step reads the same as the one before. `None` when nothing was found.
+    pub(super) fn settle_found(&self, st: &mut MapState) -> Result<Option<TailRule>> {
+        let Some(f) = st.found.as_ref() else { return Ok(None) };
+        let (committed, rule) = (f.commit.is_some(), f.rule());
+        let (l, ml) = (self.ctx.layout, self.map_layout());
+        let (k, p) = (st.k, st.size);
+        let with_records: BTreeSet<u64> =
+            (f.log.records.iter().filter(|r| r.kind == Kind::Block)).map(|r| r.a).collect();
+        let mut leaves: Vec<Leaf> = Vec::with_capacity(k as usize);
+        let mut plain = vec![0u8; l.block_size as usize];
+        for n in 0..k {
+            let k0 = st.found.as_ref().expect("found").k0;
+            if !with_records.contains(&n) && n + 1 < k && (committed || n + 1 < k0) {
+                leaves.push(self.leaf(st, n)?);
+                continue;
+            }
+            let (_, src) = self.accept(st, n, &mut plain).inspect_err(|e| tracing::error!("{e}"))?;
+            leaves.push(match src {
+                Source::Disk(t) => t,
+                Source::Hole => HOLE_LEAF,
+                Source::Record(ct) => {
+                    sys::pwrite_all(self.fd(), &ct, ml.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
+                    bm::leaf_of(&ct).expect("a block has a tag")
+                }
+            });
+        }
+        let mut hashes = Vec::with_capacity(group_count(k) as usize);
+        let mut writes = Vec::new();
+        let differs = |bytes: &[u8], off: u64| -> Result<bool> {
+            let mut disk = vec![0u8; bytes.len()];
+            let got = sys::pread_full(self.fd(), &mut disk, off).ctx(|| format!("reading {}", self.what))?;
+            Ok(got != disk.len() || disk != bytes)
+        };
+        for g in 0..group_count(k) {
+            let (a, b) = (group_start(g), group_start(g + 1).min(k));
+            let bytes = leaves[a as usize..b as usize].as_flattened().to_vec();
+            hashes.push(bm::hash(&bytes));
+            if differs(&bytes, ml.map_offset(g))? {
+                writes.push((g, ml.map_offset(g), bytes));
+            }
+        }
+        for j in 0..node_count(k) {
+            let node = bm::node_bytes(&hashes[span_first_group(j) as usize..span_first_group(j + 1) as usize]);
+            if differs(&node, ml.node_offset(j))? {
+                writes.push((NODE_BIT + j, ml.node_offset(j), node));
+            }
+        }
+        let id = *self.id();
+        let root = bm::map_root(&id, k, &hashes).expect("one hash per group");
+        let dir = self.ctx.stashes.as_ref().expect("a found session has a log");
+        let f = st.found.as_ref().expect("found");
+        let (log, pos, mut seq) = match dir.open_rw(&id) {
+            Ok(Some(fd)) => (fd, f.log.end, f.log.next_seq),
+            _ => (dir.create(&id).map_err(|e| Error::io(format!("creating {}", dir.path_of(&id).display()), e))?, 0, 0),
+        };
+        let mac = maplog::Keyed::new(&self.ctx.keys, &id, st.generation);
+        let mut recs = Vec::new();
+        for (a, _, bytes) in &writes {
+            mac.push(&mut recs, Kind::Map, seq, *a, bytes);
+            seq += 1;
+        }
+        mac.push(&mut recs, Kind::Commit, seq, 0, &maplog::commit_payload(p, &root));
+        sys::pwrite_all(log.as_fd(), &recs, pos).ctx(|| format!("writing the write-session log of {}", self.what))?;
+        self.put_map(&writes)?;
+        sys::ftruncate(self.fd(), ml.cipher_size(p)).ctx(|| format!("truncating {}", self.what))?;
+        st.found = None;
+        (st.hashes, st.k, st.size, st.k_base) = (hashes, k, p, k);
+        st.leaves.clear();
+        st.write.clear();
+        st.changed.clear();
+        self.write_header_map(st, false)?;
+        drop(log);
+        self.remove_stash();
+        tracing::warn!("{}: settled ({}): {p} bytes", self.what, rule.describe());
+        Ok(Some(rule))
+    }
+
+    /// Whether a found session's file is being read by its log, and its size (for fsck).
+    pub(super) fn map_crash_state(&self) -> Option<(TailRule, u64)> {
+        let st = self.map_state();
+        st.found.as_ref().map(|f| (f.rule(), st.size))
+    }
+
+    /// [`recover_tail`](Self::recover_tail) for a file with a block map.
+    pub(super) fn recover_map(&self) -> Result<Option<TailRule>> {
+        let mut st = self.map_state();
+        if st.found.is_none() {
+            return Ok(None);
+        }
+        self.settle_found(&mut st)
+    }
+}
