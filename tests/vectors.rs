@@ -548,6 +548,16 @@ fn block_map_session_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) 
     let commit_at: usize = [8, 16, 8, 16, 16, 32, 16].iter().map(|len| maplog::HEAD + len).sum();
     assert_eq!(commit_log[commit_at], Kind::Commit as u8);
     forged_mac[commit_at + 24] ^= 1;
+    // The cut log with write 1's block record (bytes 48..104, after the first size record)
+    // MAC'd for another session or another file: block 1's new version is then vouched for
+    // by nothing.
+    let stray_block_record = |id: &[u8; 16], g: u64| {
+        let mut log = cut_log.clone();
+        let mut rec = Vec::new();
+        maplog::push(&mut rec, k, id, g, Kind::Block, 1, 1, &tag(&new1));
+        log[48..104].copy_from_slice(&rec);
+        log
+    };
     type Case<'a> = (&'a str, Vec<u8>, Vec<u8>, Option<Vec<u8>>);
     let cases: Vec<Case> = vec![
         (
@@ -568,6 +578,13 @@ fn block_map_session_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) 
             commit_log.clone(),
             Some(plain1.clone()),
         ),
+        (
+            "block 1's block record of another generation (session 1)",
+            torn.clone(),
+            stray_block_record(&file_id, 1),
+            None,
+        ),
+        ("block 1's block record of another file ID", torn.clone(), stray_block_record(&other_id, 2), None),
         ("the log's records of another generation (session 1)", torn.clone(), log_of(&file_id, 1, r1, false), None),
         ("the log's records of another file ID", torn.clone(), log_of(&other_id, 2, r1, false), None),
         (
