@@ -905,8 +905,9 @@ fn reference_reader_reads_directories_of_vaults_with_and_without_iv_in_name() {
 
 /// The reference reader reads files that `veilfs import` wrote into a vault with the feature
 /// `block-map` (header v2, docs/FORMAT.md §5.10): sizes at the edges of a block and of the
-/// small and full groups, an empty file and a file with holes. python3 with `cryptography`
-/// is required under CI=true.
+/// small and full groups, an empty file and a file with holes; then one of them UNSETTLED by a
+/// real write session cut short, read by its log. python3 with `cryptography` is required
+/// under CI=true.
 #[test]
 fn reference_reader_reads_files_of_a_vault_with_block_map() {
     use std::os::unix::fs::FileExt;
@@ -950,4 +951,37 @@ fn reference_reader_reads_files_of_a_vault_with_block_map() {
         let c = std::fs::read(root.path.join(&e.on_disk)).unwrap();
         assert!(c.is_empty() || c[..2] == [0, 2], "{}", e.on_disk);
     }
+    // A real write session cut short, as a killed writer leaves it (the handle goes without
+    // settling): an inner block rewritten, then the final block, growth past a hole, and the
+    // first block. The file stays UNSETTLED with its log, and the reference reader reads it by
+    // that log (FORMAT.md §5.10, "Write sessions and their log").
+    let e = vault.lookup(&root, b"f6").unwrap().unwrap();
+    let mut want = std::fs::read(src.join("f6")).unwrap();
+    let f = vault.open_file(&root, &e, libc::O_RDWR).unwrap();
+    f.set_defer_sparse(true);
+    let mut size = want.len() as u64;
+    for (off, what) in
+        [(5 * 4096 + 3, &b"inner"[..]), (size - 2, b"end"), (size + 3 * 4096 + 7, b"grown"), (100, b"again")]
+    {
+        size = f.write_at(what, off, size).unwrap();
+        let end = off as usize + what.len();
+        want.resize(want.len().max(end), 0);
+        want[off as usize..end].copy_from_slice(what);
+    }
+    drop(f);
+    let c = std::fs::read(root.path.join(&e.on_disk)).unwrap();
+    assert!(c[3] & 2 != 0, "the session did not end");
+    let id: [u8; 16] = c[4..20].try_into().unwrap();
+    assert!(v.join(veilfs_core::stash::stash_name(&id)).exists(), "no log");
+    std::fs::write(src.join("f6"), &want).unwrap();
+    let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
+    assert!(out.contains(" 0 failed") && out.contains("compared 8 vault entries"), "{out}");
+    // Without its log the file has no vouched size: the reader reports damage, not data.
+    std::fs::remove_file(v.join(veilfs_core::stash::stash_name(&id))).unwrap();
+    let o = std::process::Command::new("python3")
+        .args([r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && text.contains("no size record"), "{text}");
 }
