@@ -548,6 +548,17 @@ fn block_map_session_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) 
     let commit_at: usize = [8, 16, 8, 16, 16, 32, 16].iter().map(|len| maplog::HEAD + len).sum();
     assert_eq!(commit_log[commit_at], Kind::Commit as u8);
     forged_mac[commit_at + 24] ^= 1;
+    // The same log with the commit record moved in front of the map records: they still
+    // precede it by their sequence numbers, which is what counts.
+    let maps_at = commit_at - [16, 32, 16].iter().map(|len| maplog::HEAD + len).sum::<usize>();
+    let commit_end = commit_at + maplog::HEAD + 40;
+    let reordered = [
+        &commit_log[..maps_at],
+        &commit_log[commit_at..commit_end],
+        &commit_log[maps_at..commit_at],
+        &commit_log[commit_end..],
+    ]
+    .concat();
     // The cut log with write 1's block record (bytes 48..104, after the first size record)
     // MAC'd for another session or another file: block 1's new version is then vouched for
     // by nothing.
@@ -576,6 +587,12 @@ fn block_map_session_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) 
             "committed, map cut short: read by the commit record",
             after_commit.clone(),
             commit_log.clone(),
+            Some(plain1.clone()),
+        ),
+        (
+            "committed, its records reordered in the log: a map record precedes the commit by seq",
+            after_commit.clone(),
+            reordered,
             Some(plain1.clone()),
         ),
         (

@@ -445,6 +445,12 @@ def bm_block_count(p: int, B: int) -> int:
     return -(-p // B)
 
 
+def bm_counts(p: int, B: int, O: int) -> bool:
+    """Whether a size or commit record of p bytes counts: not 0 bytes (a truncate to 0 removes
+    the log) and not more blocks than the limit of "Layout"."""
+    return 0 < bm_block_count(p, B) <= (1 << 62) // (B + O + 64)
+
+
 def bm_check_nodes(maps: list[bytes], nodes: list[bytes]):
     for j, node in enumerate(nodes):
         span = maps[bm_group_of(j * MAP_SPAN):bm_group_of((j + 1) * MAP_SPAN)]
@@ -476,7 +482,8 @@ def bm_read_blocks(aead, key, fid: bytes, B: int, data: bytes, p: int, maps: lis
 def read_unsettled_block_map_file(aead, keys, B: int, data: bytes, fid: bytes, h: dict, log: bytes | None) -> bytes:
     """A file whose header v2 carries UNSETTLED, read with the records of its session's log
     (generation g = the header's): by the newest commit record whose map gives its root, else by
-    the header's map with the sizes and blocks the log vouches for."""
+    the header's map with the sizes and blocks the log vouches for. Newest means the highest seq,
+    wherever a record lies in the log."""
     O, key = aead.overhead, file_key(keys, fid)
     recs = sorted(parse_log(keys, fid, h["generation"], log or b""), key=lambda r: r["seq"])
     newest_first = list(reversed(recs))
@@ -500,6 +507,8 @@ def read_unsettled_block_map_file(aead, keys, B: int, data: bytes, fid: bytes, h
         if c["kind"] != REC_COMMIT or len(c["payload"]) != 40:
             continue
         p1, root1 = struct.unpack(">Q", c["payload"][:8])[0], c["payload"][8:]
+        if not bm_counts(p1, B, O):
+            continue
         k1 = bm_block_count(p1, B)
 
         def region(a: int, off: int, length: int) -> bytes:
@@ -556,7 +565,7 @@ def read_unsettled_block_map_file(aead, keys, B: int, data: bytes, fid: bytes, h
             continue
         p = struct.unpack(">Q", r["payload"])[0]
         k = bm_block_count(p, B)
-        if k == 0 or block(k - 1, p) is None:
+        if not bm_counts(p, B, O) or block(k - 1, p) is None:
             continue
         out = []
         for n in range(k):
