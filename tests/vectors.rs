@@ -923,7 +923,8 @@ fn reference_reader_reads_directories_of_vaults_with_and_without_iv_in_name() {
 /// The reference reader reads files that `veilfs import` wrote into a vault with the feature
 /// `block-map` (header v2, docs/FORMAT.md §5.10): sizes at the edges of a block and of the
 /// small and full groups, an empty file and a file with holes; then one of them UNSETTLED by a
-/// real write session cut short, read by its log. python3 with `cryptography` is required
+/// real write session cut short, read by its log, also with its last in-place block torn (read
+/// from its copy record), and damage without the log. python3 with `cryptography` is required
 /// under CI=true.
 #[test]
 fn reference_reader_reads_files_of_a_vault_with_block_map() {
@@ -977,9 +978,12 @@ fn reference_reader_reads_files_of_a_vault_with_block_map() {
     let f = vault.open_file(&root, &e, libc::O_RDWR).unwrap();
     f.set_defer_sparse(true);
     let mut size = want.len() as u64;
+    let cipher = root.path.join(&e.on_disk);
+    let mut before_last = Vec::new();
     for (off, what) in
         [(5 * 4096 + 3, &b"inner"[..]), (size - 2, b"end"), (size + 3 * 4096 + 7, b"grown"), (100, b"again")]
     {
+        before_last = std::fs::read(&cipher).unwrap();
         size = f.write_at(what, off, size).unwrap();
         let end = off as usize + what.len();
         want.resize(want.len().max(end), 0);
@@ -993,6 +997,17 @@ fn reference_reader_reads_files_of_a_vault_with_block_map() {
     std::fs::write(src.join("f6"), &want).unwrap();
     let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
     assert!(out.contains(" 0 failed") && out.contains("compared 8 vault entries"), "{out}");
+    // The last write's in-place block (block 0, at 92 + 16) torn as a kill inside its `pwrite`
+    // leaves it: its second half still the old version's. The block reads from the copy
+    // record the writer logged before writing it in place.
+    let (at, half) = (108 + 2062, 2062);
+    assert!(c[at..at + half] != before_last[at..at + half]);
+    let torn = std::fs::OpenOptions::new().write(true).open(&cipher).unwrap();
+    let mtime = torn.metadata().unwrap().modified().unwrap();
+    torn.write_all_at(&before_last[at..at + half], at as u64).unwrap();
+    torn.set_modified(mtime).unwrap(); // the compare checks mtimes; a tear is no change of them
+    let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
+    assert!(out.contains(" 0 failed") && out.contains("compared 8 vault entries"), "torn block 0: {out}");
     // Without its log the file has no vouched size: the reader reports damage, not data.
     std::fs::remove_file(v.join(veilfs_core::stash::stash_name(&id))).unwrap();
     let o = std::process::Command::new("python3")
