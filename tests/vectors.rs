@@ -424,7 +424,8 @@ fn block_map_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value
 /// and their log"), GCM with fixed nonces, B = 4096: one record of each kind; then one session
 /// of generation 2 over a settled 3-block file (`a`, `b`, `end`, generation 1) — write 1
 /// rewrites block 1 in place, write 2 writes `tail` at block 4 (block 2, the old final block,
-/// re-sealed as an inner block; block 3 a hole) — stopped at several points, each file with
+/// re-sealed as an inner block; block 3 a hole) — stopped at several points, and another
+/// session 2 of a shrinking truncate, each file with
 /// its log and the plaintext a reader must return (`null`: an integrity error). The states
 /// are built step by step as the writer's steps (1 … 4) describe, with the core's encoders:
 /// the real writer draws random nonces, which known answers cannot hold;
@@ -569,6 +570,42 @@ fn block_map_session_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) 
         log[48..104].copy_from_slice(&rec);
         log
     };
+    // Another session 2 over the same file, a shrinking truncate to 4096 + 10 bytes (step 3):
+    // the size record, a block record and a copy record of the new final block 1 (sealed as
+    // last, shorter), that block in place, cut before the session's end (the file is not cut
+    // yet: the rest of the old block 1 and block 2 stay behind it). Also with that in-place
+    // write torn (half of it written).
+    let p_cut = 4096 + 10u64;
+    let short1 = seal(1, true, &b[..10], 0x75);
+    let mut trunc_log = Vec::new();
+    for (seq, kind, a, payload) in [
+        (0u64, Kind::Size, 0u64, p0.to_be_bytes().to_vec()),
+        (1, Kind::Size, 0, p_cut.to_be_bytes().to_vec()),
+        (2, Kind::Block, 1, tag(&short1).to_vec()),
+        (3, Kind::Copy, 1, short1.clone()),
+    ] {
+        maplog::push(&mut trunc_log, k, &file_id, 2, kind, seq, a, &payload);
+    }
+    let truncated = |block1: &[u8]| {
+        file(
+            unsettled,
+            2,
+            3,
+            r0,
+            &[
+                (m(0), &m0),
+                (o(0), &old[0]),
+                (m(1), &m1),
+                (o(1), &old[1]),
+                (o(1), block1),
+                (m(2), &m2_old),
+                (o(2), &old[2]),
+            ],
+            l.cipher_size(p0),
+        )
+    };
+    let torn_short1 = [&short1[..19], &old[1][19..38]].concat();
+    let plain_cut = [&a[..], &b[..10]].concat();
     type Case<'a> = (&'a str, Vec<u8>, Vec<u8>, Option<Vec<u8>>);
     let cases: Vec<Case> = vec![
         (
@@ -612,6 +649,18 @@ fn block_map_session_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) 
         ),
         ("a commit record with one MAC byte changed", after_commit, forged_mac, None),
         ("no log", torn, Vec::new(), None),
+        (
+            "a shrinking truncate cut before its end: the new final block in place, the file not yet cut",
+            truncated(&short1),
+            trunc_log.clone(),
+            Some(plain_cut.clone()),
+        ),
+        (
+            "a shrinking truncate whose new final block was torn in place: read from its copy record",
+            truncated(&torn_short1),
+            trunc_log,
+            Some(plain_cut),
+        ),
     ];
     let files: Vec<Value> = cases
         .into_iter()
