@@ -130,6 +130,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
     let ordered_growth = ordered_growth_vectors(&k, file_id);
     let inner_stash = inner_stash_vectors(&k, file_id);
     let block_map = block_map_vectors(&k, file_id);
+    let block_map_sessions = block_map_session_vectors(&k, file_id);
     // Feature `iv-in-name` (docs/FORMAT.md §7.1): the IV names of the two directory IVs above.
     let iv_in_name: Vec<Value> =
         [iv, root_iv].iter().map(|iv| json!({"dir_iv": hex(iv), "name": veilfs_core::names::diriv_name(iv)})).collect();
@@ -158,6 +159,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
         "inner_stash": inner_stash,
         "iv_in_name": iv_in_name,
         "block_map": block_map,
+        "block_map_sessions": block_map_sessions,
     })
 }
 
@@ -418,6 +420,259 @@ fn block_map_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value
     })
 }
 
+/// Write sessions of a file with a block map and their log (FORMAT.md §5.10, "Write sessions
+/// and their log"), GCM with fixed nonces, B = 4096: one record of each kind; then one session
+/// of generation 2 over a settled 3-block file (`a`, `b`, `end`, generation 1) — write 1
+/// rewrites block 1 in place, write 2 writes `tail` at block 4 (block 2, the old final block,
+/// re-sealed as an inner block; block 3 a hole) — stopped at several points, and another
+/// session 2 of a shrinking truncate, each file with
+/// its log and the plaintext a reader must return (`null`: an integrity error). The states
+/// are built step by step as the writer's steps (1 … 4) describe, with the core's encoders:
+/// the real writer draws random nonces, which known answers cannot hold;
+/// `reference_reader_reads_files_of_a_vault_with_block_map` reads a real session cut short.
+fn block_map_session_vectors(k: &veilfs_core::keys::SubKeys, file_id: [u8; 16]) -> Value {
+    use veilfs_core::content::blockmap::{self as bm, HeaderV2, MapLayout};
+    use veilfs_core::maplog::{self, Kind};
+    let l = MapLayout::new(4096, 28);
+    let codec = BlockCodec::new(ContentCipher::Aes256Gcm, k, file_id);
+    let seal = |n: u64, last: bool, plain: &[u8], nonce: u8| codec.seal_with_nonce(n, last, &[nonce; 12], plain);
+    let tag = |b: &[u8]| -> bm::Leaf { bm::leaf_of(b).unwrap() };
+    let other_id = arr::<16>("b0b1b2b3b4b5b6b7b8b9babbbcbdbebf");
+    let writer = *b"client-a";
+    // One record of each kind (file `file_id`, generation 7), with its fields.
+    let kinds = [
+        ("block", Kind::Block, 3u64, 5u64, vec![0x5bu8; 16]),
+        ("map", Kind::Map, 4, 2, [[0x11u8; 16], [0u8; 16]].concat()),
+        ("map of a node", Kind::Map, 5, maplog::NODE_BIT, vec![0x22u8; 4352]),
+        ("commit", Kind::Commit, 6, 0, maplog::commit_payload(8195, &[0x33; 32])),
+        ("size", Kind::Size, 0, 0, 16388u64.to_be_bytes().to_vec()),
+        ("copy", Kind::Copy, 2, 1, seal(1, false, &[0x63; 4096], 0x70)),
+    ];
+    let records: Vec<Value> = kinds
+        .iter()
+        .map(|(what, kind, seq, a, payload)| {
+            let mut bytes = Vec::new();
+            maplog::push(&mut bytes, k, &file_id, 7, *kind, *seq, *a, payload);
+            json!({"what": what, "kind": *kind as u8, "file_id": hex(&file_id), "generation": 7, "seq": seq, "a": a,
+                   "payload": hex(payload), "bytes": hex(&bytes)})
+        })
+        .collect();
+
+    // Before the session: a settled file of 3 blocks.
+    let (a, b, c) = (vec![0x61u8; 4096], vec![0x62u8; 4096], vec![0x63u8; 4096]);
+    let old = [seal(0, false, &a, 0x60), seal(1, false, &b, 0x61), seal(2, true, b"end", 0x62)];
+    let old_leaves: Vec<bm::Leaf> = old.iter().map(|b| tag(b)).collect();
+    let r0 = bm::root_of_leaves(&file_id, &old_leaves);
+    // The session's blocks: 1 rewritten, 2 re-sealed as inner, 3 a hole, 4 the new final block.
+    let mut end_inner = b"end".to_vec();
+    end_inner.resize(4096, 0);
+    let (new1, new2, new4) = (seal(1, false, &c, 0x71), seal(2, false, &end_inner, 0x72), seal(4, true, b"tail", 0x74));
+    let (p0, p1) = (2 * 4096 + 3u64, 4 * 4096 + 4u64);
+    let plain1 = [&a[..], &c[..], &end_inner[..], &[0u8; 4096][..], b"tail"].concat();
+    let plain_w1 = [&a[..], &c[..], b"end"].concat();
+    let new_leaves = [tag(&old[0]), tag(&new1), tag(&new2), bm::HOLE_LEAF, tag(&new4)];
+    let r1 = bm::root_of_leaves(&file_id, &new_leaves);
+    // Map block g of a file whose leaves are `leaves`: its map_len bytes.
+    let map_of = |leaves: &[bm::Leaf], g: u64| -> Vec<u8> {
+        let n = leaves.len() as u64;
+        leaves[bm::group_start(g) as usize..bm::group_start(g + 1).min(n) as usize].as_flattened().to_vec()
+    };
+    // A ciphertext file: the header, then each (offset, bytes), zeros between.
+    let file = |flags: u16, g: u64, blocks: u64, root: [u8; 32], parts: &[(u64, &[u8])], len: u64| {
+        let mut f = HeaderV2 { flags, id: file_id, generation: g, writer, blocks, root }.encode(k).to_vec();
+        f.resize(len as usize, 0);
+        for (at, bytes) in parts {
+            f[*at as usize..*at as usize + bytes.len()].copy_from_slice(bytes);
+        }
+        f
+    };
+    let unsettled = veilfs_core::content::header::FLAG_UNSETTLED;
+    let (o, m) = (|n: u64| l.block_offset(n), |g: u64| l.map_offset(g));
+    let (m0, m1, m2_old) = (map_of(&old_leaves, 0), map_of(&old_leaves, 1), map_of(&old_leaves, 2));
+    let torn2 = [&new2[..2062], &[0u8; 2062][..]].concat();
+    // The log of session 2 of `id` (generation `g`) cut after `upto` records: step 1's size
+    // record; write 1's block record (its copy record was overwritten by write 2's records);
+    // write 2's size, block and copy records; at the end, map records of groups 1–3 and the
+    // commit record, over write 2's copy record (whose last bytes stay behind them).
+    let log_of = |id: &[u8; 16], g: u64, commit_root: [u8; 32], end: bool| {
+        let mut log = Vec::new();
+        let push = |log: &mut Vec<u8>, kind, seq, a, payload: &[u8]| maplog::push(log, k, id, g, kind, seq, a, payload);
+        push(&mut log, Kind::Size, 0, 0, &p0.to_be_bytes());
+        push(&mut log, Kind::Block, 1, 1, &tag(&new1));
+        push(&mut log, Kind::Size, 3, 0, &p1.to_be_bytes());
+        push(&mut log, Kind::Block, 4, 2, &tag(&new2));
+        let copies_at = log.len();
+        push(&mut log, Kind::Copy, 5, 2, &new2);
+        if end {
+            let mut tail = Vec::new();
+            for (seq, g) in [(6u64, 1u64), (7, 2), (8, 3)] {
+                push(&mut tail, Kind::Map, seq, g, &map_of(&new_leaves, g));
+            }
+            push(&mut tail, Kind::Commit, 9, 0, &maplog::commit_payload(p1, &commit_root));
+            log[copies_at..copies_at + tail.len()].copy_from_slice(&tail);
+        }
+        log
+    };
+    let cut_log = log_of(&file_id, 2, r1, false);
+    let commit_log = log_of(&file_id, 2, r1, true);
+    // Cut while block 2 was written in place: blocks 1 and 4 are written, block 2 torn.
+    let torn = file(
+        unsettled,
+        2,
+        3,
+        r0,
+        &[(m(0), &m0), (o(0), &old[0]), (m(1), &m1), (o(1), &new1), (m(2), &m2_old), (o(2), &torn2), (o(4), &new4)],
+        l.cipher_size(p1),
+    );
+    // Cut after write 2's records, before any of its blocks: the file as write 1 left it.
+    let before_blocks = file(
+        unsettled,
+        2,
+        3,
+        r0,
+        &[(m(0), &m0), (o(0), &old[0]), (m(1), &m1), (o(1), &new1), (m(2), &m2_old), (o(2), &old[2])],
+        l.cipher_size(p0),
+    );
+    // Cut after the commit record and map block 1 in place, before map blocks 2 and 3 and the
+    // settled header.
+    let m1_new = map_of(&new_leaves, 1);
+    let after_commit = file(
+        unsettled,
+        2,
+        3,
+        r0,
+        &[(m(0), &m0), (o(0), &old[0]), (m(1), &m1_new), (o(1), &new1), (m(2), &m2_old), (o(2), &new2), (o(4), &new4)],
+        l.cipher_size(p1),
+    );
+    let mut forged_mac = commit_log.clone();
+    // The records before it: size, block, size, block, then the map records of groups 1–3.
+    let commit_at: usize = [8, 16, 8, 16, 16, 32, 16].iter().map(|len| maplog::HEAD + len).sum();
+    assert_eq!(commit_log[commit_at], Kind::Commit as u8);
+    forged_mac[commit_at + 24] ^= 1;
+    // The same log with the commit record moved in front of the map records: they still
+    // precede it by their sequence numbers, which is what counts.
+    let maps_at = commit_at - [16, 32, 16].iter().map(|len| maplog::HEAD + len).sum::<usize>();
+    let commit_end = commit_at + maplog::HEAD + 40;
+    let reordered = [
+        &commit_log[..maps_at],
+        &commit_log[commit_at..commit_end],
+        &commit_log[maps_at..commit_at],
+        &commit_log[commit_end..],
+    ]
+    .concat();
+    // The cut log with write 1's block record (bytes 48..104, after the first size record)
+    // MAC'd for another session or another file: block 1's new version is then vouched for
+    // by nothing.
+    let stray_block_record = |id: &[u8; 16], g: u64| {
+        let mut log = cut_log.clone();
+        let mut rec = Vec::new();
+        maplog::push(&mut rec, k, id, g, Kind::Block, 1, 1, &tag(&new1));
+        log[48..104].copy_from_slice(&rec);
+        log
+    };
+    // Another session 2 over the same file, a shrinking truncate to 4096 + 10 bytes (step 3):
+    // the size record, a block record and a copy record of the new final block 1 (sealed as
+    // last, shorter), that block in place, cut before the session's end (the file is not cut
+    // yet: the rest of the old block 1 and block 2 stay behind it). Also with that in-place
+    // write torn (half of it written).
+    let p_cut = 4096 + 10u64;
+    let short1 = seal(1, true, &b[..10], 0x75);
+    let mut trunc_log = Vec::new();
+    for (seq, kind, a, payload) in [
+        (0u64, Kind::Size, 0u64, p0.to_be_bytes().to_vec()),
+        (1, Kind::Size, 0, p_cut.to_be_bytes().to_vec()),
+        (2, Kind::Block, 1, tag(&short1).to_vec()),
+        (3, Kind::Copy, 1, short1.clone()),
+    ] {
+        maplog::push(&mut trunc_log, k, &file_id, 2, kind, seq, a, &payload);
+    }
+    let truncated = |block1: &[u8]| {
+        file(
+            unsettled,
+            2,
+            3,
+            r0,
+            &[
+                (m(0), &m0),
+                (o(0), &old[0]),
+                (m(1), &m1),
+                (o(1), &old[1]),
+                (o(1), block1),
+                (m(2), &m2_old),
+                (o(2), &old[2]),
+            ],
+            l.cipher_size(p0),
+        )
+    };
+    let torn_short1 = [&short1[..19], &old[1][19..38]].concat();
+    let plain_cut = [&a[..], &b[..10]].concat();
+    type Case<'a> = (&'a str, Vec<u8>, Vec<u8>, Option<Vec<u8>>);
+    let cases: Vec<Case> = vec![
+        (
+            "cut short: block 2 torn in place reads from its copy record, block 3 a hole",
+            torn.clone(),
+            cut_log.clone(),
+            Some(plain1.clone()),
+        ),
+        (
+            "cut short before the blocks past the end: the older size record's final block is vouched for",
+            before_blocks,
+            cut_log.clone(),
+            Some(plain_w1),
+        ),
+        (
+            "committed, map cut short: read by the commit record",
+            after_commit.clone(),
+            commit_log.clone(),
+            Some(plain1.clone()),
+        ),
+        (
+            "committed, its records reordered in the log: a map record precedes the commit by seq",
+            after_commit.clone(),
+            reordered,
+            Some(plain1.clone()),
+        ),
+        (
+            "block 1's block record of another generation (session 1)",
+            torn.clone(),
+            stray_block_record(&file_id, 1),
+            None,
+        ),
+        ("block 1's block record of another file ID", torn.clone(), stray_block_record(&other_id, 2), None),
+        ("the log's records of another generation (session 1)", torn.clone(), log_of(&file_id, 1, r1, false), None),
+        ("the log's records of another file ID", torn.clone(), log_of(&other_id, 2, r1, false), None),
+        (
+            "a forged commit record: its root is not the map's",
+            after_commit.clone(),
+            log_of(&file_id, 2, r0, true),
+            None,
+        ),
+        ("a commit record with one MAC byte changed", after_commit, forged_mac, None),
+        ("no log", torn, Vec::new(), None),
+        (
+            "a shrinking truncate cut before its end: the new final block in place, the file not yet cut",
+            truncated(&short1),
+            trunc_log.clone(),
+            Some(plain_cut.clone()),
+        ),
+        (
+            "a shrinking truncate whose new final block was torn in place: read from its copy record",
+            truncated(&torn_short1),
+            trunc_log,
+            Some(plain_cut),
+        ),
+    ];
+    let files: Vec<Value> = cases
+        .into_iter()
+        .map(|(rule, ct, log, plain)| {
+            json!({"rule": rule, "cipher": "AES-256-GCM", "block_size": 4096, "file_id": hex(&file_id),
+                   "ciphertext": hex(&ct), "log_name": veilfs_core::stash::stash_name(&file_id), "log": hex(&log),
+                   "plaintext": plain.map(|p| hex(&p))})
+        })
+        .collect();
+    json!({"records": records, "files": files})
+}
+
 /// The binding of each special-file type, in a vault with the feature `special-kinds` (own
 /// kind byte; a device's identity starts with its number) and in one without (all `0x04`).
 fn special_bindings(k: &veilfs_core::keys::SubKeys, iv: &[u8; 16]) -> Vec<Value> {
@@ -497,6 +752,7 @@ fn format_v1_known_answers() {
         "inner_stash",
         "iv_in_name",
         "block_map",
+        "block_map_sessions",
     ] {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }
@@ -594,6 +850,27 @@ fn format_v1_known_answers() {
         assert!(read().is_err(), "a torn inner block without its stash must fail");
         std::fs::write(t.path().join(f["stash_name"].as_str().unwrap()), unhex(f["stash"].as_str().unwrap())).unwrap();
         assert_eq!(hex(&read().unwrap()), f["plaintext"].as_str().unwrap(), "{}", f["rule"]);
+    }
+    // Files with a block map in a write session read by their log as FORMAT.md §5.10 says.
+    for f in committed["block_map_sessions"]["files"].as_array().unwrap() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("f");
+        std::fs::write(&p, unhex(f["ciphertext"].as_str().unwrap())).unwrap();
+        std::fs::write(t.path().join(f["log_name"].as_str().unwrap()), unhex(f["log"].as_str().unwrap())).unwrap();
+        let id = arr::<16>(f["file_id"].as_str().unwrap());
+        let rule = f["rule"].as_str().unwrap();
+        let c = ctx.clone().with_unsettled_tails(true).with_block_map(true).with_stashes(t.path());
+        let mut got = Vec::new();
+        let r = veilfs_core::CryptFile::open(std::fs::File::open(&p).unwrap(), c, id, rule.into()).and_then(|f| {
+            f.stream(|p: &[u8]| {
+                got.extend_from_slice(p);
+                Ok::<(), veilfs_core::Error>(())
+            })
+        });
+        match f["plaintext"].as_str() {
+            Some(want) => assert_eq!((r.is_ok(), hex(&got)), (true, want.to_string()), "{rule}: {r:?}"),
+            None => assert!(matches!(r, Err(veilfs_core::Error::Auth { .. })), "{rule}: {r:?}"),
+        }
     }
     // The recovery key display decodes to its bytes.
     let rk = RecoveryKey::parse(committed["recovery_key"]["display"].as_str().unwrap()).unwrap();
@@ -694,8 +971,10 @@ fn reference_reader_reads_directories_of_vaults_with_and_without_iv_in_name() {
 
 /// The reference reader reads files that `veilfs import` wrote into a vault with the feature
 /// `block-map` (header v2, docs/FORMAT.md §5.10): sizes at the edges of a block and of the
-/// small and full groups, an empty file and a file with holes. python3 with `cryptography`
-/// is required under CI=true.
+/// small and full groups, an empty file and a file with holes; then one of them UNSETTLED by a
+/// real write session cut short, read by its log, also with its last in-place block torn (read
+/// from its copy record), and damage without the log. python3 with `cryptography` is required
+/// under CI=true.
 #[test]
 fn reference_reader_reads_files_of_a_vault_with_block_map() {
     use std::os::unix::fs::FileExt;
@@ -739,4 +1018,51 @@ fn reference_reader_reads_files_of_a_vault_with_block_map() {
         let c = std::fs::read(root.path.join(&e.on_disk)).unwrap();
         assert!(c.is_empty() || c[..2] == [0, 2], "{}", e.on_disk);
     }
+    // A real write session cut short, as a killed writer leaves it (the handle goes without
+    // settling): an inner block rewritten, then the final block, growth past a hole, and the
+    // first block. The file stays UNSETTLED with its log, and the reference reader reads it by
+    // that log (FORMAT.md §5.10, "Write sessions and their log").
+    let e = vault.lookup(&root, b"f6").unwrap().unwrap();
+    let mut want = std::fs::read(src.join("f6")).unwrap();
+    let f = vault.open_file(&root, &e, libc::O_RDWR).unwrap();
+    f.set_defer_sparse(true);
+    let mut size = want.len() as u64;
+    let cipher = root.path.join(&e.on_disk);
+    let mut before_last = Vec::new();
+    for (off, what) in
+        [(5 * 4096 + 3, &b"inner"[..]), (size - 2, b"end"), (size + 3 * 4096 + 7, b"grown"), (100, b"again")]
+    {
+        before_last = std::fs::read(&cipher).unwrap();
+        size = f.write_at(what, off, size).unwrap();
+        let end = off as usize + what.len();
+        want.resize(want.len().max(end), 0);
+        want[off as usize..end].copy_from_slice(what);
+    }
+    drop(f);
+    let c = std::fs::read(root.path.join(&e.on_disk)).unwrap();
+    assert!(c[3] & 2 != 0, "the session did not end");
+    let id: [u8; 16] = c[4..20].try_into().unwrap();
+    assert!(v.join(veilfs_core::stash::stash_name(&id)).exists(), "no log");
+    std::fs::write(src.join("f6"), &want).unwrap();
+    let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
+    assert!(out.contains(" 0 failed") && out.contains("compared 8 vault entries"), "{out}");
+    // The last write's in-place block (block 0, at 92 + 16) torn as a kill inside its `pwrite`
+    // leaves it: its second half still the old version's. The block reads from the copy
+    // record the writer logged before writing it in place.
+    let (at, half) = (108 + 2062, 2062);
+    assert!(c[at..at + half] != before_last[at..at + half]);
+    let torn = std::fs::OpenOptions::new().write(true).open(&cipher).unwrap();
+    let mtime = torn.metadata().unwrap().modified().unwrap();
+    torn.write_all_at(&before_last[at..at + half], at as u64).unwrap();
+    torn.set_modified(mtime).unwrap(); // the compare checks mtimes; a tear is no change of them
+    let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
+    assert!(out.contains(" 0 failed") && out.contains("compared 8 vault entries"), "torn block 0: {out}");
+    // Without its log the file has no vouched size: the reader reports damage, not data.
+    std::fs::remove_file(v.join(veilfs_core::stash::stash_name(&id))).unwrap();
+    let o = std::process::Command::new("python3")
+        .args([r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && text.contains("no size record"), "{text}");
 }

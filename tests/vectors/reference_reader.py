@@ -233,7 +233,8 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
 
 
 # §5.10: the block map (feature "block-map"; no vault is made with it yet). Layout, root, header
-# v2 and the settled file's reading rules (holes are zero leaves); UNSETTLED comes later.
+# v2, the settled file's reading rules (holes are zero leaves) and, below, an UNSETTLED file read
+# by its write session's log.
 H2 = 92
 MAP_SPAN = 1 << 15  # S: blocks per span, a node after each span a block follows
 
@@ -353,18 +354,21 @@ def header_v2_decode(keys, data: bytes) -> dict:
             "root": data[44:76]}
 
 
-def read_block_map_file(aead, keys, B: int, data: bytes, identity: bytes) -> bytes:
+def read_block_map_file(aead, keys, B: int, data: bytes, identity: bytes, log: bytes | None = None) -> bytes:
     """A settled file with a block map: header, count, root over the stored map blocks, then each
     block's tag compared with its leaf and the block opened; a zero leaf is a hole (B zero bytes),
-    never the final block. An all-zero header is an empty file (a first write cut before it)."""
+    never the final block. An all-zero header is an empty file (a first write cut before it). A
+    header with UNSETTLED is read by its session's `log` (None: there is none)."""
     if len(data) == 0 or (len(data) >= H2 and data[:H2].count(0) == H2):
         return b""
     h = header_v2_decode(keys, data)
     if h["file_id"] != identity:
         raise IntegrityError("header ID differs from the entry's identity")
+    if h["flags"] & FLAG_UNSETTLED:
+        return read_unsettled_block_map_file(aead, keys, B, data, identity, h, log)
     O = aead.nonce_len + 16
     p, k = bm_plain_size(len(data), B, O)
-    if h["flags"] & FLAG_UNSETTLED or k != h["blocks"]:
+    if k != h["blocks"]:
         raise IntegrityError(f"block count {h['blocks']} does not match a size of {k} blocks")
     maps = [data[bm_map_offset(g, B, O):][:bm_map_len(g, k)] for g in range(bm_groups(k))]
     stored = [data[bm_node_offset(j, B, O):][:bm_node_len(j)] for j in range(bm_nodes(k))]
@@ -392,6 +396,187 @@ def read_block_map_file(aead, keys, B: int, data: bytes, identity: bytes) -> byt
     return b"".join(out)
 
 
+# §5.10 "Write sessions and their log": the log `veilfs.S.<b64(ID)>` of a session, and the rules
+# for reading a file whose header v2 carries UNSETTLED.
+LOG_HEAD = 40
+LOG_READ_LIMIT = 64 << 20  # a reader looks at the log's first 64 MiB
+LOG_LABEL = b"veilfs v2 session record"
+REC_BLOCK, REC_MAP, REC_COMMIT, REC_SIZE, REC_COPY = 1, 2, 3, 4, 5
+NODE_BIT = 1 << 63  # a map record's `a` for node j is 2^63 + j
+
+
+def log_record_mac(keys, fid: bytes, g: int, kind: int, seq: int, a: int, payload: bytes) -> bytes | None:
+    if kind == REC_MAP:
+        d = hashlib.sha256(payload).digest()
+    elif kind == REC_COPY:
+        if len(payload) < 16:
+            return None
+        d = payload[-16:]
+    else:
+        d = payload
+    msg = LOG_LABEL + fid + struct.pack(">QBQQI", g, kind, seq, a, len(payload)) + d
+    return hmac256(keys["record_mac"], msg)[:16]
+
+
+def log_record(keys, fid: bytes, g: int, kind: int, seq: int, a: int, payload: bytes) -> bytes:
+    mac = log_record_mac(keys, fid, g, kind, seq, a, payload)
+    return struct.pack(">B3xIQQ", kind, len(payload), seq, a) + mac + payload
+
+
+def parse_log(keys, fid: bytes, g: int, log: bytes) -> list[dict]:
+    """The records of session g of file `fid` whose MAC verifies, in the order of the log. The
+    walk stops at a record cut short, of an unknown kind or with non-zero padding."""
+    log, pos, out = log[:LOG_READ_LIMIT], 0, []
+    while pos + LOG_HEAD <= len(log):
+        kind, pad, length, seq, a = struct.unpack(">B3sIQQ", log[pos:pos + 24])
+        if kind not in (REC_BLOCK, REC_MAP, REC_COMMIT, REC_SIZE, REC_COPY) or pad != bytes(3):
+            break
+        payload = log[pos + LOG_HEAD:pos + LOG_HEAD + length]
+        if len(payload) < length:
+            break
+        mac = log_record_mac(keys, fid, g, kind, seq, a, payload)
+        if mac is not None and std_hmac.compare_digest(mac, log[pos + 24:pos + 40]):
+            out.append({"kind": kind, "seq": seq, "a": a, "payload": payload})
+        pos += LOG_HEAD + length
+    return out
+
+
+def bm_block_count(p: int, B: int) -> int:
+    return -(-p // B)
+
+
+def bm_counts(p: int, B: int, O: int) -> bool:
+    """Whether a size or commit record of p bytes counts: not 0 bytes (a truncate to 0 removes
+    the log) and not more blocks than the limit of "Layout"."""
+    return 0 < bm_block_count(p, B) <= (1 << 62) // (B + O + 64)
+
+
+def bm_check_nodes(maps: list[bytes], nodes: list[bytes]):
+    for j, node in enumerate(nodes):
+        span = maps[bm_group_of(j * MAP_SPAN):bm_group_of((j + 1) * MAP_SPAN)]
+        if node != b"".join(hashlib.sha256(m).digest() for m in span):
+            raise IntegrityError(f"node {j} does not hold its map blocks' hashes")
+
+
+def bm_read_blocks(aead, key, fid: bytes, B: int, data: bytes, p: int, maps: list[bytes], copies) -> bytes:
+    """"Reading" step 4 for a file of p bytes with map blocks `maps`; a block whose stored tag
+    is not its leaf is taken from `copies(n, leaf)` (None: an integrity error)."""
+    O, k, out = aead.overhead, bm_block_count(p, B), []
+    for n in range(k):
+        g = bm_group_of(n)
+        leaf = maps[g][16 * (n - bm_group_start(g)):][:16]
+        block = data[bm_offset(n, B, O):][:(B if n < k - 1 else p - n * B) + O]
+        if leaf == bytes(16):
+            if n == k - 1:
+                raise IntegrityError(f"block {n}, the final block, is a hole in the map")
+            out.append(bytes(B))
+            continue
+        if block[-16:] != leaf:
+            block = copies(n, leaf)
+            if block is None:
+                raise IntegrityError(f"block {n} is not the version the map commits to")
+        out.append(aead.open(key, block_aad(fid, n, n == k - 1), block))
+    return b"".join(out)
+
+
+def read_unsettled_block_map_file(aead, keys, B: int, data: bytes, fid: bytes, h: dict, log: bytes | None) -> bytes:
+    """A file whose header v2 carries UNSETTLED, read with the records of its session's log
+    (generation g = the header's): by the newest commit record whose map gives its root, else by
+    the header's map with the sizes and blocks the log vouches for. Newest means the highest seq,
+    wherever a record lies in the log."""
+    O, key = aead.overhead, file_key(keys, fid)
+    recs = sorted(parse_log(keys, fid, h["generation"], log or b""), key=lambda r: r["seq"])
+    newest_first = list(reversed(recs))
+
+    def opens(n: int, last: bool, b: bytes) -> bytes | None:
+        try:
+            return aead.open(key, block_aad(fid, n, last), b)
+        except IntegrityError:
+            return None
+
+    def copy_with_tag(n: int, length: int, last: bool, ok_tag) -> bytes | None:
+        for r in newest_first:
+            if (r["kind"] == REC_COPY and r["a"] == n and len(r["payload"]) == length and ok_tag(r["payload"][-16:])
+                    and opens(n, last, r["payload"]) is not None):
+                return r["payload"]
+        return None
+
+    # By a commit: the newest commit record whose map (map records before it, else the file's
+    # bytes) gives its root.
+    for c in newest_first:
+        if c["kind"] != REC_COMMIT or len(c["payload"]) != 40:
+            continue
+        p1, root1 = struct.unpack(">Q", c["payload"][:8])[0], c["payload"][8:]
+        if not bm_counts(p1, B, O):
+            continue
+        k1 = bm_block_count(p1, B)
+
+        def region(a: int, off: int, length: int) -> bytes:
+            for r in newest_first:
+                if r["kind"] == REC_MAP and r["seq"] < c["seq"] and r["a"] == a and len(r["payload"]) == length:
+                    return r["payload"]
+            return data[off:off + length]
+
+        maps = [region(g, bm_map_offset(g, B, O), bm_map_len(g, k1)) for g in range(bm_groups(k1))]
+        nodes = [region(NODE_BIT + j, bm_node_offset(j, B, O), bm_node_len(j)) for j in range(bm_nodes(k1))]
+        if not std_hmac.compare_digest(bm_root(fid, k1, maps), root1):
+            continue
+        bm_check_nodes(maps, nodes)
+        return bm_read_blocks(aead, key, fid, B, data, p1, maps,
+                              lambda n, leaf: copy_with_tag(n, (B if n < k1 - 1 else p1 - n * B) + O, n == k1 - 1,
+                                                            lambda t: t == leaf))
+    # Otherwise by the header's map, which must give the header's root.
+    k0 = h["blocks"]
+    maps = [data[bm_map_offset(g, B, O):][:bm_map_len(g, k0)] for g in range(bm_groups(k0))]
+    nodes = [data[bm_node_offset(j, B, O):][:bm_node_len(j)] for j in range(bm_nodes(k0))]
+    if not std_hmac.compare_digest(bm_root(fid, k0, maps), h["root"]):
+        raise IntegrityError("UNSETTLED: the map on disk gives neither the header's root nor a commit record's")
+    bm_check_nodes(maps, nodes)
+    vouched = {}  # block index -> the tags block records hold for it
+    for r in recs:
+        if r["kind"] == REC_BLOCK and len(r["payload"]) == 16:
+            vouched.setdefault(r["a"], set()).add(r["payload"])
+
+    def leaf(n: int) -> bytes | None:
+        if n >= k0:
+            return None
+        g = bm_group_of(n)
+        return maps[g][16 * (n - bm_group_start(g)):][:16]
+
+    def block(n: int, p: int) -> bytes | None:
+        k = bm_block_count(p, B)
+        last = n == k - 1
+        length = (B if not last else p - n * B) + O
+        lf, tags = leaf(n), vouched.get(n, set())
+        if n < k0 and lf == bytes(16) and n not in vouched and not last:
+            return bytes(B)
+        stored = data[bm_offset(n, B, O):][:length]
+        if len(stored) == length:
+            plain = opens(n, last, stored)
+            if plain is not None and (lf == stored[-16:] or stored[-16:] in tags or n >= k0):
+                return plain
+            if n >= k0 and not last and stored.count(0) == length:
+                return bytes(B)
+        cp = copy_with_tag(n, length, last, lambda t: t == lf or t in tags)
+        return None if cp is None else opens(n, last, cp)
+
+    for r in newest_first:
+        if r["kind"] != REC_SIZE or len(r["payload"]) != 8:
+            continue
+        p = struct.unpack(">Q", r["payload"])[0]
+        k = bm_block_count(p, B)
+        if not bm_counts(p, B, O) or block(k - 1, p) is None:
+            continue
+        out = []
+        for n in range(k):
+            b = block(n, p)
+            if b is None:
+                raise IntegrityError(f"UNSETTLED: block {n} is no version the session's log vouches for")
+            out.append(b if n < k - 1 else b[:p - n * B])
+        return b"".join(out)
+    raise IntegrityError("UNSETTLED: no size record of this session whose final block is vouched for")
+
+
 STASH_PREFIX = "veilfs.S."  # §5.9
 STASH_READ_LIMIT = 64 << 20  # a reader looks at the first 64 MiB of a stash
 
@@ -403,18 +588,18 @@ def stash_name(fid: bytes) -> str:
 def decrypt_file(vault: "Vault", data: bytes, identity: bytes) -> bytes:
     """§5.4 with holes (§5.5), empty files (§5.6), unsettled files (§5.8) and their stashes (§5.9);
     §5.10 in a vault with "block-map"."""
-    if vault.block_map:
-        return read_block_map_file(vault.aead, vault.keys, vault.block_size, data, identity)
-    stash = None
-    if vault.unsettled_tails:
+    stash = None  # §5.9's stash, or §5.10's session log in a vault with "block-map"
+    if vault.unsettled_tails or vault.block_map:
         try:
             p = os.path.join(vault.root, os.fsencode(stash_name(identity)))
             fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             with os.fdopen(fd, "rb") as f:
                 if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    stash = f.read()
+                    stash = f.read(STASH_READ_LIMIT)
         except OSError:
             pass
+    if vault.block_map:
+        return read_block_map_file(vault.aead, vault.keys, vault.block_size, data, identity, stash)
     return decrypt_content(vault.aead, vault.keys, vault.block_size, data, identity, vault.unsettled_tails, stash,
                            vault.ordered_growth)
 
@@ -1351,6 +1536,34 @@ def run_vectors(path: str, t: Tally):
                 t.check(False, "block map: an older block 1 must fail")
             except IntegrityError:
                 t.check(True, "")
+    # §5.10 "Write sessions and their log": records of each kind, and files of a session read by their log.
+    sess = v.get("block_map_sessions")
+    if sess is not None:
+        for r in sess["records"]:
+            what = f"session record {r['what']}"
+            fid, g, raw = hx(r["file_id"]), r["generation"], hx(r["bytes"])
+            enc = log_record(keys, fid, g, r["kind"], r["seq"], r["a"], hx(r["payload"]))
+            t.check(enc.hex() == r["bytes"], f"{what}: encode")
+            got = parse_log(keys, fid, g, raw)
+            t.check([(x["kind"], x["seq"], x["a"], x["payload"].hex()) for x in got]
+                    == [(r["kind"], r["seq"], r["a"], r["payload"])], f"{what}: parse")
+            # Bound to its file and session; every byte of it authenticated.
+            t.check(parse_log(keys, fid, g + 1, raw) == [] and parse_log(keys, bytes(16), g, raw) == [],
+                    f"{what}: not a record of another session or file")
+            for at in [8, 16, 24, len(raw) - 1]:
+                bad = bytearray(raw)
+                bad[at] ^= 1
+                t.check(parse_log(keys, fid, g, bytes(bad)) == [], f"{what}: byte {at} changed must not verify")
+        for f in sess["files"]:
+            aead, ct, fid = ContentAead(f["cipher"]), hx(f["ciphertext"]), hx(f["file_id"])
+            what = f"block map session: {f['rule']}"
+            t.check(f["log_name"] == stash_name(fid), f"{what}: log name")
+            try:
+                got = read_block_map_file(aead, keys, f["block_size"], ct, fid, hx(f["log"]) or None)
+                t.check(f["plaintext"] is not None and got.hex() == f["plaintext"], what,
+                        "read although the rules make it an integrity error" if f["plaintext"] is None else "")
+            except IntegrityError as e:
+                t.check(f["plaintext"] is None, what, str(e))
     # Layout edge cases of §5.3.
     for p in [0, 1, 4095, 4096, 4097, 20000, 3 * 4096, 10**6 + 7]:
         for B, O in [(4096, 28), (512, 40), (1 << 20, 28)]:
