@@ -37,6 +37,20 @@ const KNOWN_TORN: &[(&str, &str)] = &[];
 /// order and crash rules (docs/FORMAT.md §5.7, §5.8).
 const OLD_VAULT_POINTS: &[&str] = &["file.header_alone"];
 
+/// The points of a block-map file's write session that an overwrite in place passes (its
+/// start, its log, a torn block, its commit, its map, its settled header at the fsync).
+const MAP_OVERWRITE_POINTS: &[&str] = &[
+    "map.session_logged",
+    "map.session_started",
+    "map.blocks_logged",
+    "map.torn_block",
+    "map.blocks_written",
+    "map.committed",
+    "map.torn_map",
+    "map.map_written",
+    "map.settled",
+];
+
 /// Points of the block-map writer's write session (docs/FORMAT.md §5.10): these run in a
 /// vault with `"block-map"` (named by no new vault yet), whose baseline files carry a map.
 fn in_map_vault(point: &str) -> bool {
@@ -114,18 +128,9 @@ fn operate(point: &str, mnt: &Path) {
         "file.inner_stashed" | "file.torn_inner" => write_at("old", 2_000, &added()[..10_000], false),
         "file.shrink_resealed" => fs::OpenOptions::new().write(true).open(p("old")).and_then(|f| f.set_len(10_001)),
         // A write session of a file with a block map: growth (new blocks out, the old final
-        // block not yet re-sealed), or an overwrite in place (the session's start, its log,
-        // a torn block, its commit, its map, its settled header at the fsync).
+        // block not yet re-sealed), or an overwrite in place.
         "map.grown" => write_at("old", 20_000, &added(), false),
-        "map.session_logged"
-        | "map.session_started"
-        | "map.blocks_logged"
-        | "map.torn_block"
-        | "map.blocks_written"
-        | "map.committed"
-        | "map.torn_map"
-        | "map.map_written"
-        | "map.settled" => write_at("old", 2_000, &added()[..10_000], false),
+        m if MAP_OVERWRITE_POINTS.contains(&m) => write_at("old", 2_000, &added()[..10_000], false),
         "vault.create" => fs::File::create(p("c1")).map(drop),
         "vault.side_file" => fs::File::create(p(&LONG.replace('l', "n"))).map(drop),
         "vault.mkdir_temp" | "vault.mkdir_diriv" => fs::create_dir(p("nd")),
@@ -219,17 +224,7 @@ fn verdict(point: &str, mnt: &Path) -> Result<&'static str, String> {
                 _ => Err(format!("old: {} B, neither old nor new", got.len())),
             }
         }
-        "file.inner_stashed"
-        | "file.torn_inner"
-        | "map.session_logged"
-        | "map.session_started"
-        | "map.blocks_logged"
-        | "map.torn_block"
-        | "map.blocks_written"
-        | "map.committed"
-        | "map.torn_map"
-        | "map.map_written"
-        | "map.settled" => {
+        m if m == "file.inner_stashed" || m == "file.torn_inner" || MAP_OVERWRITE_POINTS.contains(&m) => {
             // An overwrite inside the file, not fsynced: each block old or new, as on a
             // kernel filesystem (a torn block reads as written, from its record, FORMAT.md §5.9).
             let mut new = old();

@@ -6,7 +6,7 @@
 use secrecy::SecretString;
 use serde_json::{json, Value};
 use sha2::Digest;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use veilfs_core::content::header::{FLAG_SPARSE, FLAG_UNSETTLED};
 use veilfs_core::content::{BlockCodec, ContentCipher, FileHeader};
 use veilfs_core::keys::MasterKey;
@@ -44,6 +44,24 @@ fn unhex(s: &str) -> Vec<u8> {
 
 fn arr<const N: usize>(s: &str) -> [u8; N] {
     unhex(s).try_into().unwrap()
+}
+
+/// The whole plaintext of the ciphertext file at `p`, opened under `ctx` as file `id`.
+fn read_whole(p: &Path, ctx: veilfs_core::ContentCtx, id: [u8; 16], what: &str) -> veilfs_core::Result<Vec<u8>> {
+    let mut got = Vec::new();
+    veilfs_core::CryptFile::open(std::fs::File::open(p).unwrap(), ctx, id, what.into())?.stream(|b: &[u8]| {
+        got.extend_from_slice(b);
+        Ok::<(), veilfs_core::Error>(())
+    })?;
+    Ok(got)
+}
+
+/// A vector's verdict: its `plaintext` (hex), or an integrity error where it has none.
+fn expect_read(r: veilfs_core::Result<Vec<u8>>, plaintext: &Value, rule: &str) {
+    match plaintext.as_str() {
+        Some(want) => assert_eq!(r.as_ref().map(|g| hex(g)).ok(), Some(want.to_string()), "{rule}: {r:?}"),
+        None => assert!(matches!(r, Err(veilfs_core::Error::Auth { .. })), "{rule}: {r:?}"),
+    }
 }
 
 fn path() -> PathBuf {
@@ -796,17 +814,10 @@ fn format_v1_known_answers() {
         std::fs::write(&p, unhex(f["ciphertext"].as_str().unwrap())).unwrap();
         let id = arr::<16>(f["file_id"].as_str().unwrap());
         let rule = f["rule"].as_str().unwrap();
-        let open = |on: bool| {
-            let file = std::fs::File::open(&p).unwrap();
-            veilfs_core::CryptFile::open(file, ctx.clone().with_unsettled_tails(on), id, rule.into())
-        };
-        assert!(open(false).is_err(), "{rule}: UNSETTLED must be refused without \"unsettled-tails\"");
-        let mut got = Vec::new();
-        let sink = |p: &[u8]| {
-            got.extend_from_slice(p);
-            Ok::<(), veilfs_core::Error>(())
-        };
-        open(true).unwrap().stream(sink).unwrap();
+        let file = std::fs::File::open(&p).unwrap();
+        let refused = veilfs_core::CryptFile::open(file, ctx.clone().with_unsettled_tails(false), id, rule.into());
+        assert!(refused.is_err(), "{rule}: UNSETTLED must be refused without \"unsettled-tails\"");
+        let got = read_whole(&p, ctx.clone().with_unsettled_tails(true), id, rule).unwrap();
         assert_eq!(hex(&got), f["plaintext"].as_str().unwrap(), "{rule}");
     }
     // With "ordered-growth" (FORMAT.md §5.8): no full inner block ends a file, and an all-zero
@@ -817,19 +828,8 @@ fn format_v1_known_answers() {
         std::fs::write(&p, unhex(f["ciphertext"].as_str().unwrap())).unwrap();
         let id = arr::<16>(f["file_id"].as_str().unwrap());
         let rule = f["rule"].as_str().unwrap();
-        let file = std::fs::File::open(&p).unwrap();
         let c = ctx.clone().with_unsettled_tails(true).with_ordered_growth(true);
-        let mut got = Vec::new();
-        let r = veilfs_core::CryptFile::open(file, c, id, rule.into()).and_then(|f| {
-            f.stream(|p: &[u8]| {
-                got.extend_from_slice(p);
-                Ok::<(), veilfs_core::Error>(())
-            })
-        });
-        match f["plaintext"].as_str() {
-            Some(want) => assert_eq!((r.is_ok(), hex(&got)), (true, want.to_string()), "{rule}: {r:?}"),
-            None => assert!(matches!(r, Err(veilfs_core::Error::Auth { .. })), "{rule}: {r:?}"),
-        }
+        expect_read(read_whole(&p, c, id, rule), &f["plaintext"], rule);
     }
     // A torn inner block reads from its stash as FORMAT.md §5.9 says, and not without it.
     for f in committed["inner_stash"]["files"].as_array().unwrap() {
@@ -837,16 +837,7 @@ fn format_v1_known_answers() {
         let p = t.path().join("f");
         std::fs::write(&p, unhex(f["ciphertext"].as_str().unwrap())).unwrap();
         let id = arr::<16>(f["file_id"].as_str().unwrap());
-        let read = || {
-            let file = std::fs::File::open(&p).unwrap();
-            let c = ctx.clone().with_unsettled_tails(true).with_stashes(t.path());
-            let mut got = Vec::new();
-            veilfs_core::CryptFile::open(file, c, id, "f".into())?.stream(|p: &[u8]| {
-                got.extend_from_slice(p);
-                Ok::<(), veilfs_core::Error>(())
-            })?;
-            Ok::<_, veilfs_core::Error>(got)
-        };
+        let read = || read_whole(&p, ctx.clone().with_unsettled_tails(true).with_stashes(t.path()), id, "f");
         assert!(read().is_err(), "a torn inner block without its stash must fail");
         std::fs::write(t.path().join(f["stash_name"].as_str().unwrap()), unhex(f["stash"].as_str().unwrap())).unwrap();
         assert_eq!(hex(&read().unwrap()), f["plaintext"].as_str().unwrap(), "{}", f["rule"]);
@@ -860,17 +851,7 @@ fn format_v1_known_answers() {
         let id = arr::<16>(f["file_id"].as_str().unwrap());
         let rule = f["rule"].as_str().unwrap();
         let c = ctx.clone().with_unsettled_tails(true).with_block_map(true).with_stashes(t.path());
-        let mut got = Vec::new();
-        let r = veilfs_core::CryptFile::open(std::fs::File::open(&p).unwrap(), c, id, rule.into()).and_then(|f| {
-            f.stream(|p: &[u8]| {
-                got.extend_from_slice(p);
-                Ok::<(), veilfs_core::Error>(())
-            })
-        });
-        match f["plaintext"].as_str() {
-            Some(want) => assert_eq!((r.is_ok(), hex(&got)), (true, want.to_string()), "{rule}: {r:?}"),
-            None => assert!(matches!(r, Err(veilfs_core::Error::Auth { .. })), "{rule}: {r:?}"),
-        }
+        expect_read(read_whole(&p, c, id, rule), &f["plaintext"], rule);
     }
     // The recovery key display decodes to its bytes.
     let rk = RecoveryKey::parse(committed["recovery_key"]["display"].as_str().unwrap()).unwrap();
