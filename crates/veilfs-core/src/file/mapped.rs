@@ -451,8 +451,8 @@ impl CryptFile {
         }
         if !logged {
             self.finish_map(&mut st, None)?;
-        } else if !self.deferring() {
-            // Without an owner that settles at close or sync, every call is a session. The
+        } else if !self.session_kept() {
+            // Without a caller that settles at close or sync, every call is a session. The
             // write itself is done: a commit the backing store refuses leaves the session
             // open (its log reads the file as written) for the next settle or writer.
             if let Err(e) = self.finish_map(&mut st, None) {

@@ -193,6 +193,9 @@ pub struct CryptFile {
     what: String,
     /// Whether a new hole only becomes SPARSE in the header at [`settle`](Self::settle).
     defer_sparse: AtomicBool,
+    /// The caller ends every write session with [`settle`](Self::settle) (at its fsync, last
+    /// close or commit): see [`set_session_until_settle`](Self::set_session_until_settle).
+    session_until_settle: AtomicBool,
     /// Holes (block ranges, half-open) made by writes past the end that the header does not
     /// yet declare; see [`set_defer_sparse`](Self::set_defer_sparse).
     pending: Mutex<Vec<(u64, u64)>>,
@@ -258,6 +261,7 @@ impl CryptFile {
             header: AtomicU8::new(HDR_UNKNOWN),
             what,
             defer_sparse: AtomicBool::new(false),
+            session_until_settle: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
             unsettled: AtomicBool::new(false),
