@@ -306,8 +306,13 @@ impl CryptFile {
             let b = last.min(group_start(group_of(a) + 1) - 1);
             let start = ml.block_offset(a);
             let end = ml.block_offset(b) + l.block_len(b, size) + l.overhead;
-            let ct = self.pread_exact(end - start, start, &format!("block {b}"))?;
-            with_scratch(0, l.block_size as usize, |_, plain| -> Result<()> {
+            // Into the thread's scratch buffer, as the v1 reader does: a fresh zeroed buffer per
+            // call costs a memset of the whole read.
+            with_scratch((end - start) as usize, l.block_size as usize, |ct, plain| -> Result<()> {
+                let got = sys::pread_full(self.fd(), ct, start).ctx(|| format!("reading {}", self.what))?;
+                if got < ct.len() {
+                    return Err(self.map_auth(format!("block {b} is truncated")));
+                }
                 for n in a..=b {
                     let blen = l.block_len(n, size);
                     let cs = (ml.block_offset(n) - start) as usize;
@@ -385,8 +390,12 @@ impl CryptFile {
             _ => None,
         };
         // Every changed block, sealed into one buffer in order; `spans` says where each is.
+        // Blocks before the last one written are whole.
         let cb = (bs + l.overhead) as usize;
-        let mut buf: Vec<u8> = Vec::with_capacity((last - from + 1) as usize * cb);
+        let total = (last - from) as usize * cb + (l.block_len(last, new_size) + l.overhead) as usize;
+        let mut sealing = super::take_sealing(total);
+        let buf = &mut sealing[..total];
+        let mut at = 0usize;
         let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity((last - from + 1) as usize);
         let mut plain = vec![0u8; bs as usize];
         // The nonces of every block, drawn with one call to the random generator.
@@ -400,21 +409,27 @@ impl CryptFile {
         };
         if let Some(n) = reseal {
             plain.fill(0);
-            self.read_block_map(&mut st, n, size, &mut plain)?;
-            buf.resize(cb, 0);
+            match &old_final {
+                // The old final block, read once for both (`old_final` is always it here).
+                Some(ct) => {
+                    let leaf = self.leaf(&mut st, n)?;
+                    self.open_mapped(n, k_old, &leaf, ct, &mut plain)?;
+                }
+                None => drop(self.read_block_map(&mut st, n, size, &mut plain)?),
+            }
             seal(n, false, &plain, &mut buf[..cb]);
             spans.push((n, 0..cb));
+            at = cb;
         }
         for n in first..=last {
             let bstart = n * bs;
             let blen = l.block_len(n, new_size) as usize;
             let (wfrom, wto) = (off.max(bstart), (off + data.len() as u64).min(bstart + blen as u64));
-            let at = buf.len();
-            buf.resize(at + blen + l.overhead as usize, 0);
+            let end = at + blen + l.overhead as usize;
             if wfrom == bstart && wto == bstart + blen as u64 {
                 // Covered whole: sealed straight from the caller's data.
                 let src = &data[(bstart - off) as usize..(bstart - off) as usize + blen];
-                seal(n, n + 1 == k_new, src, &mut buf[at..]);
+                seal(n, n + 1 == k_new, src, &mut buf[at..end]);
             } else {
                 let pb = &mut plain[..blen];
                 pb.fill(0);
@@ -423,10 +438,12 @@ impl CryptFile {
                 }
                 pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
                     .copy_from_slice(&data[(wfrom - off) as usize..(wto - off) as usize]);
-                seal(n, n + 1 == k_new, pb, &mut buf[at..]);
+                seal(n, n + 1 == k_new, pb, &mut buf[at..end]);
             }
-            spans.push((n, at..buf.len()));
+            spans.push((n, at..end));
+            at = end;
         }
+        debug_assert_eq!(at, total);
         // The leaves of the groups this write changes, loaded before anything is written.
         let mut g = group_of(from);
         while g < group_count(k_old) && group_start(g) <= last {
@@ -438,12 +455,13 @@ impl CryptFile {
         let logged = k_old > 0;
         if logged {
             self.begin_session(&mut st)?;
-            self.log_write(&mut st, &buf, &spans, k_old, (new_size != size).then_some(new_size))?;
+            self.log_write(&mut st, buf, &spans, k_old, (new_size != size).then_some(new_size))?;
         }
-        if let Err(e) = self.store_blocks(&mut st, &buf, &spans, k_old, k_new) {
-            self.undo_map(&mut st, size, new_size, old_final.as_deref(), &buf, &spans);
+        if let Err(e) = self.store_blocks(&mut st, buf, &spans, k_old, k_new) {
+            self.undo_map(&mut st, size, new_size, old_final.as_deref(), buf, &spans);
             return Err(e);
         }
+        super::put_sealing(sealing);
         st.size = new_size;
         st.fill_holes(first, last + 1);
         if first > k_old && !zeros {

@@ -134,6 +134,24 @@ impl ContentCtx {
 thread_local! {
     /// Per-thread scratch buffers (ciphertext, plaintext block), so requests do not allocate.
     static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread buffer for the sealed blocks of a write of a file with a block map (see
+    /// [`take_sealing`]).
+    static SEALING: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A buffer of at least `n` bytes (contents unspecified) for a write's sealed blocks: this
+/// thread's, so that a write neither allocates nor zeroes one (a memset of the whole write);
+/// hand it back with [`put_sealing`]. A nested or lost one only costs a fresh allocation.
+fn take_sealing(n: usize) -> Vec<u8> {
+    let mut v = SEALING.take();
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+    v
+}
+
+fn put_sealing(v: Vec<u8>) {
+    SEALING.set(v);
 }
 
 /// The block ranges `ranges` (half-open, `[x, y)`) with blocks `a..b` taken out: a range
