@@ -297,7 +297,18 @@ impl CryptFile {
                     self.map_auth(format!("file has {} blocks but its header commits to {k}", l.block_count(size)))
                 );
             }
-            (k, (first..=last).map(|n| self.leaf(&mut st, n)).collect::<Result<Vec<_>>>()?)
+            // A group's leaves at a time (one map lookup per group, not two per block).
+            let mut leaves = Vec::with_capacity((last - first + 1) as usize);
+            let mut n = first;
+            while n <= last {
+                let g = group_of(n);
+                let end = last.min(group_start(g + 1) - 1);
+                self.leaf(&mut st, n)?;
+                let s = group_start(g);
+                leaves.extend_from_slice(&st.leaves[&g][(n - s) as usize..=(end - s) as usize]);
+                n = end + 1;
+            }
+            (k, leaves)
         };
         let mut done = 0usize;
         // One read per run of blocks inside a group (the groups' map blocks lie between).
@@ -516,9 +527,21 @@ impl CryptFile {
             }
         }
         crate::crash::point!("map.blocks_written");
+        // A group's leaves at a time (one map lookup per group, not one per block).
         let mut dirty = BTreeSet::new();
-        for (n, r) in spans {
-            dirty.insert(st.set_leaf(*n, bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag")));
+        let mut i = 0;
+        while i < spans.len() {
+            let g = group_of(spans[i].0);
+            let v = st.leaves.entry(g).or_default();
+            while let Some((n, r)) = spans.get(i).filter(|(n, _)| group_of(*n) == g) {
+                let at = (n - group_start(g)) as usize;
+                if v.len() <= at {
+                    v.resize(at + 1, HOLE_LEAF);
+                }
+                v[at] = bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag");
+                i += 1;
+            }
+            dirty.insert(g);
         }
         st.k = k_new;
         self.stage_map(st, k_old, k_new, dirty);
