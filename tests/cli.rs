@@ -1143,6 +1143,41 @@ fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
     assert!(sbin.join("mount.fuse.veilfs").symlink_metadata().is_err());
 }
 
+/// `veilfs import` into a vault with the feature `block-map` (docs/FORMAT.md §5.10): each file
+/// is written in one write session, ended before the file gets its name, so every file is
+/// left settled (header v2 without UNSETTLED), no session log is left, and a file of five
+/// 1 MiB writes has generation 2 (its first write, then one session), not one per write.
+#[test]
+fn an_import_into_a_block_map_vault_leaves_files_settled_with_no_log() {
+    let f = Fixture::new();
+    common::with_feature(&f.vault, &f.pf, veilfs_core::config::FEATURE_BLOCK_MAP);
+    let src = f.dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    let big: Vec<u8> = (0..(5u32 << 20) - 7).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(src.join("big"), &big).unwrap();
+    std::fs::write(src.join("small"), b"small").unwrap();
+    let o = f.run(&["import", &format!("{}/.", src.display()), f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let mut generations = Vec::new();
+    for e in std::fs::read_dir(&f.vault).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(!name.starts_with(veilfs_core::stash::STASH_PREFIX), "write-session log left: {name}");
+        assert!(!name.starts_with(veilfs_core::names::PART_PREFIX), "partial file left: {name}");
+        let md = e.metadata().unwrap();
+        if md.is_file() && md.len() > 0 && !name.starts_with("veilfs.") {
+            let c = std::fs::read(e.path()).unwrap();
+            assert_eq!(&c[..2], &[0, 2], "{name} is header v2");
+            assert_eq!(c[3] & 2, 0, "{name} is settled (no UNSETTLED)");
+            generations.push((md.len(), u64::from_be_bytes(c[20..28].try_into().unwrap())));
+        }
+    }
+    generations.sort();
+    assert_eq!(generations.iter().map(|g| g.1).collect::<Vec<_>>(), [1, 2], "one session per file: {generations:?}");
+    let o = f.run(&["cat", &format!("{}/big", f.v())]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(o.stdout == big, "big reads back");
+}
+
 /// Import and export keep `user.*` extended attributes (encrypted in the vault),
 /// and export withholds set-id bits and device nodes unless `--preserve-special`.
 #[test]

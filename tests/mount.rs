@@ -1455,6 +1455,70 @@ fn onedrive_and_owncloud_copies_of_short_entries_are_shown_under_their_names() {
     assert_eq!(fs::read_to_string(m.m("report, theirs.txt")).unwrap(), "version A");
 }
 
+/// A `--shared-storage` mount of a vault with `block-map` keeps one write session per open
+/// file (docs/FORMAT.md §5.10), not one per call: while the file is open for writing, its
+/// header is UNSETTLED and a second shared-storage mount reads what was written so far (by the
+/// session's log); `fsync` and the last close settle it (no UNSETTLED, no log), and a file
+/// written in many calls has the generation of its first write and one session per
+/// `fsync`/close.
+#[test]
+fn a_shared_storage_mount_of_a_block_map_vault_keeps_one_session_per_open_file() {
+    let Some(mut m) = Mounted::new("128m", &["--shared-storage"]) else { return };
+    m.umount();
+    with_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+    m.mount();
+    let cipher_file = |cipher: &Path| -> (Vec<u8>, usize) {
+        let mut files = Vec::new();
+        let mut logs = 0;
+        for e in fs::read_dir(cipher).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(veilfs_core::stash::STASH_PREFIX) {
+                logs += 1;
+            } else if e.metadata().unwrap().is_file() && !name.starts_with("veilfs.") {
+                files.push(fs::read(e.path()).unwrap());
+            }
+        }
+        assert_eq!(files.len(), 1);
+        (files.pop().unwrap(), logs)
+    };
+    let generation = |c: &[u8]| u64::from_be_bytes(c[20..28].try_into().unwrap());
+    let d: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let f = OpenOptions::new().create(true).truncate(true).write(true).open(m.m("f")).unwrap();
+    for (i, piece) in d.chunks(64 << 10).enumerate() {
+        f.write_all_at(piece, (i << 16) as u64).unwrap();
+    }
+    let (c, logs) = cipher_file(&m.cipher);
+    assert!(c[3] & 2 != 0 && logs == 1, "one session open across the writes");
+    // A second client reads the file as written so far, by the session's log.
+    let other = m.tmpfs.path.join("other");
+    fs::create_dir(&other).unwrap();
+    let o = m.mount_cmd(&other);
+    assert!(o.status.success(), "second mount: {}", text(&o));
+    let seen = fs::read(other.join("f"));
+    lazy_unmount(&other);
+    assert!(seen.unwrap() == d, "the other mount reads what was written");
+    f.sync_all().unwrap();
+    let (c, logs) = cipher_file(&m.cipher);
+    assert!(c[3] & 2 == 0 && logs == 0, "settled by fsync, no log left");
+    assert_eq!(generation(&c), 2, "the first write, then one session for all the others");
+    f.write_all_at(b"after the fsync", 100).unwrap();
+    drop(f);
+    // RELEASE reaches the daemon after close(2) returns.
+    let t = Instant::now();
+    let (c, logs) = loop {
+        let (c, logs) = cipher_file(&m.cipher);
+        if (c[3] & 2 == 0 && logs == 0) || t.elapsed() > Duration::from_secs(10) {
+            break (c, logs);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(c[3] & 2 == 0 && logs == 0, "settled by the last close, no log left");
+    assert_eq!(generation(&c), 3);
+    let mut want = d;
+    want[100..115].copy_from_slice(b"after the fsync");
+    assert!(fs::read(m.m("f")).unwrap() == want);
+}
+
 /// A vault with the feature `block-map` (docs/FORMAT.md §5.10, named by no vault yet) through
 /// the mount: `cp` of a file of several groups, an overwrite in the middle, an append past a
 /// hole and a truncate read back as on a plain directory, during the mount and after a

@@ -132,6 +132,9 @@ impl Importer<'_> {
                 size = partial.file.write_at(&buf[..n], size, size)?;
                 self.pb.inc(n as u64);
             }
+            // Ends the file's write session (a file with a block map keeps one for the whole
+            // copy) before its times are set, which settling would otherwise have to put back.
+            partial.file.settle()?;
             self.copy_xattrs(src, label, dir, &partial.entry)?;
             apply_meta(self.vault, dir, &partial.entry, &src.stat, self.is_root)?;
             Ok(size)

@@ -7,10 +7,13 @@
 //! Both writers run as the mount runs them (`set_defer_sparse(true)`: one process owns the
 //! file and settles at `settle`): the v1 writer with its inner-block stash, the block-map
 //! writer in one write session per step (its log, map and header written at the `settle`).
-//! With `per-call` as the second argument neither defers: every block-map write is then a
-//! session of its own (as with `--shared-storage` and the offline commands).
+//! With `per-call` as the second argument neither defers (as with `--shared-storage` and
+//! `veilfs import`): the v1 writer writes its header per call, the block-map writer keeps its
+//! session until the `settle` (`set_session_until_settle`, as those writers set it). With
+//! `no-owner` the block-map writer has no caller that settles either: every write is then a
+//! session of its own (a library user that never calls `settle`).
 //!
-//! `cargo run --profile quick -p veilfs-core --example block_map_cost [MiB] [per-call]`
+//! `cargo run --profile quick -p veilfs-core --example block_map_cost [MiB] [per-call|no-owner]`
 //! (default 256). A measurement, not a test; prints the best of three runs per row.
 
 use secrecy::SecretString;
@@ -33,10 +36,11 @@ fn vault(dir: &std::path::Path, block_map: bool) -> Vault {
 }
 
 /// Seconds of each step: write in `chunk`-byte pieces, 4 KiB random overwrites, open, read.
-fn run(v: &Vault, total: usize, chunk: usize, overwrites: usize, defer: bool) -> [f64; 4] {
+fn run(v: &Vault, total: usize, chunk: usize, overwrites: usize, defer: bool, owner: bool) -> [f64; 4] {
     let root = v.root().expect("root");
     let (e, f) = v.create_file(&root, b"f", 0o644).expect("create");
     f.set_defer_sparse(defer);
+    f.set_session_until_settle(owner);
     let data = vec![0x5au8; chunk];
     let t = Instant::now();
     let mut size = 0u64;
@@ -70,8 +74,17 @@ fn main() {
     let mib: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(256);
     let base = if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
     let overwrites = 4096;
-    let defer = std::env::args().nth(2).as_deref() != Some("per-call");
-    let mode = if defer { "one owner, settled per step" } else { "every call on its own" };
+    let arg = std::env::args().nth(2);
+    let (defer, owner) = match arg.as_deref() {
+        Some("per-call") => (false, true),
+        Some("no-owner") => (false, false),
+        _ => (true, true),
+    };
+    let mode = match (defer, owner) {
+        (true, _) => "one owner, settled per step",
+        (false, true) => "not the only user (shared storage, import), settled per step",
+        (false, false) => "no settling caller: every call on its own",
+    };
     println!("{mib} MiB file; {overwrites} random 4 KiB overwrites; {mode}; best of 3 (seconds, ratio block-map / v1)");
     println!("{:>10} {:>26} {:>26} {:>26} {:>26}", "write", "write", "overwrites", "open", "read");
     for chunk in [1 << 20, 128 << 10] {
@@ -80,7 +93,7 @@ fn main() {
             for (i, block_map) in [false, true].into_iter().enumerate() {
                 let d = tempfile::tempdir_in(base).expect("tempdir");
                 let v = vault(d.path(), block_map);
-                let r = run(&v, mib << 20, chunk, overwrites, defer);
+                let r = run(&v, mib << 20, chunk, overwrites, defer, owner);
                 for s in 0..4 {
                     best[i][s] = best[i][s].min(r[s]);
                 }

@@ -626,3 +626,40 @@ fn a_commit_record_completes_a_map_cut_short_and_a_forged_one_is_damage() {
     assert!(!is_unsettled(&snapshot(&p)));
     assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), want);
 }
+
+/// A partial file (what `veilfs import` writes under `veilfs.part.*`) keeps one write session
+/// for all its writes; a discarded one leaves neither the file nor its log behind, and a
+/// committed one is settled before it has its name.
+#[test]
+fn a_partial_file_is_one_session_and_leaves_no_log_committed_or_discarded() {
+    let (t, v, root) = setup();
+    let logs = |dir: &std::path::Path| {
+        (std::fs::read_dir(dir).unwrap().flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(veilfs_core::stash::STASH_PREFIX))
+            .count()
+    };
+    let d = data(40 * B as usize, 3);
+    for commit in [false, true] {
+        let p = v.create_partial(&root, b"p", 0o600).unwrap();
+        let mut size = 0;
+        for piece in d.chunks(5 * B as usize) {
+            size = p.file.write_at(piece, size, size).unwrap();
+        }
+        let c = snapshot(&t.path().join(&p.entry.on_disk));
+        assert!(is_unsettled(&c), "the session stays open across writes");
+        assert_eq!(logs(t.path()), 1, "one log while it is written");
+        if commit {
+            let e = v.commit_partial(&root, p, None).unwrap();
+            let c = snapshot(&cipher_path(&v, &root, "p"));
+            assert!(!is_unsettled(&c), "settled under its name");
+            assert_eq!(u64::from_be_bytes(c[20..28].try_into().unwrap()), 2, "its first write, then one session");
+            assert_eq!(read_fresh(t.path(), &root, "p").unwrap(), d);
+            assert_eq!(e.name, b"p");
+        } else {
+            let on_disk = p.entry.on_disk.clone();
+            v.discard_partial(&root, p).unwrap();
+            assert!(!t.path().join(on_disk).exists());
+        }
+        assert_eq!(logs(t.path()), 0, "no log left (commit {commit})");
+    }
+}

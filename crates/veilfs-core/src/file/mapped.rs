@@ -297,7 +297,18 @@ impl CryptFile {
                     self.map_auth(format!("file has {} blocks but its header commits to {k}", l.block_count(size)))
                 );
             }
-            (k, (first..=last).map(|n| self.leaf(&mut st, n)).collect::<Result<Vec<_>>>()?)
+            // A group's leaves at a time (one map lookup per group, not two per block).
+            let mut leaves = Vec::with_capacity((last - first + 1) as usize);
+            let mut n = first;
+            while n <= last {
+                let g = group_of(n);
+                let end = last.min(group_start(g + 1) - 1);
+                self.leaf(&mut st, n)?;
+                let s = group_start(g);
+                leaves.extend_from_slice(&st.leaves[&g][(n - s) as usize..=(end - s) as usize]);
+                n = end + 1;
+            }
+            (k, leaves)
         };
         let mut done = 0usize;
         // One read per run of blocks inside a group (the groups' map blocks lie between).
@@ -306,8 +317,13 @@ impl CryptFile {
             let b = last.min(group_start(group_of(a) + 1) - 1);
             let start = ml.block_offset(a);
             let end = ml.block_offset(b) + l.block_len(b, size) + l.overhead;
-            let ct = self.pread_exact(end - start, start, &format!("block {b}"))?;
-            with_scratch(0, l.block_size as usize, |_, plain| -> Result<()> {
+            // Into the thread's scratch buffer, as the v1 reader does: a fresh zeroed buffer per
+            // call costs a memset of the whole read.
+            with_scratch((end - start) as usize, l.block_size as usize, |ct, plain| -> Result<()> {
+                let got = sys::pread_full(self.fd(), ct, start).ctx(|| format!("reading {}", self.what))?;
+                if got < ct.len() {
+                    return Err(self.map_auth(format!("block {b} is truncated")));
+                }
                 for n in a..=b {
                     let blen = l.block_len(n, size);
                     let cs = (ml.block_offset(n) - start) as usize;
@@ -385,8 +401,12 @@ impl CryptFile {
             _ => None,
         };
         // Every changed block, sealed into one buffer in order; `spans` says where each is.
+        // Blocks before the last one written are whole.
         let cb = (bs + l.overhead) as usize;
-        let mut buf: Vec<u8> = Vec::with_capacity((last - from + 1) as usize * cb);
+        let total = (last - from) as usize * cb + (l.block_len(last, new_size) + l.overhead) as usize;
+        let mut sealing = super::take_sealing(total);
+        let buf = &mut sealing[..total];
+        let mut at = 0usize;
         let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity((last - from + 1) as usize);
         let mut plain = vec![0u8; bs as usize];
         // The nonces of every block, drawn with one call to the random generator.
@@ -400,21 +420,27 @@ impl CryptFile {
         };
         if let Some(n) = reseal {
             plain.fill(0);
-            self.read_block_map(&mut st, n, size, &mut plain)?;
-            buf.resize(cb, 0);
+            match &old_final {
+                // The old final block, read once for both (`old_final` is always it here).
+                Some(ct) => {
+                    let leaf = self.leaf(&mut st, n)?;
+                    self.open_mapped(n, k_old, &leaf, ct, &mut plain)?;
+                }
+                None => drop(self.read_block_map(&mut st, n, size, &mut plain)?),
+            }
             seal(n, false, &plain, &mut buf[..cb]);
             spans.push((n, 0..cb));
+            at = cb;
         }
         for n in first..=last {
             let bstart = n * bs;
             let blen = l.block_len(n, new_size) as usize;
             let (wfrom, wto) = (off.max(bstart), (off + data.len() as u64).min(bstart + blen as u64));
-            let at = buf.len();
-            buf.resize(at + blen + l.overhead as usize, 0);
+            let end = at + blen + l.overhead as usize;
             if wfrom == bstart && wto == bstart + blen as u64 {
                 // Covered whole: sealed straight from the caller's data.
                 let src = &data[(bstart - off) as usize..(bstart - off) as usize + blen];
-                seal(n, n + 1 == k_new, src, &mut buf[at..]);
+                seal(n, n + 1 == k_new, src, &mut buf[at..end]);
             } else {
                 let pb = &mut plain[..blen];
                 pb.fill(0);
@@ -423,10 +449,12 @@ impl CryptFile {
                 }
                 pb[(wfrom - bstart) as usize..(wto - bstart) as usize]
                     .copy_from_slice(&data[(wfrom - off) as usize..(wto - off) as usize]);
-                seal(n, n + 1 == k_new, pb, &mut buf[at..]);
+                seal(n, n + 1 == k_new, pb, &mut buf[at..end]);
             }
-            spans.push((n, at..buf.len()));
+            spans.push((n, at..end));
+            at = end;
         }
+        debug_assert_eq!(at, total);
         // The leaves of the groups this write changes, loaded before anything is written.
         let mut g = group_of(from);
         while g < group_count(k_old) && group_start(g) <= last {
@@ -438,12 +466,13 @@ impl CryptFile {
         let logged = k_old > 0;
         if logged {
             self.begin_session(&mut st)?;
-            self.log_write(&mut st, &buf, &spans, k_old, (new_size != size).then_some(new_size))?;
+            self.log_write(&mut st, buf, &spans, k_old, (new_size != size).then_some(new_size))?;
         }
-        if let Err(e) = self.store_blocks(&mut st, &buf, &spans, k_old, k_new) {
-            self.undo_map(&mut st, size, new_size, old_final.as_deref(), &buf, &spans);
+        if let Err(e) = self.store_blocks(&mut st, buf, &spans, k_old, k_new) {
+            self.undo_map(&mut st, size, new_size, old_final.as_deref(), buf, &spans);
             return Err(e);
         }
+        super::put_sealing(sealing);
         st.size = new_size;
         st.fill_holes(first, last + 1);
         if first > k_old && !zeros {
@@ -451,8 +480,8 @@ impl CryptFile {
         }
         if !logged {
             self.finish_map(&mut st, None)?;
-        } else if !self.deferring() {
-            // Without an owner that settles at close or sync, every call is a session. The
+        } else if !self.session_kept() {
+            // Without a caller that settles at close or sync, every call is a session. The
             // write itself is done: a commit the backing store refuses leaves the session
             // open (its log reads the file as written) for the next settle or writer.
             if let Err(e) = self.finish_map(&mut st, None) {
@@ -498,9 +527,21 @@ impl CryptFile {
             }
         }
         crate::crash::point!("map.blocks_written");
+        // A group's leaves at a time (one map lookup per group, not one per block).
         let mut dirty = BTreeSet::new();
-        for (n, r) in spans {
-            dirty.insert(st.set_leaf(*n, bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag")));
+        let mut i = 0;
+        while i < spans.len() {
+            let g = group_of(spans[i].0);
+            let v = st.leaves.entry(g).or_default();
+            while let Some((n, r)) = spans.get(i).filter(|(n, _)| group_of(*n) == g) {
+                let at = (n - group_start(g)) as usize;
+                if v.len() <= at {
+                    v.resize(at + 1, HOLE_LEAF);
+                }
+                v[at] = bm::leaf_of(&buf[r.clone()]).expect("a sealed block has a tag");
+                i += 1;
+            }
+            dirty.insert(g);
         }
         st.k = k_new;
         self.stage_map(st, k_old, k_new, dirty);

@@ -249,6 +249,17 @@ impl CryptFile {
         Ok(true)
     }
 
+    /// For a file that is being removed unfinished (a partial file discarded): drops this
+    /// handle's write session, if any, and removes its log (or inner-block stash), which
+    /// would otherwise outlive the file.
+    pub fn discard_session(&self) {
+        let open = self.map_state().session.take().is_some();
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner()).fd.take().is_some();
+        if open || inner {
+            self.remove_stash();
+        }
+    }
+
     /// Reads a file whose header carries UNSETTLED by its session's log: by the newest commit
     /// record whose map (its map records over the map on disk) gives its root, else by the
     /// header's map with the newest size record whose final block is vouched for.

@@ -134,6 +134,24 @@ impl ContentCtx {
 thread_local! {
     /// Per-thread scratch buffers (ciphertext, plaintext block), so requests do not allocate.
     static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread buffer for the sealed blocks of a write of a file with a block map (see
+    /// [`take_sealing`]).
+    static SEALING: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A buffer of at least `n` bytes (contents unspecified) for a write's sealed blocks: this
+/// thread's, so that a write neither allocates nor zeroes one (a memset of the whole write);
+/// hand it back with [`put_sealing`]. A nested or lost one only costs a fresh allocation.
+fn take_sealing(n: usize) -> Vec<u8> {
+    let mut v = SEALING.take();
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+    v
+}
+
+fn put_sealing(v: Vec<u8>) {
+    SEALING.set(v);
 }
 
 /// The block ranges `ranges` (half-open, `[x, y)`) with blocks `a..b` taken out: a range
@@ -193,6 +211,9 @@ pub struct CryptFile {
     what: String,
     /// Whether a new hole only becomes SPARSE in the header at [`settle`](Self::settle).
     defer_sparse: AtomicBool,
+    /// The caller ends every write session with [`settle`](Self::settle) (at its fsync, last
+    /// close or commit): see [`set_session_until_settle`](Self::set_session_until_settle).
+    session_until_settle: AtomicBool,
     /// Holes (block ranges, half-open) made by writes past the end that the header does not
     /// yet declare; see [`set_defer_sparse`](Self::set_defer_sparse).
     pending: Mutex<Vec<(u64, u64)>>,
@@ -258,6 +279,7 @@ impl CryptFile {
             header: AtomicU8::new(HDR_UNKNOWN),
             what,
             defer_sparse: AtomicBool::new(false),
+            session_until_settle: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
             unsettled: AtomicBool::new(false),

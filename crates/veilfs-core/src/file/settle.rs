@@ -53,6 +53,19 @@ impl CryptFile {
         self.defer_sparse.store(on, Ordering::Relaxed);
     }
 
+    /// Promises that whoever holds this handle ends its writes with [`settle`](Self::settle)
+    /// (directly or through [`sync`](Self::sync)): at an fsync, at the last close, or before
+    /// a partial file gets its name. A file with a block map then keeps one write session
+    /// (its log, the UNSETTLED header) across calls and ends it there, instead of a session
+    /// per call (a new log, two headers, a commit record, a map block and node per write).
+    /// Implied by [`set_defer_sparse`](Self::set_defer_sparse)`(true)`; unlike it, it changes
+    /// nothing for a file without a block map, so a writer that is not the file's only user
+    /// (a `--shared-storage` mount) can set it too: meanwhile another reader reads the file by
+    /// its session's log, as after a crash (docs/FORMAT.md §5.10).
+    pub fn set_session_until_settle(&self, on: bool) {
+        self.session_until_settle.store(on, Ordering::Relaxed);
+    }
+
     /// Settles the header: writes SPARSE if holes made by earlier writes are still unfilled
     /// (see [`set_defer_sparse`](Self::set_defer_sparse)), or clears a provisional SPARSE whose
     /// holes were all filled, and clears UNSETTLED. Run on the last close and by
@@ -171,6 +184,12 @@ impl CryptFile {
 
     pub(super) fn deferring(&self) -> bool {
         self.defer_sparse.load(Ordering::Relaxed)
+    }
+
+    /// Whether a write session of a file with a block map stays open until
+    /// [`settle`](Self::settle) (see [`set_session_until_settle`](Self::set_session_until_settle)).
+    pub(super) fn session_kept(&self) -> bool {
+        self.deferring() || self.session_until_settle.load(Ordering::Relaxed)
     }
 
     /// Whether block `n` is a hole not yet declared in the header.

@@ -165,6 +165,9 @@ impl Vault {
         let fd = sys::openat(dir.fd(), on_disk.as_bytes(), flags, mode & 0o7777).ctx(|| what.clone())?;
         let stat = sys::fstat(fd.as_fd()).ctx(|| what.clone())?;
         let file = CryptFile::open(sys::into_file(fd), self.ctx.clone(), id, what)?;
+        // Nobody else knows the file until it is committed, which settles it: one write
+        // session for the whole file, not one per write (docs/FORMAT.md §5.10).
+        file.set_session_until_settle(true);
         let entry = Entry { name: name.to_vec(), on_disk, key, kind: EntryKind::File, identity: id, stat };
         Ok(PartialFile { entry, file })
     }
@@ -174,6 +177,8 @@ impl Vault {
     /// another entry has taken the name meanwhile. See [`rename_at`](Self::rename_at).
     pub fn commit_partial(&self, dir: &CipherDir, p: PartialFile, replaced: Option<&Entry>) -> Result<Entry> {
         let PartialFile { entry, file } = p;
+        // Settled before it has its name: under it, the file is never read by a log.
+        file.settle()?;
         drop(file);
         let on_disk = self.rename_at(dir, &entry, dir, &entry.key, replaced)?;
         let stat = sys::fstatat(dir.fd(), on_disk.as_bytes()).ctx(|| dir.child_path(&on_disk))?;
@@ -182,6 +187,7 @@ impl Vault {
 
     /// Removes a partial file that will not be completed.
     pub fn discard_partial(&self, dir: &CipherDir, p: PartialFile) -> Result<()> {
+        p.file.discard_session();
         drop(p.file);
         sys::unlinkat(dir.fd(), p.entry.on_disk.as_bytes(), false).ctx(|| dir.child_path(&p.entry.on_disk))
     }

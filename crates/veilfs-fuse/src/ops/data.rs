@@ -21,6 +21,9 @@ impl VeilFs {
         // Only this process writes the file: holes left by out-of-order write-back can wait
         // for the writes that fill them before the header is marked SPARSE.
         crypt.set_defer_sparse(!self.opts.shared_storage);
+        // Every handle ends with a RELEASE or FSYNC that settles: with shared storage too, a
+        // file with a block map keeps one write session until then (docs/FORMAT.md §5.10).
+        crypt.set_session_until_settle(true);
         // A file a crash left UNSETTLED is settled as soon as it opens (docs/FORMAT.md §5.8);
         // without a writable backing file it is read by the crash rules instead.
         if !self.opts.shared_storage && !self.opts.read_only {

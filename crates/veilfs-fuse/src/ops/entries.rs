@@ -52,6 +52,7 @@ impl VeilFs {
         }
         let (on_disk, _, crypt) = self.vault.create_file_at(&dir.cd, &key, mode).map_err(cerr)?;
         crypt.set_defer_sparse(!self.opts.shared_storage);
+        crypt.set_session_until_settle(true);
         data::no_backing_atime(crypt.backing().as_fd());
         let crypt = Arc::new(crypt);
         let (node, st) = self.created(&pnode, &key, &on_disk, libc::DT_REG, name)?;
