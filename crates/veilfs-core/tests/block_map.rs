@@ -631,6 +631,27 @@ fn a_commit_record_completes_a_map_cut_short_and_a_forged_one_is_damage() {
 /// for all its writes; a discarded one leaves neither the file nor its log behind, and a
 /// committed one is settled before it has its name.
 #[test]
+fn a_partial_file_an_interrupted_import_left_goes_with_its_log() {
+    let (t, v, root) = setup();
+    let logs = || {
+        (std::fs::read_dir(t.path()).unwrap().flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(veilfs_core::stash::STASH_PREFIX))
+            .count()
+    };
+    let p = v.create_partial(&root, b"p", 0o600).unwrap();
+    let d = data(12 * B as usize, 5);
+    p.file.write_at(&d[..6 * B as usize], 0, 0).unwrap();
+    p.file.write_at(&d[6 * B as usize..], 6 * B, 6 * B).unwrap();
+    let on_disk = p.entry.on_disk.clone();
+    // The importing process is killed: nothing of the handle runs, its log stays.
+    std::mem::forget(p);
+    assert_eq!(logs(), 1, "the interrupted session's log");
+    assert_eq!(v.remove_partials(&root).unwrap(), 1);
+    assert!(!t.path().join(on_disk).exists(), "the partial file is removed");
+    assert_eq!(logs(), 0, "and its log with it");
+}
+
+#[test]
 fn a_partial_file_is_one_session_and_leaves_no_log_committed_or_discarded() {
     let (t, v, root) = setup();
     let logs = |dir: &std::path::Path| {

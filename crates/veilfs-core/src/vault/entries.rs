@@ -201,11 +201,33 @@ impl Vault {
             let what = || dir.child_path(&String::from_utf8_lossy(&r.name));
             let st = sys::fstatat(dir.fd(), &r.name).ctx(what)?;
             if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                self.remove_partials_stash(dir, &r.name);
                 sys::unlinkat(dir.fd(), &r.name, false).ctx(what)?;
                 n += 1;
             }
         }
         Ok(n)
+    }
+
+    /// Removes the stash (a block-map file's session log, or v1 inner-block records) that an
+    /// interrupted writer of the partial file `name` left, so that no leftover outlives the
+    /// file (fsck would report it). The file ID comes from the partial's header, used only if
+    /// it authenticates; a header copied there from another file makes this remove that
+    /// file's stash, which whoever can write the ciphertext can do anyway. Best effort.
+    fn remove_partials_stash(&self, dir: &CipherDir, name: &[u8]) {
+        let Some(stashes) = &self.ctx.stashes else { return };
+        let Ok((fd, _)) = sys::open_regular_at(dir.fd(), name, libc::O_RDONLY) else { return };
+        let mut buf = [0u8; crate::content::blockmap::HEADER_V2_LEN];
+        let Ok(got) = sys::pread_full(fd.as_fd(), &mut buf, 0) else { return };
+        let id = if self.ctx.block_map {
+            crate::content::blockmap::HeaderV2::decode(&buf[..got], &self.ctx.keys).ok().map(|h| h.id)
+        } else {
+            let v1 = &buf[..got.min(crate::content::header::HEADER_LEN)];
+            crate::content::header::FileHeader::decode(v1, &self.ctx.keys, "partial").ok().map(|h| h.id)
+        };
+        if let Some(id) = id {
+            let _ = stashes.remove(&id);
+        }
     }
 
     /// The key of `name` in `dir`, or EEXIST if an entry has that name (lists the directory).
