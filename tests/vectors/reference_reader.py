@@ -379,21 +379,8 @@ def read_block_map_file(aead, keys, B: int, data: bytes, identity: bytes, log: b
             raise IntegrityError(f"node {j} does not hold its map blocks' hashes")
     if not std_hmac.compare_digest(bm_root(identity, k, maps), h["root"]):
         raise IntegrityError("map root does not match the header")
-    key, out = file_key(keys, identity), []
-    for n in range(k):
-        g = bm_group_of(n)
-        leaf = maps[g][16 * (n - bm_group_start(g)):][:16]
-        size = B + O if n < k - 1 else p - n * B + O
-        block = data[bm_offset(n, B, O):][:size]
-        if leaf == bytes(16):
-            if n == k - 1:
-                raise IntegrityError(f"block {n}, the final block, is a hole in the map")
-            out.append(bytes(B))
-            continue
-        if block[-16:] != leaf:
-            raise IntegrityError(f"block {n} is not the version the map commits to")
-        out.append(aead.open(key, block_aad(identity, n, n == k - 1), block))
-    return b"".join(out)
+    # A settled file has no log: a block that is not the map's version has no other source.
+    return bm_read_blocks(aead, file_key(keys, identity), identity, B, data, p, maps, lambda n, leaf: None)
 
 
 # §5.10 "Write sessions and their log": the log `veilfs.S.<b64(ID)>` of a session, and the rules
