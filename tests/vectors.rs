@@ -1025,6 +1025,10 @@ fn reference_reader_reads_files_of_a_vault_with_block_map() {
     let id: [u8; 16] = c[4..20].try_into().unwrap();
     assert!(v.join(veilfs_core::stash::stash_name(&id)).exists(), "no log");
     std::fs::write(src.join("f6"), &want).unwrap();
+    // The compare checks mtimes to the nanosecond: the source gets the time the session's writes
+    // gave the file (two writes a clock tick apart would differ otherwise).
+    let written = std::fs::metadata(&cipher).unwrap().modified().unwrap();
+    std::fs::File::options().write(true).open(src.join("f6")).unwrap().set_modified(written).unwrap();
     let out = run(&["python3", r, "--vault", v_s, "--password-file", pf_s, "--compare", src.to_str().unwrap()]);
     assert!(out.contains(" 0 failed") && out.contains("compared 8 vault entries"), "{out}");
     // The last write's in-place block (block 0, at 92 + 16) torn as a kill inside its `pwrite`
