@@ -37,6 +37,11 @@ pub struct Args {
     /// Do not create a recovery key.
     #[arg(long)]
     pub no_recovery_key: bool,
+    /// Make files without a block map (feature "block-map"), for veilfs versions that cannot
+    /// read it. Such a vault does not detect an older copy of a block, an older header or an
+    /// older final block put back into a file (docs/SECURITY.md §4.1).
+    #[arg(long)]
+    pub no_block_map: bool,
     /// Allow a key derivation above the ceiling unlocking applies (1 GiB of memory,
     /// 4 GiB·passes); every unlock of such a vault then needs --allow-slow-kdf too.
     #[arg(long)]
@@ -90,7 +95,13 @@ pub fn run(a: Args) -> Result<i32> {
     check_cipherdir(&a.cipherdir)?;
     let password = a.password.read_new("Choose a password")?;
     super::kdf_notice(kdf.memory_kib);
-    let opts = InitOptions { cipher: a.cipher, block_size: a.block_size, kdf, recovery_key: !a.no_recovery_key };
+    let opts = InitOptions {
+        cipher: a.cipher,
+        block_size: a.block_size,
+        kdf,
+        recovery_key: !a.no_recovery_key,
+        block_map: !a.no_block_map,
+    };
     let t = Instant::now();
     let (_vault, rk) = Vault::create(&a.cipherdir, &password, &opts)?;
     let secs = t.elapsed().as_secs_f64();
@@ -127,6 +138,7 @@ fn run_reverse(a: Args, kdf: veilfs_core::kdf::Argon2Params) -> Result<i32> {
         block_size: a.block_size,
         kdf,
         recovery_key: !a.no_recovery_key,
+        block_map: false,
     };
     let rk = veilfs_core::reverse::ReverseVault::create(&a.cipherdir, &password, &opts)?;
     if !crate::logging::quiet() {

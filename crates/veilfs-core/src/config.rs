@@ -59,8 +59,9 @@ pub const FEATURE_ORDERED_GROWTH: &str = "ordered-growth";
 /// Files carry header v2 and a block map: the header commits to the exact ciphertext of
 /// every block, so an older copy of a block, an older header with a newer body (or the
 /// reverse) and an older final block after a truncate are integrity errors
-/// (docs/FORMAT.md §5.10). No vault is made with it yet: the writer does not yet keep the
-/// crash rules of the other features (tests name it on a vault of their own).
+/// (docs/FORMAT.md §5.10). Every new forward vault names it unless made with
+/// `veilfs init --no-block-map` (for veilfs versions that cannot read it); vaults made before
+/// it lack it and keep opening.
 pub const FEATURE_BLOCK_MAP: &str = "block-map";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
 pub const OPTIONAL_FEATURES: &[&str] = &[
@@ -216,6 +217,7 @@ impl VaultConfig {
                         FEATURE_UNSETTLED_TAILS,
                         FEATURE_IV_IN_NAME,
                         FEATURE_ORDERED_GROWTH,
+                        FEATURE_BLOCK_MAP,
                     ]
                 })
                 .map(String::from)
@@ -794,11 +796,14 @@ mod tests {
     }
 
     #[test]
-    fn block_map_is_named_by_no_new_vault_and_refused_in_a_deterministic_one() {
+    fn block_map_is_named_by_new_vaults_and_refused_in_a_deterministic_one() {
         let p = Path::new("veilfs.conf");
         let (mut cfg, master) = config_with_password("pw");
-        assert!(!cfg.has_feature(FEATURE_BLOCK_MAP));
-        cfg.features.push(FEATURE_BLOCK_MAP.into());
+        assert_eq!(cfg.features.last().map(String::as_str), Some(FEATURE_BLOCK_MAP));
+        cfg.seal(&master);
+        assert!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p).is_ok());
+        // A vault made before it, or with `init --no-block-map`, keeps opening.
+        cfg.features.retain(|f| f != FEATURE_BLOCK_MAP);
         cfg.seal(&master);
         assert!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p).is_ok());
         let mut det = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[1; 16]).unwrap();

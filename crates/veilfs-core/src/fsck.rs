@@ -14,6 +14,7 @@
 //! the lock, of IV copies and of side files (they hold no user data),
 //! the config's own temporary copy and the partial copies an interrupted import left.
 
+use crate::content::blockmap::{HeaderV2, HEADER_V2_LEN};
 use crate::content::header::{FileHeader, HEADER_LEN};
 use crate::diriv::IvCopy;
 use crate::error::{Error, IoContext, Result};
@@ -901,9 +902,15 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &Stat) ->
     match kind {
         EntryKind::File => {
             let fd = Vault::open_content(dir, on_disk, libc::O_RDONLY, 0).ok()?;
-            let mut hdr = [0u8; HEADER_LEN];
-            (sys::pread_full(fd.as_fd(), &mut hdr, 0).ok()? == HEADER_LEN).then_some(())?;
-            FileHeader::decode(&hdr, &vault.content().keys, on_disk).ok().map(|h| h.id)
+            let keys = &vault.content().keys;
+            // A block-map file carries header v2 (FORMAT.md §5.10), whose MAC covers its ID too.
+            let len = if vault.content().block_map { HEADER_V2_LEN } else { HEADER_LEN };
+            let mut hdr = [0u8; HEADER_V2_LEN];
+            (sys::pread_full(fd.as_fd(), &mut hdr[..len], 0).ok()? == len).then_some(())?;
+            match vault.content().block_map {
+                true => HeaderV2::decode(&hdr, keys).ok().map(|h| h.id),
+                false => FileHeader::decode(&hdr[..len], keys, on_disk).ok().map(|h| h.id),
+            }
         }
         EntryKind::Dir => {
             let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ok()?;

@@ -310,9 +310,17 @@ fn a_cut_at_a_group_boundary_is_an_integrity_error() {
 }
 
 #[test]
-fn new_vaults_do_not_name_block_map_and_keep_header_v1() {
+fn new_vaults_name_block_map_and_no_block_map_ones_keep_header_v1() {
     let t = tempfile::tempdir().unwrap();
     let v = new_vault(t.path());
+    assert!(v.content().block_map);
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", b"hello");
+    let c = snapshot(&cipher_path(&v, &root, "f"));
+    // Header v2, the first group's map block (one leaf), the block.
+    assert_eq!((&c[..2], c.len()), (&[0u8, 2][..], 92 + 16 + 5 + 28));
+    let t = tempfile::tempdir().unwrap();
+    let v = new_v1_vault(t.path());
     assert!(!v.content().block_map);
     let root = v.root().unwrap();
     write_file(&v, &root, "f", b"hello");

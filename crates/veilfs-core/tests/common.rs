@@ -18,6 +18,13 @@ pub fn new_vault(dir: &Path) -> Vault {
     Vault::create(dir, &password(), &opts).unwrap().0
 }
 
+/// A vault whose files keep header v1 and no block map (`veilfs init --no-block-map`, and
+/// every vault made before the feature `block-map`): for the tests of that format's own rules.
+pub fn new_v1_vault(dir: &Path) -> Vault {
+    let opts = InitOptions { kdf: FAST_KDF, block_map: false, ..InitOptions::default() };
+    Vault::create(dir, &password(), &opts).unwrap().0
+}
+
 pub fn reopen(dir: &Path) -> Vault {
     Vault::open(dir, &Secret::Password(password()), None).unwrap()
 }
@@ -53,9 +60,10 @@ pub fn legacy_vault(dir: &Path) -> Vault {
     vault_without(dir, veilfs_core::config::FEATURE_SPECIAL_KINDS)
 }
 
-/// A new vault in `dir` whose config does not name `feature`, as made before it existed.
+/// A new vault in `dir` whose config does not name `feature`, as made before it existed:
+/// every such feature is older than `block-map`, so the vault has v1 files too.
 pub fn vault_without(dir: &Path, feature: &str) -> Vault {
-    let mut v = new_vault(dir);
+    let mut v = new_v1_vault(dir);
     let mut cfg = v.config().clone();
     cfg.features.retain(|f| f != feature);
     v.save_config(cfg).unwrap();
@@ -107,16 +115,13 @@ pub fn iv_copy_path(v: &Vault, dir: &CipherDir) -> PathBuf {
     dir.path.join(v.iv_copy().name(&dir.iv))
 }
 
-/// A vault with `block_size`-byte blocks whose config names the feature `block-map`
-/// (docs/FORMAT.md §5.10), which no vault is made with yet: every file gets header v2 and a
-/// block map.
+/// A vault with `block_size`-byte blocks and the feature `block-map` (docs/FORMAT.md §5.10),
+/// as every new vault has it: every file gets header v2 and a block map.
 pub fn vault_with_block_map(dir: &Path, block_size: u32) -> Vault {
     let opts = InitOptions { kdf: FAST_KDF, block_size, ..InitOptions::default() };
-    let mut v = Vault::create(dir, &password(), &opts).unwrap().0;
-    let mut cfg = v.config().clone();
-    cfg.features.push(veilfs_core::config::FEATURE_BLOCK_MAP.to_string());
-    v.save_config(cfg).unwrap();
-    reopen(dir)
+    let v = Vault::create(dir, &password(), &opts).unwrap().0;
+    assert!(v.content().block_map);
+    v
 }
 
 /// Asserts `r` is an integrity error whose message mentions `needle`.

@@ -176,7 +176,7 @@ fn damage(iv_in_name: bool) {
     // Afterwards the vault is clean; the damaged file is still reported, kept in lost+found.
     let again = check(&v, false);
     assert!(again.is_clean(), "{:#?}", again.problems);
-    assert_eq!(again.problems.len(), 1);
+    assert_eq!(again.problems.len(), 1, "{:#?}", again.problems);
     assert_eq!(again.problems[0].repaired.as_deref(), Some("kept in /lost+found"));
     // d2's IV copy was rewritten from its entry: y reads again. The conflict copy is
     // readable in lost+found (bound to its header's ID); the damaged file is kept there.

@@ -18,7 +18,8 @@ const B: usize = 4096;
 
 fn setup() -> (tempfile::TempDir, Vault, CipherDir) {
     let d = tempfile::tempdir().unwrap();
-    let v = new_vault(d.path());
+    // The inner-block stash is the v1 file format's (block-map files log their sessions).
+    let v = new_v1_vault(d.path());
     let root = v.root().unwrap();
     (d, v, root)
 }

@@ -9,9 +9,11 @@ const B: usize = 4096;
 const CB: u64 = 4096 + 28;
 const H: u64 = 36;
 
+/// A vault in the v1 file format (header v1, no block map): the layout constants below are
+/// that format's; block-map files have their own tamper tests (block_map.rs).
 fn setup() -> (tempfile::TempDir, Vault) {
     let t = tempfile::tempdir().unwrap();
-    let v = new_vault(t.path());
+    let v = new_v1_vault(t.path());
     (t, v)
 }
 

@@ -54,6 +54,10 @@ pub struct InitOptions {
     pub kdf: Argon2Params,
     /// Whether to add a recovery key slot.
     pub recovery_key: bool,
+    /// Whether files get a block map (feature `"block-map"`, docs/FORMAT.md §5.10): on by
+    /// default; off makes a vault that veilfs versions without the feature can read, in which
+    /// an older copy of a block put back is not detected. Ignored by deterministic vaults.
+    pub block_map: bool,
 }
 
 impl Default for InitOptions {
@@ -63,6 +67,7 @@ impl Default for InitOptions {
             block_size: 4096,
             kdf: Argon2Params::DEFAULT,
             recovery_key: true,
+            block_map: true,
         }
     }
 }
@@ -169,6 +174,9 @@ impl Vault {
         let master = MasterKey::generate();
         let root_iv: DirIv = crate::random::bytes();
         let mut cfg = VaultConfig::new(opts.cipher, opts.block_size, &root_iv)?;
+        if !opts.block_map {
+            cfg.features.retain(|f| f != crate::config::FEATURE_BLOCK_MAP);
+        }
         cfg.add_password_slot(&master, password, opts.kdf)?;
         let rk = opts.recovery_key.then(RecoveryKey::generate);
         if let Some(rk) = &rk {
