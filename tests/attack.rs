@@ -176,7 +176,7 @@ fn planted_vault() -> Option<Planted> {
     };
     let dir = find(&|md, _| md.is_dir());
     let side = find(&|_, n| n.starts_with("veilfs.N."));
-    let content = find(&|md, n| md.is_file() && !n.starts_with("veilfs.") && md.len() == 36 + 4 + 28);
+    let content = find(&|md, n| md.is_file() && !n.starts_with("veilfs.") && md.len() == cipher_size(4));
     let link = fs::read_dir(&m.cipher).unwrap().flatten().find(|e| e.file_type().unwrap().is_symlink()).unwrap().path();
     // The directory's IV copy: the name `veilfs.diriv.<b64(iv)>` of a new vault (F§7.1).
     let diriv = fs::read_dir(&dir)

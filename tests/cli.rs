@@ -1143,14 +1143,14 @@ fn install_script_puts_binary_man_pages_and_completions_under_prefix() {
     assert!(sbin.join("mount.fuse.veilfs").symlink_metadata().is_err());
 }
 
-/// `veilfs import` into a vault with the feature `block-map` (docs/FORMAT.md §5.10): each file
+/// `veilfs import` into a vault with the feature `block-map` (docs/FORMAT.md §5.10; every new
+/// vault has it): each file
 /// is written in one write session, ended before the file gets its name, so every file is
 /// left settled (header v2 without UNSETTLED), no session log is left, and a file of five
 /// 1 MiB writes has generation 2 (its first write, then one session), not one per write.
 #[test]
 fn an_import_into_a_block_map_vault_leaves_files_settled_with_no_log() {
     let f = Fixture::new();
-    common::with_feature(&f.vault, &f.pf, veilfs_core::config::FEATURE_BLOCK_MAP);
     let src = f.dir.join("src");
     std::fs::create_dir(&src).unwrap();
     let big: Vec<u8> = (0..(5u32 << 20) - 7).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();

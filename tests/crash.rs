@@ -52,7 +52,8 @@ const MAP_OVERWRITE_POINTS: &[&str] = &[
 ];
 
 /// Points of the block-map writer's write session (docs/FORMAT.md §5.10): these run in a
-/// vault with `"block-map"` (named by no new vault yet), whose baseline files carry a map.
+/// vault with `"block-map"` (every new vault), whose baseline files carry a map; every other
+/// point in a vault of v1 files.
 fn in_map_vault(point: &str) -> bool {
     point.starts_with("map.")
 }
@@ -385,9 +386,11 @@ struct Row {
 /// invariant that no known gap explains.
 fn crash_case(point: &str, action: &str) -> Option<Row> {
     let mut m = Mounted::new("64m", &[])?;
-    if in_map_vault(point) {
+    if !in_map_vault(point) {
+        // The other points are the v1 file writer's (inner-block stash, unsettled tails):
+        // they run in a vault made with `init --no-block-map`.
         m.umount();
-        with_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+        without_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
         m.mount();
     }
     baseline(&mut m);
@@ -563,9 +566,9 @@ fn sigkill_rounds(block_map: bool) {
     let mut torn = 0;
     for round in 0..rounds {
         let Some(mut m) = Mounted::new("256m", &[]) else { return };
-        if block_map {
+        if !block_map {
             m.umount();
-            with_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+            without_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
             m.mount();
         }
         let path = m.m("log");

@@ -6,12 +6,16 @@
 //! symlinks and special files), `veilfs export` and `veilfs fsck` must agree. The overflow
 //! pieces of long symlink targets and xattr values (feature `overflow`) are swapped, removed
 //! and cut short too; `veilfs cat` does not read attributes, so it reads such a file whole.
+//! The catalogue runs on a vault of v1 files (`init --no-block-map`) and on a new vault, whose
+//! files carry a block map (docs/FORMAT.md §5.10); on the latter, a file's own older block,
+//! older header and older final block put back are judged too.
 
 mod common;
 use common::*;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use veilfs_core::content::blockmap::MapLayout;
 
 /// What reading the probed object through the mount must give.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,6 +34,9 @@ struct Case {
     /// Exit code of `veilfs cat` (`ls -l` for a symlink probe).
     cat: i32,
     tamper: fn(&Objects),
+    /// Only for files with a block map: in a vault of v1 files this tampering is not detected
+    /// (docs/SECURITY.md §4).
+    map_only: bool,
 }
 
 /// Ciphertext paths of the objects of the vault.
@@ -55,28 +62,46 @@ struct Objects {
     /// (UNSETTLED: what a sync peer saw then).
     g: PathBuf,
     g_unsettled_header: Vec<u8>,
+    /// Whether files carry a block map (header v2, map blocks between the blocks).
+    map: bool,
+    /// `a`'s ciphertext before a second write session overwrote part of blocks 1 and 2.
+    a_before: Vec<u8>,
+}
+
+impl Objects {
+    fn header_len(&self) -> usize {
+        if self.map {
+            veilfs_core::content::blockmap::HEADER_V2_LEN
+        } else {
+            36
+        }
+    }
+
+    /// Where block `n` starts in a file.
+    fn block_start(&self, n: u64) -> usize {
+        (if self.map { MapLayout::new(4096, 28).block_offset(n) } else { 36 + n * BLOCK }) as usize
+    }
+
+    /// The full block `n` of ciphertext `c`.
+    fn block(&self, c: &[u8], n: u64) -> Vec<u8> {
+        c[self.block_start(n)..self.block_start(n) + BLOCK as usize].to_vec()
+    }
+
+    fn put_block(&self, c: &mut [u8], n: u64, b: &[u8]) {
+        let s = self.block_start(n);
+        c[s..s + b.len()].copy_from_slice(b);
+    }
 }
 
 /// Special files of the vault: probed by `lstat` through the mount and `veilfs ls -l`.
 const SPECIALS: [&str; 3] = ["fifo", "null", "zero"];
 
 const BLOCK: u64 = 4096 + 28;
-const HEADER: u64 = 36;
 
 fn patch(p: &Path, f: impl FnOnce(&mut Vec<u8>)) {
     let mut c = fs::read(p).unwrap();
     f(&mut c);
     fs::write(p, c).unwrap();
-}
-
-fn block(c: &[u8], n: u64) -> Vec<u8> {
-    let s = (HEADER + n * BLOCK) as usize;
-    c[s..s + BLOCK as usize].to_vec()
-}
-
-fn put_block(c: &mut [u8], n: u64, b: &[u8]) {
-    let s = (HEADER + n * BLOCK) as usize;
-    c[s..s + BLOCK as usize].copy_from_slice(b);
 }
 
 fn swap_files(p: &Path, q: &Path) {
@@ -98,14 +123,45 @@ fn continuations(p: &Path) -> Vec<String> {
 fn cases() -> Vec<Case> {
     vec![
         Case {
+            name: "an older copy of a block put back (block rollback)",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            map_only: true,
+            tamper: |o| {
+                let old = o.block(&o.a_before, 1);
+                patch(&o.a, |c| o.put_block(c, 1, &old))
+            },
+        },
+        Case {
+            name: "the older header with the newer body",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            map_only: true,
+            tamper: |o| patch(&o.a, |c| c[..o.header_len()].copy_from_slice(&o.a_before[..o.header_len()])),
+        },
+        Case {
+            name: "the newer header with an older final block",
+            probe: "a",
+            mount: Mount::Fails(libc::EIO),
+            cat: 6,
+            map_only: true,
+            tamper: |o| {
+                let s = o.block_start(2);
+                patch(&o.a, |c| c[s..].copy_from_slice(&o.a_before[s..]))
+            },
+        },
+        Case {
             name: "a header copied during a write session put back, the file cut at a block boundary",
             probe: "g",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 patch(&o.g, |c| {
-                    c[..HEADER as usize].copy_from_slice(&o.g_unsettled_header);
-                    c.truncate((HEADER + 2 * BLOCK) as usize);
+                    c[..o.header_len()].copy_from_slice(&o.g_unsettled_header);
+                    c.truncate(o.block_start(1) + BLOCK as usize);
                 })
             },
         },
@@ -114,6 +170,7 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| patch(&o.a, |c| c[5000] ^= 1),
         },
         Case {
@@ -121,11 +178,12 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 patch(&o.a, |c| {
-                    let (b0, b1) = (block(c, 0), block(c, 1));
-                    put_block(c, 0, &b1);
-                    put_block(c, 1, &b0);
+                    let (b0, b1) = (o.block(c, 0), o.block(c, 1));
+                    o.put_block(c, 0, &b1);
+                    o.put_block(c, 1, &b0);
                 })
             },
         },
@@ -134,9 +192,10 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
-                let other = block(&fs::read(&o.b).unwrap(), 1);
-                patch(&o.a, |c| put_block(c, 1, &other))
+                let other = o.block(&fs::read(&o.b).unwrap(), 1);
+                patch(&o.a, |c| o.put_block(c, 1, &other))
             },
         },
         Case {
@@ -144,9 +203,10 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
-                let hb = fs::read(&o.b).unwrap()[..HEADER as usize].to_vec();
-                patch(&o.a, |c| c[..HEADER as usize].copy_from_slice(&hb))
+                let hb = fs::read(&o.b).unwrap()[..o.header_len()].to_vec();
+                patch(&o.a, |c| c[..o.header_len()].copy_from_slice(&hb))
             },
         },
         Case {
@@ -154,6 +214,7 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| swap_files(&o.a, &o.b),
         },
         Case {
@@ -161,9 +222,10 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 let f = fs::OpenOptions::new().write(true).open(&o.a).unwrap();
-                f.set_len(HEADER + BLOCK + 100).unwrap();
+                f.set_len(o.block_start(1) as u64 + 100).unwrap();
             },
         },
         Case {
@@ -171,6 +233,7 @@ fn cases() -> Vec<Case> {
             probe: "d1/x",
             mount: Mount::Fails(libc::ENOENT),
             cat: 4,
+            map_only: false,
             tamper: |o| fs::rename(&o.x, o.d2.join(o.x.file_name().unwrap())).unwrap(),
         },
         Case {
@@ -178,6 +241,7 @@ fn cases() -> Vec<Case> {
             probe: "d2/y",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 // The IV name (F§7.1) of d1 in place of d2's own.
                 let iv_of = |d: &Path| {
@@ -197,6 +261,7 @@ fn cases() -> Vec<Case> {
             probe: "s1",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 let (t1, t2) = (fs::read_link(&o.s1).unwrap(), fs::read_link(&o.s2).unwrap());
                 fs::remove_file(&o.s1).unwrap();
@@ -210,6 +275,7 @@ fn cases() -> Vec<Case> {
             probe: "sl1",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| swap_files(&target_file(&o.sl1), &target_file(&o.sl2)),
         },
         Case {
@@ -217,6 +283,7 @@ fn cases() -> Vec<Case> {
             probe: "sl1",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| fs::remove_file(target_file(&o.sl1)).unwrap(),
         },
         Case {
@@ -224,6 +291,7 @@ fn cases() -> Vec<Case> {
             probe: "sl1",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| patch(&target_file(&o.sl1), |c| c.truncate(c.len() - 1)),
         },
         // `veilfs cat` reads contents only: it exits 0 on these (the file's data is intact).
@@ -232,6 +300,7 @@ fn cases() -> Vec<Case> {
             probe: "xf",
             mount: Mount::Fails(libc::EIO),
             cat: 0,
+            map_only: false,
             tamper: |o| {
                 let more = continuations(&o.xf);
                 let (a, b) = (xattr_get(&o.xf, &more[0]).unwrap(), xattr_get(&o.xf, &more[1]).unwrap());
@@ -244,6 +313,7 @@ fn cases() -> Vec<Case> {
             probe: "xf",
             mount: Mount::Fails(libc::EIO),
             cat: 0,
+            map_only: false,
             tamper: |o| continuations(&o.xf).iter().for_each(|n| xattr_remove(&o.xf, n).unwrap()),
         },
         Case {
@@ -251,6 +321,7 @@ fn cases() -> Vec<Case> {
             probe: "xf",
             mount: Mount::Fails(libc::EIO),
             cat: 0,
+            map_only: false,
             tamper: |o| {
                 for n in continuations(&o.xf) {
                     let v = xattr_get(&o.xf, &n).unwrap();
@@ -263,6 +334,7 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 fs::remove_file(&o.a).unwrap();
                 fs::create_dir(&o.a).unwrap();
@@ -273,6 +345,7 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 fs::remove_file(&o.a).unwrap();
                 fs::hard_link(&o.b, &o.a).unwrap();
@@ -283,6 +356,7 @@ fn cases() -> Vec<Case> {
             probe: "a",
             mount: Mount::Reads,
             cat: 0,
+            map_only: false,
             tamper: |o| {
                 let name = o.a.file_name().unwrap().to_str().unwrap();
                 let key = name.rsplit_once('.').unwrap().0;
@@ -296,6 +370,7 @@ fn cases() -> Vec<Case> {
             probe: "fifo",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 fs::remove_file(&o.fifo).unwrap();
                 drop(std::os::unix::net::UnixListener::bind(&o.fifo).unwrap());
@@ -306,6 +381,7 @@ fn cases() -> Vec<Case> {
             probe: "null",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 // /dev/null (1:3) becomes the first disk (8:0), same type and name.
                 fs::remove_file(&o.null).unwrap();
@@ -317,6 +393,7 @@ fn cases() -> Vec<Case> {
             probe: "null",
             mount: Mount::Fails(libc::EIO),
             cat: 6,
+            map_only: false,
             tamper: |o| {
                 let tmp = o.cipher.join("swap");
                 fs::rename(&o.null, &tmp).unwrap();
@@ -335,8 +412,22 @@ fn encrypt_path(m: &Mounted, plain: &str) -> PathBuf {
 
 #[test]
 fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
+    verdicts(false);
+}
+
+#[test]
+fn every_tampering_and_rollback_inside_a_file_gets_the_same_verdict_in_a_vault_with_block_maps() {
+    verdicts(true);
+}
+
+fn verdicts(map: bool) {
     let Some(mut m) = Mounted::new("128m", &[]) else { return };
-    let (a, b) = ((0..10_000u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>(), vec![b'b'; 10_000]);
+    if !map {
+        m.umount();
+        without_feature(&m.cipher, &m.passfile, veilfs_core::config::FEATURE_BLOCK_MAP);
+        m.mount();
+    }
+    let (mut a, b) = ((0..10_000u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>(), vec![b'b'; 10_000]);
     fs::write(m.m("a"), &a).unwrap();
     fs::write(m.m("b"), &b).unwrap();
     fs::create_dir(m.m("d1")).unwrap();
@@ -377,6 +468,8 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         zero: encrypt_path(&m, "zero"),
         g: encrypt_path(&m, "g"),
         g_unsettled_header: Vec::new(),
+        map,
+        a_before: Vec::new(),
     };
     // A second write session grows g; its header is copied while the session is open. (No
     // write-back cache, so the write reaches the daemon at once.)
@@ -387,7 +480,18 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
         use std::io::Write;
         let mut f = fs::OpenOptions::new().append(true).open(m.m("g")).unwrap();
         f.write_all(&[b'h'; 10_000]).unwrap();
-        o.g_unsettled_header = fs::read(&o.g).unwrap()[..HEADER as usize].to_vec();
+        o.g_unsettled_header = fs::read(&o.g).unwrap()[..o.header_len()].to_vec();
+    }
+    // A second write session changes a in its blocks 1 and 2 (the final one): its older
+    // ciphertext is what a sync peer kept and can put back.
+    o.a_before = fs::read(&o.a).unwrap();
+    assert_eq!(o.a_before[..2], [0, if map { 2 } else { 1 }], "a carries header v{}", if map { 2 } else { 1 });
+    {
+        let f = fs::OpenOptions::new().write(true).open(m.m("a")).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"newer", 5000).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"newer", 9000).unwrap();
+        a[5000..5005].copy_from_slice(b"newer");
+        a[9000..9005].copy_from_slice(b"newer");
     }
     m.umount();
     m.extra.clear();
@@ -406,7 +510,7 @@ fn every_tampering_gets_the_same_verdict_from_the_mount_cat_export_and_fsck() {
     let (cipher, pass) = (m.cipher.to_str().unwrap().to_string(), m.passfile.to_str().unwrap().to_string());
     let out = m.tmpfs.path.join("out");
     let mut verdicts = Vec::new();
-    for case in cases() {
+    for case in cases().into_iter().filter(|c| map || !c.map_only) {
         fs::remove_dir_all(&m.cipher).unwrap();
         assert!(run("cp", &["-a", pristine.to_str().unwrap(), &cipher]).status.success());
         (case.tamper)(&o);

@@ -393,6 +393,20 @@ class SharedStorageVariantTest(unittest.TestCase):
         self.assertEqual(args.workloads, ["warm", "warm-sync"])
 
 
+class NoBlockMapVariantTest(unittest.TestCase):
+    """veilfs-v1 is veilfs's entry with a vault made by init --no-block-map: the file format
+    before the block map, side by side in one run to measure what the map costs."""
+
+    def test_the_variant_is_veilfs_with_one_more_init_flag(self):
+        from veilbench.filesystems import registry
+        table = registry()
+        veil, v1 = table["veilfs"], table["veilfs-v1"]
+        self.assertEqual(list(v1.init_cmd), [*veil.init_cmd[:3], "--no-block-map", *veil.init_cmd[3:]])
+        for attr in ("binary", "mount_cmd", "unmount_cmd", "fsck_cmd", "version_cmd", "foreground"):
+            self.assertEqual(getattr(v1, attr), getattr(veil, attr), attr)
+        self.assertFalse(v1.has_reverse())
+
+
 class RegistryTest(unittest.TestCase):
     def test_every_filesystem_mounts_as_a_session_calls_it(self):
         """MountSession passes reverse= to every filesystem (ext4-loop and fscrypt once

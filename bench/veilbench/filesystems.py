@@ -268,15 +268,16 @@ class VeilFs(FuseFs):
         return list(super().init_args(reverse)) + list(self.CHEAP_KDF)
 
 
-def veilfs_entry(name: str, title: str, target: Path, mount_flags: Sequence[str] = ()) -> VeilFs:
-    """veilfs's table entry; *mount_flags* make a variant (``--shared-storage``).  A
-    variant's reverse view would be the plain entry's own (the flags are about the forward
-    mount), so only the plain entry has one."""
-    reverse = not mount_flags
+def veilfs_entry(name: str, title: str, target: Path, mount_flags: Sequence[str] = (),
+                 init_flags: Sequence[str] = ()) -> VeilFs:
+    """veilfs's table entry; *mount_flags* and *init_flags* make a variant
+    (``--shared-storage``, ``--no-block-map``).  A variant's reverse view would be the plain
+    entry's own (the flags are about the forward vault), so only the plain entry has one."""
+    reverse = not mount_flags and not init_flags
     return VeilFs(
         name=name, title=title,
         binary=os.environ.get("VEILFS_BIN", str(target / "veilfs")),
-        init_cmd=["{bin}", "init", "-q", "{store}", "--passfile", "{passfile}"],
+        init_cmd=["{bin}", "init", "-q", *init_flags, "{store}", "--passfile", "{passfile}"],
         mount_cmd=["{bin}", "mount", "{store}", "{mnt}", "--passfile", "{passfile}", *mount_flags],
         unmount_cmd=["{bin}", "umount", "{mnt}"],
         version_cmd=["{bin}", "--version"],
@@ -384,6 +385,10 @@ def registry() -> dict[str, Filesystem]:
         # The mount for several writers: no vault lock, nothing cached (1 s timeouts).
         veilfs_entry("veilfs-shared", "veilfs --shared-storage (no lock, caches nothing)", target,
                      mount_flags=["--shared-storage"]),
+        # The file format of vaults made before the block map (no rollback detection inside a
+        # file): the cost of the map is veilfs's row against this one.
+        veilfs_entry("veilfs-v1", "veilfs, vault made with init --no-block-map (v1 files)", target,
+                     init_flags=["--no-block-map"]),
         FuseFs(name="gocryptfs", title="gocryptfs (AES-256-GCM, -scryptn 10)", binary="gocryptfs",
                init_cmd=["{bin}", "-init", "-q", "-scryptn", "10", "-passfile", "{passfile}", "{store}"],
                mount_cmd=["{bin}", "-fg", "-q", "-passfile", "{passfile}", "{store}", "{mnt}"],

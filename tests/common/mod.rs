@@ -873,6 +873,12 @@ pub fn without_iv_in_name(cipher: &Path, passfile: &Path) {
     IvCopy::File.write(root.fd(), &root.iv).unwrap();
 }
 
+/// The ciphertext size of a `plain`-byte file in a new vault (4 KiB blocks, AES-256-GCM, a
+/// block map: docs/FORMAT.md §5.10).
+pub fn cipher_size(plain: u64) -> u64 {
+    veilfs_core::content::blockmap::MapLayout::new(4096, 28).cipher_size(plain)
+}
+
 /// Turns the unmounted vault in `cipher` into one made before `feature` existed (its config
 /// without it), for a feature that changes nothing already on disk (e.g. `ordered-growth`).
 pub fn without_feature(cipher: &Path, passfile: &Path, feature: &str) {
@@ -881,17 +887,6 @@ pub fn without_feature(cipher: &Path, passfile: &Path, feature: &str) {
     let mut v = veilfs_core::Vault::open(cipher, &secret, None).unwrap();
     let mut cfg = v.config().clone();
     cfg.features.retain(|f| f != feature);
-    v.save_config(cfg).unwrap();
-}
-
-/// Adds `feature` to the config of the unmounted vault in `cipher` (for a feature no vault is
-/// made with yet, e.g. `block-map`, on a vault with no files).
-pub fn with_feature(cipher: &Path, passfile: &Path, feature: &str) {
-    let pw = std::fs::read_to_string(passfile).unwrap();
-    let secret = veilfs_core::Secret::Password(secrecy::SecretString::from(pw.trim_end().to_string()));
-    let mut v = veilfs_core::Vault::open(cipher, &secret, None).unwrap();
-    let mut cfg = v.config().clone();
-    cfg.features.push(feature.to_string());
     v.save_config(cfg).unwrap();
 }
 

@@ -232,7 +232,7 @@ def plain_size(c: int, B: int, O: int) -> tuple[int, int]:
     return body - k * O, k
 
 
-# §5.10: the block map (feature "block-map"; no vault is made with it yet). Layout, root, header
+# §5.10: the block map (feature "block-map"; every new vault). Layout, root, header
 # v2, the settled file's reading rules (holes are zero leaves) and, below, an UNSETTLED file read
 # by its write session's log.
 H2 = 92
