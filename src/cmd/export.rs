@@ -498,10 +498,10 @@ pub fn run(a: Args) -> Result<i32> {
     let is_root = sys::euid() == 0;
     let total = match &entry {
         Some(e) if e.kind == EntryKind::Dir => {
-            super::plain_bytes_under(&parent.path.join(&e.on_disk), &vault.content().layout)
+            super::plain_bytes_under(&parent.path.join(&e.on_disk), vault.content())
         }
         Some(e) => vault.content().plain_size_lenient(e.stat.st_size as u64),
-        None => super::plain_bytes_under(&parent.path, &vault.content().layout),
+        None => super::plain_bytes_under(&parent.path, vault.content()),
     };
     let pb = super::progress(total, "exporting");
     let mut ex = Exporter {

@@ -67,7 +67,7 @@ pub fn run(a: Args) -> Result<i32> {
         }
     }
     let vault = a.unlock.open(&a.cipherdir)?;
-    let total = super::plain_bytes_under(vault.root_path(), &vault.content().layout);
+    let total = super::plain_bytes_under(vault.root_path(), vault.content());
     let pb = super::progress(total, "checking");
     let files = std::cell::Cell::new(0u64);
     let progress = |n: u64| {

@@ -339,8 +339,8 @@ pub fn count(n: usize, what: &str) -> String {
 /// Plaintext bytes of the regular files under the ciphertext directory `dir` (a cheap
 /// total for the export progress bar: no names are decrypted, no file is opened).
 /// A hard-linked file counts once; the vault's metadata files are left out.
-pub fn plain_bytes_under(dir: &Path, layout: &veilfs_core::content::Layout) -> u64 {
-    fn walk(dir: &Path, layout: &veilfs_core::content::Layout, seen: &mut HashSet<(u64, u64)>) -> u64 {
+pub fn plain_bytes_under(dir: &Path, layout: &veilfs_core::ContentCtx) -> u64 {
+    fn walk(dir: &Path, layout: &veilfs_core::ContentCtx, seen: &mut HashSet<(u64, u64)>) -> u64 {
         let Ok(it) = std::fs::read_dir(dir) else { return 0 };
         let mut sum = 0;
         for e in it.flatten() {

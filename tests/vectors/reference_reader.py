@@ -1677,10 +1677,20 @@ def tamper_selftest(vault_dir: str, secret_kind: str, secret: bytes, t: Tally):
 
     base_v, base = entries(vault_dir)
     B, O = base_v.block_size, base_v.aead.overhead
+    # Where block n starts, and the header's length: v1 files (§5.1), or header v2 and the
+    # block map's layout (§5.10) in a vault with "block-map".
+    if base_v.block_map:
+        H = H2
+        def at(n):
+            return bm_offset(n, B, O)
+    else:
+        H = HEADER_LEN
+        def at(n):
+            return HEADER_LEN + n * (B + O)
     files = sorted((p for p, e in base.items() if e["kind"] == KIND_FILE and e["stat"].st_nlink == 1),
                    key=lambda p: -base[p]["stat"].st_size)
     big, other = files[0], files[1]
-    if base[big]["stat"].st_size < HEADER_LEN + 2 * (B + O) + 1:
+    if base[big]["stat"].st_size < at(2) + 1:
         print("tamper self-test: needs a file of at least 3 blocks in the vault; skipped")
         return
     syms = [p for p, e in base.items() if e["kind"] == KIND_SYMLINK]
@@ -1700,16 +1710,16 @@ def tamper_selftest(vault_dir: str, secret_kind: str, secret: bytes, t: Tally):
         return go
 
     def flip(data):
-        data[HEADER_LEN + (B + O) + 5] ^= 0x20
+        data[at(1) + 5] ^= 0x20
         return data
 
     def swap_blocks(data):
-        a, b = HEADER_LEN, HEADER_LEN + (B + O)
+        a, b = at(0), at(1)
         data[a : a + B + O], data[b : b + B + O] = data[b : b + B + O], data[a : a + B + O]
         return data
 
     def zero_inner(data):
-        data[HEADER_LEN + (B + O) : HEADER_LEN + 2 * (B + O)] = bytes(B + O)
+        data[at(1) : at(1) + B + O] = bytes(B + O)
         return data
 
     def set_sparse(data):
@@ -1723,18 +1733,18 @@ def tamper_selftest(vault_dir: str, secret_kind: str, secret: bytes, t: Tally):
     def swap_header(dst):
         a, b = rel_c(dst, big), rel_c(dst, other)
         with open(b, "rb") as f:
-            hb = f.read(HEADER_LEN)
+            hb = f.read(H)
         with open(a, "r+b") as f:
             f.write(hb)
 
     def move_block_between(dst):
         a, b = rel_c(dst, big), rel_c(dst, other)
         with open(b, "rb") as f:
-            blk = f.read()[HEADER_LEN : HEADER_LEN + B + O]
+            blk = f.read()[at(0) : at(0) + B + O]
         if len(blk) < B + O:  # other file shorter than a block: take the big file's own block 1 instead
             return swap_blocks_go(dst)
         with open(a, "r+b") as f:
-            f.seek(HEADER_LEN)
+            f.seek(at(0))
             f.write(blk)
 
     swap_blocks_go = mutate_bytes(swap_blocks)
@@ -1804,10 +1814,12 @@ def tamper_selftest(vault_dir: str, secret_kind: str, secret: bytes, t: Tally):
         ("header copied from another file", swap_header, True),
         ("whole files swapped by renaming", swap_contents, True),
         ("entry moved into another directory", move_entry, True),
-        ("truncated at a block boundary", truncate_to(lambda c: HEADER_LEN + 2 * (B + O)), True),
+        ("truncated at a block boundary", truncate_to(lambda c: at(1) + B + O), True),
         ("truncated inside a block", truncate_to(lambda c: c - 3), True),
-        # Documented gap (SECURITY.md §4, FORMAT.md §5.3): a header alone is an empty file.
-        ("truncated to the header only (documented gap: NOT detected)", truncate_to(lambda c: HEADER_LEN), False),
+        # Documented gap of v1 files (SECURITY.md §4, FORMAT.md §5.3): a header alone is an
+        # empty file. A header v2 counts its blocks (§5.10): alone, it is an error.
+        ("truncated to the header only" + ("" if base_v.block_map else " (documented gap: NOT detected)"),
+         truncate_to(lambda c: H), base_v.block_map),
         ("config field edited", edit_config, True),
         ("slot Argon2 cost raised", raise_kdf_cost, True),
         ("slot Argon2 cost lowered", lower_kdf_cost, True),

@@ -241,6 +241,23 @@ impl MapLayout {
         self.block_offset(last) + (plain_size - last * self.block_size) + self.overhead
     }
 
+    /// The most plaintext one file can hold in `cipher_bytes` bytes of ciphertext: the largest
+    /// `p` with `cipher_size(p) <= cipher_bytes` (for `statfs`, which reports the backing
+    /// store's free space in plaintext bytes). `cipher_size` grows with `p`, so a binary
+    /// search over the sizes a file may have finds it.
+    pub fn plain_capacity(&self, cipher_bytes: u64) -> u64 {
+        let (mut lo, mut hi) = (0u64, cipher_bytes.min(self.max_blocks() * self.block_size));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.cipher_size(mid) <= cipher_bytes {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
     /// Plaintext size and block count `(p, k)` of a ciphertext file of `cipher_size` bytes.
     ///
     /// 0 bytes and a header alone are an empty file; sizes inside the header, inside map
@@ -580,6 +597,19 @@ mod tests {
                 check_tiling(&l, k).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn plain_capacity_is_the_largest_size_that_fits() {
+        let l = MapLayout::new(4096, 28);
+        for c in [0u64, 1, 92, 92 + 16 + 28, 92 + 16 + 29, 1 << 20, 5 << 30, u64::MAX] {
+            let p = l.plain_capacity(c);
+            assert!(p == 0 || l.cipher_size(p) <= c, "{c}: {p}");
+            assert!(p >= l.max_blocks() * 4096 || l.cipher_size(p + 1) > c, "{c}: {p} is not the largest");
+        }
+        // About B / (B + O + 16) of the bytes, the map's 16 bytes per block included.
+        let g = l.plain_capacity(1 << 30) as f64 / (1u64 << 30) as f64;
+        assert!((g - 4096.0 / (4096.0 + 28.0 + 16.0)).abs() < 1e-3, "{g}");
     }
 
     #[test]

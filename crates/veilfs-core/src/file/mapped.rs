@@ -462,10 +462,12 @@ impl CryptFile {
             g += 1;
         }
         // A file with blocks is changed in a session, whose log vouches for what this write
-        // puts in place; a first write needs none (its header goes out last).
+        // puts in place; a first write needs none (its header goes out last). What the
+        // session's end writes is allocated first: a full disk refuses this write here.
         let logged = k_old > 0;
+        let log_bytes = 48 + spans.iter().filter(|(n, _)| *n < k_old).map(|(_, r)| 96 + r.len() as u64).sum::<u64>();
+        self.reserve_write(&mut st, spans.iter().map(|(n, _)| *n), k_old, k_new, log_bytes)?;
         if logged {
-            self.begin_session(&mut st)?;
             self.log_write(&mut st, buf, &spans, k_old, (new_size != size).then_some(new_size))?;
         }
         if let Err(e) = self.store_blocks(&mut st, buf, &spans, k_old, k_new) {
@@ -732,7 +734,8 @@ impl CryptFile {
         let blen = l.block_len(n, new_size) as usize;
         let mut ct = vec![0u8; blen + l.overhead as usize];
         self.codec.seal_into(n, true, &plain[..blen], &mut ct);
-        self.begin_session(&mut st)?;
+        let k = st.blocks();
+        self.reserve_write(&mut st, std::iter::once(n), k, k, 48 + 96 + ct.len() as u64)?;
         self.log_block(&mut st, n, &ct, new_size)?;
         // What a refused commit puts back (below).
         let old_ct = self.pread_exact(l.block_len(n, size) + l.overhead, ml.block_offset(n), &format!("block {n}"))?;

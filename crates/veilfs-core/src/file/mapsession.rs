@@ -36,6 +36,31 @@ pub(super) struct Session {
     seq: u64,
     /// The MAC of its records.
     mac: maplog::Keyed,
+    /// The log's bytes allocated ahead (`fallocate`, keeping its size), from its start: room
+    /// for its commit, so that a full disk refuses a write instead of the session's end.
+    /// `u64::MAX` where the backing store cannot allocate ahead.
+    reserved: u64,
+}
+
+/// Bytes of a record's frame (kind, length, seq, `a`, MAC) in the log.
+const RECORD_FRAME: u64 = 40;
+
+/// The most bytes the commit of a session takes in its log when its map changed in `groups`
+/// and `nodes` nodes are new or changed: a map record per group (its whole reserved map
+/// block), one per node, and the commit record.
+pub(super) fn commit_room(groups: &BTreeSet<u64>, nodes: u64) -> u64 {
+    let maps: u64 = groups.iter().map(|&g| RECORD_FRAME + bm::LEAF_LEN * bm::group_capacity(g)).sum();
+    maps + nodes * (RECORD_FRAME + bm::HASH_LEN * bm::node_hashes(0)) + RECORD_FRAME + 40
+}
+
+/// Allocates `len` bytes of `fd` from its start without changing its size (space a later
+/// `pwrite` there cannot be refused). `Ok(false)` where the backing store cannot.
+fn allocate_ahead(fd: std::os::fd::BorrowedFd<'_>, off: u64, len: u64) -> std::io::Result<bool> {
+    match sys::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, off, len) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// A session found UNSETTLED (a crash, or a writer elsewhere), read by its log.
@@ -78,12 +103,25 @@ enum Source {
 impl CryptFile {
     /// Starts a write session if none is open: a size record with the size as it is, in a
     /// new log, then the header with UNSETTLED, the next generation and the map as it is. A
-    /// session whose log has grown past [`maplog::CHECKPOINT`] is ended first.
-    pub(super) fn begin_session(&self, st: &mut MapState) -> Result<()> {
+    /// session whose log has grown past [`maplog::CHECKPOINT`] is ended first. Then makes
+    /// sure the log has `need` bytes past its end allocated, before anything of the write
+    /// that asks is logged: a full disk refuses that write (`ENOSPC`, the file as it was),
+    /// never the session's end, whose commit always finds its room.
+    pub(super) fn begin_session(&self, st: &mut MapState, need: u64) -> Result<()> {
         if st.session.as_ref().is_some_and(|s| s.pos > maplog::CHECKPOINT) {
             self.finish_map(st, None)?;
         }
-        if st.session.is_some() {
+        if let Some(s) = st.session.as_mut() {
+            let want = s.pos + need;
+            if want > s.reserved {
+                // In steps of 64 KiB, so that a stream of writes allocates now and then.
+                let to = want + (64 << 10);
+                match allocate_ahead(s.log.as_fd(), 0, to) {
+                    Ok(true) => s.reserved = to,
+                    Ok(false) => s.reserved = u64::MAX,
+                    Err(e) => return Err(Error::io(format!("allocating the write-session log of {}", self.what), e)),
+                }
+            }
             return Ok(());
         }
         let Some(dir) = &self.ctx.stashes else {
@@ -92,6 +130,17 @@ impl CryptFile {
         let log = dir
             .create(self.id())
             .map_err(|e| Error::io(format!("creating {}", dir.path_of(self.id()).display()), e))?;
+        // Room for the size record, the write that asks and the commit, before the header
+        // says UNSETTLED: refused here, the file stays as it was and the log goes.
+        let reserved = match allocate_ahead(log.as_fd(), 0, 64 + need + (64 << 10)) {
+            Ok(true) => 64 + need + (64 << 10),
+            Ok(false) => u64::MAX,
+            Err(e) => {
+                drop(log);
+                self.remove_stash();
+                return Err(Error::io(format!("allocating {}", dir.path_of(self.id()).display()), e));
+            }
+        };
         let g = st.generation + 1;
         let mac = maplog::Keyed::new(&self.ctx.keys, self.id(), g);
         let mut recs = Vec::new();
@@ -102,8 +151,50 @@ impl CryptFile {
         st.generation = g;
         self.write_header_map(st, true)?;
         crate::crash::point!("map.session_started");
-        st.session = Some(Session { log, pos: recs.len() as u64, seq: 1, mac });
+        st.session = Some(Session { log, pos: recs.len() as u64, seq: 1, mac, reserved });
         Ok(())
+    }
+
+    /// Before a write changes blocks `touched` of a file of `k_old` blocks that it leaves
+    /// with `k_new`, logging `log_bytes` of records: allocates what its session's end will
+    /// write — in the file, the map blocks of the groups it adds or grows and the nodes it
+    /// adds (holes until the commit); in the log, `log_bytes` and the commit of every map
+    /// block changed so far — and starts the session (`logged`: a file that has blocks). So
+    /// a full disk refuses the write, before anything of it is written, and never the
+    /// session's end, which then reads and settles as written (docs/FORMAT.md §5.10).
+    pub(super) fn reserve_write(
+        &self,
+        st: &mut MapState,
+        touched: impl Iterator<Item = u64>,
+        k_old: u64,
+        k_new: u64,
+        log_bytes: u64,
+    ) -> Result<()> {
+        let ml = self.map_layout();
+        let mut groups = st.write.clone();
+        groups.extend(touched.map(bm::group_of));
+        if k_new > k_old && k_old > 0 {
+            groups.insert(bm::group_of(k_old - 1));
+        }
+        let (nodes_old, nodes_new) = (node_count(k_old), node_count(k_new));
+        let growing = group_count(k_old).saturating_sub(1);
+        let alloc = |off: u64, len: u64| {
+            allocate_ahead(self.fd(), off, len).map(drop).ctx(|| format!("allocating space in {}", self.what))
+        };
+        for &g in groups.range(growing..) {
+            alloc(ml.map_offset(g), bm::LEAF_LEN * bm::group_capacity(g))?;
+        }
+        for j in nodes_old..nodes_new {
+            alloc(ml.node_offset(j), ml.node_len(j))?;
+        }
+        if k_old == 0 {
+            // A first write commits without a session (its header goes out last).
+            return Ok(());
+        }
+        let mut spans: BTreeSet<u64> = groups.iter().map(|&g| group_start(g) / bm::SPAN_BLOCKS).collect();
+        spans.retain(|&j| j < nodes_new);
+        spans.extend(nodes_old..nodes_new);
+        self.begin_session(st, log_bytes + commit_room(&groups, spans.len() as u64))
     }
 
     /// Writes `recs` (records of the open session) at its log's end in one `pwrite`, and

@@ -112,6 +112,15 @@ impl ContentCtx {
         }
     }
 
+    /// The most plaintext one file can hold in `cipher_bytes` bytes of ciphertext, by the
+    /// vault's layout (for `statfs`): with `"block-map"` its map data counts too.
+    pub fn plain_capacity(&self, cipher_bytes: u64) -> u64 {
+        match self.block_map {
+            true => crate::content::blockmap::MapLayout::from(self.layout).plain_capacity(cipher_bytes),
+            false => self.layout.plain_capacity(cipher_bytes),
+        }
+    }
+
     /// Whether the crash rules of `"ordered-growth"` apply (docs/FORMAT.md §5.8).
     pub fn ordered(&self) -> bool {
         self.unsettled_tails && self.ordered_growth
@@ -307,7 +316,7 @@ impl CryptFile {
         let st = sys::fstat(f.fd()).ctx(|| format!("stat {}", f.what))?;
         f.setid.note(st.st_mode);
         let len = st.st_size as u64;
-        let durable = f.plain_size().unwrap_or_else(|_| f.ctx.layout.plain_size_lenient(len));
+        let durable = f.plain_size().unwrap_or_else(|_| f.ctx.plain_size_lenient(len));
         f.durable.store(durable, Ordering::Release);
         Ok(f)
     }

@@ -228,7 +228,7 @@ impl CryptFile {
         let r = if data_only { sys::fdatasync(self.fd()) } else { sys::fsync(self.fd()) };
         r.ctx(|| format!("syncing {}", self.what))?;
         let len = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
-        self.durable.fetch_max(self.ctx.layout.plain_size_lenient(len), Ordering::AcqRel);
+        self.durable.fetch_max(self.ctx.plain_size_lenient(len), Ordering::AcqRel);
         Ok(self.settle()? || before)
     }
 }

@@ -287,7 +287,7 @@ impl VeilFs {
         let root = self.nodes.get(ROOT)?;
         let mut s = sys::fstatvfs(root.dir()?.cd.fd())?;
         let unit = (s.f_frsize as u64).max(1);
-        let plain = |blocks: u64| self.layout.plain_capacity(blocks.saturating_mul(unit)) / unit;
+        let plain = |blocks: u64| self.ctx.plain_capacity(blocks.saturating_mul(unit)) / unit;
         (s.f_blocks, s.f_bfree, s.f_bavail) = (plain(s.f_blocks), plain(s.f_bfree), plain(s.f_bavail));
         Ok(s)
     }
