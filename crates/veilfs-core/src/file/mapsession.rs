@@ -48,8 +48,8 @@ const RECORD_FRAME: u64 = 40;
 /// The most bytes the commit of a session takes in its log when its map changed in `groups`
 /// and `nodes` nodes are new or changed: a map record per group (its whole reserved map
 /// block), one per node, and the commit record.
-pub(super) fn commit_room(groups: &BTreeSet<u64>, nodes: u64) -> u64 {
-    let maps: u64 = groups.iter().map(|&g| RECORD_FRAME + bm::LEAF_LEN * bm::group_capacity(g)).sum();
+fn commit_room(groups: impl Iterator<Item = u64>, nodes: u64) -> u64 {
+    let maps: u64 = groups.map(|g| RECORD_FRAME + bm::LEAF_LEN * bm::group_capacity(g)).sum();
     maps + nodes * (RECORD_FRAME + bm::HASH_LEN * bm::node_hashes(0)) + RECORD_FRAME + 40
 }
 
@@ -171,17 +171,18 @@ impl CryptFile {
         log_bytes: u64,
     ) -> Result<()> {
         let ml = self.map_layout();
-        let mut groups = st.write.clone();
-        groups.extend(touched.map(bm::group_of));
-        if k_new > k_old && k_old > 0 {
-            groups.insert(bm::group_of(k_old - 1));
+        // The groups the session's end writes: those changed so far, and this write's (one
+        // pass over the changed set per write, no copy of it).
+        let mut extra: BTreeSet<u64> = touched.map(bm::group_of).filter(|g| !st.write.contains(g)).collect();
+        if k_new > k_old && k_old > 0 && !st.write.contains(&bm::group_of(k_old - 1)) {
+            extra.insert(bm::group_of(k_old - 1));
         }
         let (nodes_old, nodes_new) = (node_count(k_old), node_count(k_new));
         let growing = group_count(k_old).saturating_sub(1);
         let alloc = |off: u64, len: u64| {
             allocate_ahead(self.fd(), off, len).map(drop).ctx(|| format!("allocating space in {}", self.what))
         };
-        for &g in groups.range(growing..) {
+        for &g in st.write.range(growing..).chain(extra.range(growing..)) {
             alloc(ml.map_offset(g), bm::LEAF_LEN * bm::group_capacity(g))?;
         }
         for j in nodes_old..nodes_new {
@@ -191,10 +192,11 @@ impl CryptFile {
             // A first write commits without a session (its header goes out last).
             return Ok(());
         }
-        let mut spans: BTreeSet<u64> = groups.iter().map(|&g| group_start(g) / bm::SPAN_BLOCKS).collect();
-        spans.retain(|&j| j < nodes_new);
+        let all = || st.write.iter().chain(extra.iter());
+        let mut spans: BTreeSet<u64> = all().map(|&g| group_start(g) / bm::SPAN_BLOCKS).filter(|&j| j < nodes_new).collect();
         spans.extend(nodes_old..nodes_new);
-        self.begin_session(st, log_bytes + commit_room(&groups, spans.len() as u64))
+        let room = commit_room(all().copied(), spans.len() as u64);
+        self.begin_session(st, log_bytes + room)
     }
 
     /// Writes `recs` (records of the open session) at its log's end in one `pwrite`, and
