@@ -12,7 +12,10 @@
 //! things it removes are orphaned side files and xattr continuations (an encrypted name, a
 //! removed symlink's target, the tail of a value replaced or never set), sync tools' copies of
 //! the lock, of IV copies and of side files (they hold no user data),
-//! the config's own temporary copy and the partial copies an interrupted import left.
+//! the config's own temporary copy, the partial copies an interrupted import left, and the
+//! stashes and write-session logs (docs/FORMAT.md §5.9, §5.10) that no file's crash state uses.
+//! A damaged file is salvaged by its format's rules (`file/salvage.rs`): with a block map,
+//! only the versions the map commits to, and what could not be checked against it is named.
 
 use crate::content::blockmap::{HeaderV2, HEADER_V2_LEN};
 use crate::content::header::{FileHeader, FileId, HEADER_LEN};
