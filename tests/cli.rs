@@ -50,12 +50,22 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
+        Self::with(&[])
+    }
+
+    /// A vault of v1 files (`init --no-block-map`), for the tests of that format's offsets.
+    fn v1() -> Self {
+        Self::with(&["--no-block-map"])
+    }
+
+    fn with(init: &[&str]) -> Self {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().to_path_buf();
         let pf = dir.join("pf");
         common::write_passfile(&pf, "hunter2");
         let vault = dir.join("vault");
-        let o = veilfs(&[&["init", vault.to_str().unwrap(), "--passfile", pf.to_str().unwrap()][..], &WEAK].concat());
+        let o =
+            veilfs(&[&["init", vault.to_str().unwrap(), "--passfile", pf.to_str().unwrap()][..], &WEAK, init].concat());
         assert_eq!(code(&o), 0, "{}", err(&o));
         let recovery = out(&o).trim().to_string();
         Fixture { _t: t, dir, vault, pf, recovery }
@@ -461,13 +471,13 @@ fn export_names_a_damaged_file_and_exports_the_rest() {
     assert!(err(&o).contains("block 2"), "names the block: {}", err(&o));
 }
 
-/// `export --salvage`: a file with a damaged block and a cut-off end comes out under its name
+/// `export --salvage` (a vault of v1 files; block-map files: the test below): a file with a damaged block and a cut-off end comes out under its name
 /// with every block that authenticates (zeros for the lost block, the lost end cut off), each
 /// lost byte range named, the ciphertext file named once, and exit code 6 still; without
 /// `--salvage` the same file is left out and the message says how to salvage it.
 #[test]
 fn export_salvage_writes_what_authenticates_and_names_the_lost_ranges() {
-    let f = Fixture::new();
+    let f = Fixture::v1();
     let src = f.dir.join("src");
     std::fs::create_dir(&src).unwrap();
     let data: Vec<u8> = (0..5 * 4096 + 100).map(|i| (i % 253) as u8).collect();
@@ -495,6 +505,57 @@ fn export_salvage_writes_what_authenticates_and_names_the_lost_ranges() {
     want[4096..8192].fill(0);
     assert_eq!(std::fs::read(dest.join("f")).unwrap(), want);
     assert_eq!(std::fs::read(dest.join("ok")).unwrap(), b"intact");
+}
+
+/// `export --salvage` and `fsck --repair` of a file with a block map (docs/FORMAT.md §5.10,
+/// "Salvage"; every new vault has block maps): one
+/// block put back as its older copy (which would open at its place: a v1 salvage would keep
+/// it) and another corrupted. Both commands keep every other block, name both ranges lost and
+/// the first as an older version put back; after the repair the file reads as salvaged.
+#[test]
+fn export_salvage_and_fsck_repair_of_a_block_map_file_lose_a_rolled_back_block() {
+    use std::os::unix::fs::FileExt;
+    let f = Fixture::new();
+    let src = f.dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut data: Vec<u8> = (0..5 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+    std::fs::write(src.join("f"), &data).unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let p = f.vault.join(out(&f.run(&["encrypt-path", f.v(), "f"])).trim());
+    let old = std::fs::read(&p).unwrap();
+    // Block 1 rewritten in place (through the engine, as a mount's write does).
+    let pw = std::fs::read_to_string(&f.pf).unwrap();
+    let secret = veilfs_core::Secret::Password(secrecy::SecretString::from(pw.trim_end().to_string()));
+    let v = veilfs_core::Vault::open(&f.vault, &secret, None).unwrap();
+    let root = v.root().unwrap();
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    v.open_file(&root, &e, libc::O_RDWR).unwrap().write_at(b"newer", 4096, data.len() as u64).unwrap();
+    drop(v);
+    let l = veilfs_core::content::blockmap::MapLayout::new(4096, 28);
+    let (b1, b3) = (l.block_offset(1) as usize, l.block_offset(3));
+    let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    file.write_all_at(&old[b1..b1 + 4124], b1 as u64).unwrap();
+    file.write_all_at(&[0x99], b3 + 77).unwrap();
+    drop(file);
+    data[4096..8192].fill(0);
+    data[3 * 4096..4 * 4096].fill(0);
+
+    let dest = f.dir.join("out");
+    let o = f.run(&["export", "--salvage", f.v(), dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    let e = err(&o);
+    assert!(e.contains("DAMAGED, salvaged") && e.contains("lost byte ranges: 4096..8192, 12288..16384"), "{e}");
+    assert!(e.contains("an older version put back (a rollback): 4096..8192"), "{e}");
+    assert!(std::fs::read(dest.join("f")).unwrap() == data);
+
+    assert_eq!(code(&f.run(&["fsck", f.v()])), 6);
+    let o = f.run(&["fsck", "--repair", f.v()]);
+    assert_eq!(code(&o), 0, "{}{}", out(&o), err(&o));
+    let said = format!("{}{}", out(&o), err(&o));
+    assert!(said.contains("lost byte ranges: 4096..8192, 12288..16384") && said.contains("rollback"), "{said}");
+    let o = f.run(&["cat", &format!("{}/f", f.v())]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(o.stdout == data, "the salvaged copy reads under its name");
 }
 
 #[test]

@@ -401,7 +401,7 @@ impl Exporter<'_> {
         replace: bool,
         damage: anyhow::Error,
     ) -> Result<()> {
-        let f = match self.vault.open_file(dir, e, libc::O_RDONLY) {
+        let f = match self.vault.open_for_salvage(dir, e) {
             Ok(f) => f,
             Err(_) => return Err(damage),
         };
@@ -436,11 +436,12 @@ impl Exporter<'_> {
         self.pb.suspend(|| {
             eprintln!(
                 "veilfs: export: {} (ciphertext {}): DAMAGED, salvaged: {damage:#}; {} bytes authenticated, lost byte \
-                 ranges: {} (zeros inside the file, cut off at its end)",
+                 ranges: {} (zeros inside the file, cut off at its end){}",
                 dest.join(name).display(),
                 dir.path.join(&e.on_disk).display(),
                 s.kept,
-                lost.join(", ")
+                lost.join(", "),
+                s.notes()
             )
         });
         Ok(())
@@ -497,9 +498,7 @@ pub fn run(a: Args) -> Result<i32> {
     let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.src))?;
     let is_root = sys::euid() == 0;
     let total = match &entry {
-        Some(e) if e.kind == EntryKind::Dir => {
-            super::plain_bytes_under(&parent.path.join(&e.on_disk), vault.content())
-        }
+        Some(e) if e.kind == EntryKind::Dir => super::plain_bytes_under(&parent.path.join(&e.on_disk), vault.content()),
         Some(e) => vault.content().plain_size_lenient(e.stat.st_size as u64),
         None => super::plain_bytes_under(&parent.path, vault.content()),
     };

@@ -45,6 +45,7 @@ fn kind_name(k: ProblemKind) -> &'static str {
         ProblemKind::OrphanXattrPiece => "crash leftover (orphaned xattr continuation)",
         ProblemKind::MissingDirIv => "crash leftover (missing directory IV)",
         ProblemKind::Unsettled => "recovered crash state (unsettled file)",
+        ProblemKind::StrayLog => "damaged (a write-session log of no session of its file)",
     }
 }
 

@@ -12,10 +12,13 @@
 //! things it removes are orphaned side files and xattr continuations (an encrypted name, a
 //! removed symlink's target, the tail of a value replaced or never set), sync tools' copies of
 //! the lock, of IV copies and of side files (they hold no user data),
-//! the config's own temporary copy and the partial copies an interrupted import left.
+//! the config's own temporary copy, the partial copies an interrupted import left, and the
+//! stashes and write-session logs (docs/FORMAT.md §5.9, §5.10) that no file's crash state uses.
+//! A damaged file is salvaged by its format's rules (`file/salvage.rs`): with a block map,
+//! only the versions the map commits to, and what could not be checked against it is named.
 
 use crate::content::blockmap::{HeaderV2, HEADER_V2_LEN};
-use crate::content::header::{FileHeader, HEADER_LEN};
+use crate::content::header::{FileHeader, FileId, HEADER_LEN};
 use crate::diriv::IvCopy;
 use crate::error::{Error, IoContext, Result};
 use crate::names::{
@@ -59,15 +62,21 @@ pub enum ProblemKind {
     /// directory's authenticated entry.
     MissingDirIv,
     /// A file whose header carries UNSETTLED: a writer died while changing its tail; it reads
-    /// by the crash rules of docs/FORMAT.md §5.8 ("recovered crash state"). `--repair`
-    /// settles it as it reads.
+    /// by the crash rules of docs/FORMAT.md §5.8 ("recovered crash state"), or, with a block
+    /// map, by its write session's log (§5.10). `--repair` settles it as it reads.
     Unsettled,
+    /// The write-session log of a file with a block map whose header carries UNSETTLED, none
+    /// of whose records authenticate for that file's session (another file's log, an older
+    /// session's, or forged: docs/FORMAT.md §5.10). No crash leaves one (a session's log
+    /// holds its first record before its header says UNSETTLED); no reader uses it.
+    /// `--repair` removes it: it holds nothing a reader accepts.
+    StrayLog,
 }
 
 impl ProblemKind {
     /// True for what a crash can leave behind (as opposed to damage or tampering).
     pub fn is_crash_leftover(self) -> bool {
-        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign)
+        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign | ProblemKind::StrayLog)
     }
 }
 
@@ -159,8 +168,11 @@ pub struct Checker<'a> {
     in_lost_found: bool,
     /// Inner-block stashes in the top directory (docs/FORMAT.md §5.9).
     stashes: Vec<String>,
-    /// IDs of the files found UNSETTLED (their stashes are part of their crash state).
-    unsettled: HashSet<crate::content::header::FileId>,
+    /// IDs of the files found UNSETTLED (their stashes and logs are part of their crash
+    /// state), with the generation of a block-map file's header (whose log must hold a record
+    /// of that session). A block-map file counts when its header says UNSETTLED even if it
+    /// does not read: its log stays with it (in lost+found after a repair).
+    unsettled: HashMap<FileId, Option<u64>>,
 }
 
 impl<'a> Checker<'a> {
@@ -177,7 +189,7 @@ impl<'a> Checker<'a> {
             moved: 0,
             in_lost_found: false,
             stashes: Vec::new(),
-            unsettled: HashSet::new(),
+            unsettled: HashMap::new(),
         }
     }
 
@@ -193,23 +205,48 @@ impl<'a> Checker<'a> {
     /// UNSETTLED file goes when that file is settled.
     fn check_stashes(&mut self) -> Result<()> {
         let root = self.vault.root_dir()?;
+        let block_map = self.vault.content().block_map;
         for name in std::mem::take(&mut self.stashes) {
             let id = crate::stash::stash_id(name.as_bytes());
-            if id.is_some_and(|id| self.unsettled.contains(&id)) {
-                continue;
-            }
+            let needed = id.and_then(|id| self.unsettled.get(&id).map(|g| (id, *g)));
             if sys::fstatat(root.fd(), name.as_bytes()).is_err() {
                 continue;
             }
-            let i = self.problem(
-                ProblemKind::OrphanSideFile,
-                root.path.join(&name),
-                None,
-                "an inner-block stash no unsettled file uses (a crash after its file was settled)".into(),
-            );
+            let (kind, detail) = match needed {
+                Some((id, Some(g))) if !self.log_of_session(&id, g) => (
+                    ProblemKind::StrayLog,
+                    "the write-session log of an UNSETTLED file holds no record of its session (another file's or \
+                     session's log): never read"
+                        .to_string(),
+                ),
+                Some(_) => continue,
+                None if block_map => (
+                    ProblemKind::OrphanSideFile,
+                    "a write-session log no UNSETTLED file uses (a crash after its file was settled, before the log \
+                     was removed, or its file is gone)"
+                        .to_string(),
+                ),
+                None => (
+                    ProblemKind::OrphanSideFile,
+                    "an inner-block stash no unsettled file uses (a crash after its file was settled)".to_string(),
+                ),
+            };
+            let i = self.problem(kind, root.path.join(&name), None, detail);
             self.remove_leftover(i, &root, &name, "removed");
         }
         Ok(())
+    }
+
+    /// Whether the write-session log of file `id` holds a record that authenticates for its
+    /// session `g` (an unreadable log counts as holding one: it is not removed).
+    fn log_of_session(&self, id: &FileId, g: u64) -> bool {
+        let ctx = self.vault.content();
+        let Some(dir) = &ctx.stashes else { return true };
+        match dir.read(id) {
+            Ok(Some(bytes)) => !crate::maplog::Log::parse(bytes, &ctx.keys, id, g).records.is_empty(),
+            Ok(None) => true,
+            Err(_) => true,
+        }
     }
 
     fn problem(&mut self, kind: ProblemKind, cipher_path: PathBuf, plain: Option<&Path>, detail: String) -> usize {
@@ -723,6 +760,9 @@ impl<'a> Checker<'a> {
         };
         if let Err(err) = r {
             let i = self.damaged(dir, &e.on_disk, Some(&plain), &err);
+            if e.kind == EntryKind::File && self.vault.content().block_map {
+                self.note_trailing(i, dir, &e);
+            }
             if e.kind == EntryKind::File && self.repair && !self.in_lost_found {
                 // Keep what authenticates under the file's name; the original goes to
                 // lost+found untouched.
@@ -782,14 +822,22 @@ impl<'a> Checker<'a> {
             return Ok(());
         }
         self.report.files += 1;
+        let block_map = self.vault.content().block_map;
+        if block_map {
+            // Its log belongs to it whether or not it reads (see `unsettled`).
+            if let Some(h) = header_v2(self.vault, dir, &e.on_disk).filter(|h| h.is_unsettled() && h.id == e.identity) {
+                self.unsettled.insert(h.id, Some(h.generation));
+            }
+        }
         let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
-        if e.stat.st_size as u64 == HEADER_LEN as u64 {
+        let header_len = if block_map { HEADER_V2_LEN } else { HEADER_LEN };
+        if e.stat.st_size as u64 == header_len as u64 {
             // A header alone reads as empty; it must still be this file's header.
             f.verify_header()?;
         }
         let off = f.stream(|_| Ok::<(), Error>(()))?;
         if let Some((rule, size)) = f.crash_state() {
-            self.unsettled.insert(*f.id());
+            self.unsettled.entry(*f.id()).or_insert(None);
             let detail = format!("recovered crash state: {}; reads as {size} bytes", rule.describe());
             let i = self.problem(ProblemKind::Unsettled, dir.path.join(&e.on_disk), Some(plain), detail);
             if self.repair {
@@ -804,10 +852,25 @@ impl<'a> Checker<'a> {
         Ok(())
     }
 
+    /// Adds to problem `i` (the damaged block-map file `e`) that bytes follow the end its
+    /// header's block count and final block give, when they do: a reader reports that only
+    /// as a size or a final block that does not match, which reads like a cut.
+    fn note_trailing(&mut self, i: usize, dir: &CipherDir, e: &Entry) {
+        let s = self.vault.open_for_salvage(dir, e).and_then(|f| f.salvage(|_| Ok(())));
+        if let Some(s) = s.ok().filter(|s| s.trailing > 0) {
+            let whole = if s.lost.is_empty() && s.unverified.is_empty() { "; every block authenticates" } else { "" };
+            let p = &mut self.report.problems[i];
+            p.detail.push_str(&format!(
+                " ({} ciphertext bytes follow the end its header's block count and final block give: appended{whole})",
+                s.trailing
+            ));
+        }
+    }
+
     /// Reads what still authenticates of the damaged file `e` (its header must verify).
     /// `None` when nothing authenticates.
     fn salvage(&mut self, dir: &CipherDir, e: &Entry) -> Result<Option<(Vec<u8>, crate::file::Salvaged)>> {
-        let f = self.vault.open_file(dir, e, libc::O_RDONLY)?;
+        let f = self.vault.open_for_salvage(dir, e)?;
         let mut data = Vec::new();
         let s = f.salvage(|piece| {
             data.extend_from_slice(piece);
@@ -839,9 +902,10 @@ impl<'a> Checker<'a> {
         let _ = self.vault.set_attrs(dir, &new, None, None, Some(&times));
         let lost: Vec<String> = s.lost.iter().map(|(a, b)| format!("{a}..{b}")).collect();
         Ok(format!(
-            "salvaged {size} bytes under its name ({} authenticated; lost byte ranges: {})",
+            "salvaged {size} bytes under its name ({} authenticated; lost byte ranges: {}{})",
             s.kept,
-            if lost.is_empty() { "none".into() } else { lost.join(", ") }
+            if lost.is_empty() { "none".into() } else { lost.join(", ") },
+            s.notes()
         ))
     }
 
@@ -900,17 +964,12 @@ impl<'a> Checker<'a> {
 fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &Stat) -> Option<Identity> {
     let kind = EntryKind::from_mode(st.st_mode);
     match kind {
+        EntryKind::File if vault.content().block_map => header_v2(vault, dir, on_disk).map(|h| h.id),
         EntryKind::File => {
             let fd = Vault::open_content(dir, on_disk, libc::O_RDONLY, 0).ok()?;
-            let keys = &vault.content().keys;
-            // A block-map file carries header v2 (FORMAT.md §5.10), whose MAC covers its ID too.
-            let len = if vault.content().block_map { HEADER_V2_LEN } else { HEADER_LEN };
-            let mut hdr = [0u8; HEADER_V2_LEN];
-            (sys::pread_full(fd.as_fd(), &mut hdr[..len], 0).ok()? == len).then_some(())?;
-            match vault.content().block_map {
-                true => HeaderV2::decode(&hdr, keys).ok().map(|h| h.id),
-                false => FileHeader::decode(&hdr[..len], keys, on_disk).ok().map(|h| h.id),
-            }
+            let mut hdr = [0u8; HEADER_LEN];
+            (sys::pread_full(fd.as_fd(), &mut hdr, 0).ok()? == HEADER_LEN).then_some(())?;
+            FileHeader::decode(&hdr, &vault.content().keys, on_disk).ok().map(|h| h.id)
         }
         EntryKind::Dir => {
             let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ok()?;
@@ -925,6 +984,14 @@ fn carried_identity(vault: &Vault, dir: &CipherDir, on_disk: &str, st: &Stat) ->
             Some(vault.names().new_identity(kind, st.st_rdev))
         }
     }
+}
+
+/// The header v2 (docs/FORMAT.md §5.10) of the file `on_disk` of `dir`, if it authenticates.
+fn header_v2(vault: &Vault, dir: &CipherDir, on_disk: &str) -> Option<HeaderV2> {
+    let fd = Vault::open_content(dir, on_disk, libc::O_RDONLY, 0).ok()?;
+    let mut hdr = [0u8; HEADER_V2_LEN];
+    (sys::pread_full(fd.as_fd(), &mut hdr, 0).ok()? == HEADER_V2_LEN).then_some(())?;
+    HeaderV2::decode(&hdr, &vault.content().keys).ok()
 }
 
 /// The IV a directory's copy carries. Of several IV names (one copied in), the one under

@@ -692,3 +692,185 @@ fn a_partial_file_is_one_session_and_leaves_no_log_committed_or_discarded() {
         assert_eq!(logs(t.path()), 0, "no log left (commit {commit})");
     }
 }
+
+// Salvage by the map's rules (FORMAT.md §5.10, "Salvage"): what `fsck --repair` and
+// `export --salvage` keep of a damaged file, each case named by the attack or damage.
+
+/// What salvage keeps of `name` (through the opener `fsck` and `export --salvage` use), and
+/// what it reports.
+fn salvage(v: &Vault, dir: &CipherDir, name: &str) -> (Vec<u8>, veilfs_core::file::Salvaged) {
+    let e = v.lookup(dir, name.as_bytes()).unwrap().unwrap();
+    let f = v.open_for_salvage(dir, &e).unwrap();
+    let mut got = Vec::new();
+    let s = f
+        .salvage(|piece| {
+            got.extend_from_slice(piece);
+            Ok(())
+        })
+        .unwrap();
+    (got, s)
+}
+
+/// Byte range of blocks `a..b`.
+fn blocks(a: u64, b: u64) -> (u64, u64) {
+    (a * B, b * B)
+}
+
+#[test]
+fn salvage_of_a_block_rolled_back_to_an_older_copy_keeps_every_other_block_and_loses_exactly_it() {
+    let (_t, v, root) = setup();
+    let mut d = data(20 * B as usize - 100, 1);
+    write_file(&v, &root, "f", &d);
+    let p = cipher_path(&v, &root, "f");
+    let old = snapshot(&p);
+    // Block 5 and the final block 19 are rewritten; their older copies (each still opens at
+    // its place: v1 would keep them) are put back.
+    let f = open_rw(&v, &root, "f");
+    f.write_at(b"new", 5 * B + 10, d.len() as u64).unwrap();
+    f.write_at(b"end", 19 * B + 1, d.len() as u64).unwrap();
+    drop(f);
+    d[5 * B as usize + 10..5 * B as usize + 13].copy_from_slice(b"new");
+    d[19 * B as usize + 1..19 * B as usize + 4].copy_from_slice(b"end");
+    let final_len = (d.len() as u64 - 19 * B + 28) as usize;
+    put(&p, L.block_offset(5), &block_bytes(&old, 5));
+    put(&p, L.block_offset(19), &old[L.block_offset(19) as usize..L.block_offset(19) as usize + final_len]);
+    assert!(read_file(&v, &root, "f").is_err());
+    let (got, s) = salvage(&v, &root, "f");
+    let mut want = d[..19 * B as usize].to_vec();
+    want[5 * B as usize..6 * B as usize].fill(0);
+    assert!(got == want, "every other block kept, block 5 zeros, the final block cut off");
+    assert_eq!(s.lost, [blocks(5, 6), (19 * B, d.len() as u64)]);
+    assert_eq!(s.older, s.lost, "both are older versions put back");
+    assert!(s.unverified.is_empty());
+    assert_eq!(s.kept, 18 * B);
+    assert!(s.notes().contains("rollback"), "{}", s.notes());
+}
+
+#[test]
+fn salvage_of_a_corrupted_block_loses_it_alone_and_keeps_holes_as_zeros() {
+    let (_t, v, root) = setup();
+    let (_, f) = v.create_file(&root, b"f", 0o644).unwrap();
+    let d = data(4 * B as usize, 2);
+    let size = f.write_at(&d, 0, 0).unwrap();
+    f.write_at(&d[..B as usize], 12 * B, size).unwrap();
+    drop(f);
+    let mut want = d.clone();
+    want.resize(12 * B as usize, 0);
+    want.extend_from_slice(&d[..B as usize]);
+    let p = cipher_path(&v, &root, "f");
+    put(&p, L.block_offset(2) + 40, &[0x5a]);
+    let (got, s) = salvage(&v, &root, "f");
+    want[2 * B as usize..3 * B as usize].fill(0);
+    assert!(got == want);
+    assert_eq!(s.lost, [blocks(2, 3)]);
+    assert!(s.older.is_empty() && s.unverified.is_empty(), "{s:?}");
+    assert_eq!(s.kept, 12 * B, "the holes (blocks 4-11) count as authenticated zeros");
+}
+
+#[test]
+fn salvage_of_a_file_whose_map_block_is_damaged_keeps_what_opens_and_says_it_is_unchecked() {
+    let (_t, v, root) = setup();
+    let d = data(20 * B as usize, 3);
+    write_file(&v, &root, "f", &d);
+    let p = cipher_path(&v, &root, "f");
+    // Map block 3 (blocks 4-7) of the last (only) span: the root, one hash over them all,
+    // no longer verifies, so no block's version is checked.
+    put(&p, L.map_offset(3) + 7, &[0xee]);
+    assert_auth(read_file(&v, &root, "f"), "root");
+    let (got, s) = salvage(&v, &root, "f");
+    assert!(got == d);
+    assert!(s.lost.is_empty() && s.older.is_empty());
+    assert_eq!(s.unverified, [blocks(0, 20)]);
+    assert!(s.notes().contains("not checked against the block map"), "{}", s.notes());
+    // In a file of more than one span, a map block of an earlier span is checked against
+    // its node: only its own group goes unchecked, and a rollback elsewhere is still found.
+    let k = SPAN_BLOCKS + 300;
+    let d = data((k * B) as usize, 4);
+    let (_, f) = v.create_file(&root, b"big", 0o644).unwrap();
+    let mut size = 0;
+    for piece in d.chunks(1 << 20) {
+        size = f.write_at(piece, size, size).unwrap();
+    }
+    drop(f);
+    let p = cipher_path(&v, &root, "big");
+    let old = snapshot(&p);
+    let f = open_rw(&v, &root, "big");
+    f.write_at(b"newer", 40 * B, size).unwrap();
+    drop(f);
+    put(&p, L.block_offset(40), &block_bytes(&old, 40));
+    put(&p, L.map_offset(10) + 3, &[0x11]); // group 10: blocks 512-767
+    let (got, s) = salvage(&v, &root, "big");
+    assert_eq!(s.unverified, [(group_start(10) * B, group_start(11) * B)]);
+    assert_eq!((s.lost.clone(), s.older.clone()), (vec![blocks(40, 41)], vec![blocks(40, 41)]));
+    let mut want = d;
+    want[40 * B as usize..41 * B as usize].fill(0);
+    assert!(got == want);
+}
+
+#[test]
+fn salvage_of_a_cut_file_keeps_the_blocks_before_the_cut() {
+    let (_t, v, root) = setup();
+    let d = data(20 * B as usize - 100, 5);
+    write_file(&v, &root, "f", &d);
+    let p = cipher_path(&v, &root, "f");
+    let c = snapshot(&p);
+    // Cut inside the final block: the map is whole and verifies, only the final block goes.
+    std::fs::write(&p, &c[..c.len() - 10]).unwrap();
+    let (got, s) = salvage(&v, &root, "f");
+    assert!(got == d[..19 * B as usize]);
+    assert_eq!(s.lost, [(19 * B, d.len() as u64 - 10)]);
+    assert!(s.unverified.is_empty() && s.older.is_empty());
+    // Cut inside block 12: map block 5 (blocks 16-19) is gone with it, so the root cannot be
+    // checked; blocks 0-11 open at their places and are kept, unchecked.
+    std::fs::write(&p, &c[..(L.block_offset(12) + 100) as usize]).unwrap();
+    let (got, s) = salvage(&v, &root, "f");
+    assert!(got == d[..12 * B as usize]);
+    assert_eq!(s.lost, [blocks(12, 20)]);
+    assert_eq!(s.unverified, [blocks(0, 12)]);
+    // Bytes appended after a whole file: every block kept, checked, and the bytes counted.
+    let mut longer = c.clone();
+    longer.extend_from_slice(b"appended");
+    std::fs::write(&p, &longer).unwrap();
+    assert!(read_file(&v, &root, "f").is_err());
+    let (got, s) = salvage(&v, &root, "f");
+    assert!(got == d);
+    assert!(s.lost.is_empty() && s.unverified.is_empty());
+    assert_eq!(s.trailing, 8);
+}
+
+#[test]
+fn salvage_of_an_unsettled_file_goes_by_its_sessions_log_and_without_it_says_what_is_unchecked() {
+    let (t, v, root) = setup();
+    let mut want = data(20 * B as usize, 6);
+    write_file(&v, &root, "f", &want);
+    let p = cipher_path(&v, &root, "f");
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    let mut size = want.len() as u64;
+    for (off, what) in [(5 * B + 3, &b"inner"[..]), (30 * B + 7, b"grown")] {
+        size = f.write_at(what, off, size).unwrap();
+        let end = off as usize + what.len();
+        want.resize(want.len().max(end), 0);
+        want[off as usize..end].copy_from_slice(what);
+    }
+    drop(f);
+    let c = snapshot(&p);
+    assert!(is_unsettled(&c));
+    // Block 2, which the session did not touch, is corrupted.
+    put(&p, L.block_offset(2) + 33, &[0x77]);
+    assert!(read_fresh(t.path(), &root, "f").is_err());
+    let (got, s) = salvage(&v, &root, "f");
+    let mut expect = want.clone();
+    expect[2 * B as usize..3 * B as usize].fill(0);
+    assert!(got == expect, "read by the log: the session's writes and growth kept");
+    assert_eq!(s.lost, [blocks(2, 3)]);
+    assert!(s.unverified.is_empty() && s.older.is_empty());
+    // Without its log: by the header's map. The block the session rewrote in place and its
+    // growth are kept but unchecked; the holes it made cannot be told from zeroed data.
+    std::fs::remove_file(log_path(t.path(), &c)).unwrap();
+    let (got, s) = salvage(&v, &root, "f");
+    assert!(got == expect);
+    assert_eq!(s.lost, [blocks(2, 3), blocks(20, 30)]);
+    assert_eq!(s.unverified, [blocks(5, 6), blocks(19, 20), (30 * B, want.len() as u64)]);
+    assert!(is_unsettled(&snapshot(&p)), "salvage writes nothing");
+}

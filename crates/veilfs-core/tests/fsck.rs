@@ -259,3 +259,171 @@ fn extra_and_wrong_iv_names_are_reported_and_repaired() {
     assert!(std::fs::symlink_metadata(d3.path.join(&at)).unwrap().is_file());
     assert_eq!(read_file(&v, &d3, "z").unwrap(), b"z");
 }
+
+// Files with a block map (FORMAT.md §5.10): damage, salvage and the session logs' leftovers.
+
+const MB: u64 = 512;
+
+fn block_map_vault() -> (tempfile::TempDir, Vault, veilfs_core::CipherDir) {
+    let t = tempfile::tempdir().unwrap();
+    let v = vault_with_block_map(t.path(), MB as u32);
+    let root = v.root().unwrap();
+    (t, v, root)
+}
+
+fn put(p: &std::path::Path, off: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new().write(true).open(p).unwrap().write_all_at(bytes, off).unwrap();
+}
+
+/// The session logs in the vault's top directory.
+fn logs(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    (std::fs::read_dir(dir).unwrap().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(veilfs_core::stash::STASH_PREFIX))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// A file left UNSETTLED by a session cut short (a write at `off`); its log's bytes.
+fn cut_short_session(v: &Vault, root: &veilfs_core::CipherDir, name: &str, d: &[u8], off: u64) -> Vec<u8> {
+    write_file(v, root, name, d);
+    let e = v.lookup(root, name.as_bytes()).unwrap().unwrap();
+    let f = v.open_file(root, &e, libc::O_RDWR).unwrap();
+    f.set_defer_sparse(true);
+    f.write_at(b"session", off, d.len() as u64).unwrap();
+    drop(f);
+    let c = std::fs::read(cipher_path(v, root, name)).unwrap();
+    let id: [u8; 16] = c[4..20].try_into().unwrap();
+    std::fs::read(v.root_path().join(veilfs_core::stash::stash_name(&id))).unwrap()
+}
+
+#[test]
+fn repair_of_a_block_map_file_with_a_rolled_back_block_salvages_every_other_block() {
+    use veilfs_core::content::blockmap::MapLayout;
+    let l = MapLayout::new(MB, 28);
+    let (t, v, root) = block_map_vault();
+    let mut d = data(20 * MB as usize, 1);
+    write_file(&v, &root, "f", &d);
+    let p = cipher_path(&v, &root, "f");
+    let old = std::fs::read(&p).unwrap();
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    v.open_file(&root, &e, libc::O_RDWR).unwrap().write_at(b"newer", 5 * MB, d.len() as u64).unwrap();
+    let at = l.block_offset(5) as usize;
+    put(&p, at as u64, &old[at..at + (MB + 28) as usize]);
+
+    let before = snapshot(t.path());
+    let r = check(&v, false);
+    assert_eq!(snapshot(t.path()), before, "a check without --repair wrote something");
+    assert_eq!(kinds(&r), [ProblemKind::Damaged], "{:#?}", r.problems);
+    assert!(r.problems[0].detail.contains("block 5 is not the version"), "{:#?}", r.problems);
+    let r = check(&v, true);
+    let done = r.problems[0].repaired.clone().unwrap_or_default();
+    assert!(done.contains("moved to /lost+found") && done.contains("lost byte ranges: 2560..3072"), "{done}");
+    assert!(done.contains("rollback"), "{done}");
+    // The salvaged copy has every other block; the original is kept in lost+found, bound to
+    // its header's ID, so salvage (and nothing else) still reads it.
+    d[5 * MB as usize..6 * MB as usize].fill(0);
+    assert!(read_file(&v, &root, "f").unwrap() == d);
+    let again = check(&v, false);
+    assert!(again.is_clean() && again.problems.len() == 1, "{:#?}", again.problems);
+    let lf = v.lost_found().unwrap();
+    let (entries, _) = v.list(&lf).unwrap();
+    assert_eq!(entries.len(), 1);
+    let f = v.open_for_salvage(&lf, &entries[0]).unwrap();
+    let s = f.salvage(|_| Ok(())).unwrap();
+    assert_eq!((s.kept, s.lost), (19 * MB, vec![(5 * MB, 6 * MB)]));
+}
+
+#[test]
+fn a_session_log_left_beside_a_settled_block_map_file_is_a_crash_leftover_removed_on_repair() {
+    let (t, v, root) = block_map_vault();
+    let d = data(8 * MB as usize, 2);
+    let log = cut_short_session(&v, &root, "f", &d, 3 * MB);
+    // Settled (as a writer's open would), then the log as a crash after the settled header
+    // and before the log's removal leaves it.
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    assert!(v.open_file(&root, &e, libc::O_RDWR).unwrap().recover_tail().unwrap().is_some());
+    assert!(logs(t.path()).is_empty());
+    let c = std::fs::read(cipher_path(&v, &root, "f")).unwrap();
+    let log_path = v.root_path().join(veilfs_core::stash::stash_name(&c[4..20].try_into().unwrap()));
+    std::fs::write(&log_path, &log).unwrap();
+
+    let before = snapshot(t.path());
+    let r = check(&v, false);
+    assert_eq!(snapshot(t.path()), before);
+    assert_eq!(kinds(&r), [ProblemKind::OrphanSideFile], "{:#?}", r.problems);
+    assert!(r.problems[0].detail.contains("write-session log") && r.problems[0].kind.is_crash_leftover());
+    assert_eq!(r.problems[0].cipher_path, log_path);
+    assert!(check(&v, true).is_clean());
+    assert!(!log_path.exists());
+    assert!(check(&v, false).problems.is_empty());
+}
+
+#[test]
+fn a_log_of_another_file_beside_an_unsettled_block_map_file_is_a_stray_log_removed_on_repair() {
+    let (t, v, root) = block_map_vault();
+    let d = data(8 * MB as usize, 3);
+    // g's log, taken while g was UNSETTLED; g is then settled (its log goes).
+    let g_log = cut_short_session(&v, &root, "g", &d, 2 * MB);
+    let e = v.lookup(&root, b"g").unwrap().unwrap();
+    v.open_file(&root, &e, libc::O_RDWR).unwrap().recover_tail().unwrap();
+    // f is UNSETTLED and its log is replaced by g's.
+    cut_short_session(&v, &root, "f", &d, 6 * MB);
+    let f_log = logs(t.path()).pop().unwrap();
+    std::fs::write(&f_log, &g_log).unwrap();
+    // h is UNSETTLED with its own log, and a block the session did not touch is damaged:
+    // its log stays with it through the repair (its original, in lost+found, needs it).
+    cut_short_session(&v, &root, "h", &d, 6 * MB);
+    let h_log = logs(t.path()).into_iter().find(|p| *p != f_log).unwrap();
+    let l = veilfs_core::content::blockmap::MapLayout::new(MB, 28);
+    put(&cipher_path(&v, &root, "h"), l.block_offset(1) + 50, &[0x42]);
+
+    let r = check(&v, false);
+    assert_eq!(kinds(&r), [ProblemKind::Damaged, ProblemKind::Damaged, ProblemKind::StrayLog], "{:#?}", r.problems);
+    let stray = r.problems.iter().find(|p| p.kind == ProblemKind::StrayLog).unwrap();
+    assert_eq!(stray.cipher_path, f_log);
+    assert!(!stray.kind.is_crash_leftover());
+    let r = check(&v, true);
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    assert!(!f_log.exists(), "the stray log is removed");
+    assert!(h_log.exists(), "h's log stays with h");
+    // f is salvaged without a log that reads it: the block its session wrote is kept,
+    // unchecked; h by its log, losing only the damaged block.
+    let fr = r.problems.iter().find(|p| p.plain_path.as_deref() == Some(std::path::Path::new("f"))).unwrap();
+    assert!(fr.repaired.as_deref().unwrap().contains("not checked against the block map"), "{fr:#?}");
+    let mut want = d.clone();
+    want[6 * MB as usize..6 * MB as usize + 7].copy_from_slice(b"session");
+    assert!(read_file(&v, &root, "f").unwrap() == want);
+    want[MB as usize..2 * MB as usize].fill(0);
+    assert!(read_file(&v, &root, "h").unwrap() == want);
+    let again = check(&v, false);
+    assert!(again.is_clean(), "{:#?}", again.problems);
+    assert!(again.problems.iter().all(|p| p.kind == ProblemKind::Damaged), "{:#?}", again.problems);
+}
+
+#[test]
+fn bytes_appended_to_a_block_map_file_are_named_and_repair_keeps_every_block() {
+    let (_t, v, root) = block_map_vault();
+    let d = data(10 * MB as usize - 7, 4);
+    write_file(&v, &root, "f", &d);
+    write_file(&v, &root, "g", b"g");
+    let p = cipher_path(&v, &root, "f");
+    let mut c = std::fs::read(&p).unwrap();
+    c.extend_from_slice(b"appended");
+    std::fs::write(&p, &c).unwrap();
+    // A header alone, of another file: not this file's header.
+    let g = std::fs::read(cipher_path(&v, &root, "g")).unwrap();
+    let e = write_file(&v, &root, "e", b"");
+    std::fs::write(root.path.join(&e.on_disk), &g[..92]).unwrap();
+
+    let r = check(&v, false);
+    assert_eq!(kinds(&r), [ProblemKind::Damaged, ProblemKind::Damaged], "{:#?}", r.problems);
+    let f = r.problems.iter().find(|x| x.cipher_path == p).unwrap();
+    assert!(f.detail.contains("8 ciphertext bytes follow") && f.detail.contains("every block authenticates"), "{f:#?}");
+    let other = r.problems.iter().find(|x| x.cipher_path != p).unwrap();
+    assert!(other.detail.contains("another file"), "{other:#?}");
+    let r = check(&v, true);
+    let f = r.problems.iter().find(|x| x.cipher_path == p).unwrap();
+    assert!(f.repaired.as_deref().unwrap().contains("lost byte ranges: none"), "{f:#?}");
+    assert!(read_file(&v, &root, "f").unwrap() == d);
+}

@@ -91,7 +91,7 @@ impl Found {
 }
 
 /// Where the version of a block a found session's file is read with comes from.
-enum Source {
+pub(super) enum Source {
     /// The block as stored, with this tag.
     Disk(Leaf),
     /// A block record of the session (its ciphertext).
@@ -193,7 +193,8 @@ impl CryptFile {
             return Ok(());
         }
         let all = || st.write.iter().chain(extra.iter());
-        let mut spans: BTreeSet<u64> = all().map(|&g| group_start(g) / bm::SPAN_BLOCKS).filter(|&j| j < nodes_new).collect();
+        let mut spans: BTreeSet<u64> =
+            all().map(|&g| group_start(g) / bm::SPAN_BLOCKS).filter(|&j| j < nodes_new).collect();
         spans.extend(nodes_old..nodes_new);
         let room = commit_room(all().copied(), spans.len() as u64);
         self.begin_session(st, log_bytes + room)
@@ -420,7 +421,7 @@ impl CryptFile {
     /// opens; a hole by its leaf, or an all-zero slot past the header's count; else the
     /// newest block record that the same rules allow and that opens. Anything else is an
     /// integrity error.
-    fn accept(&self, st: &mut MapState, n: u64, out: &mut [u8]) -> Result<(usize, Source)> {
+    pub(super) fn accept(&self, st: &mut MapState, n: u64, out: &mut [u8]) -> Result<(usize, Source)> {
         let (l, ml) = (self.ctx.layout, self.map_layout());
         let (k, p) = (st.k, st.size);
         let f = st.found.as_ref().expect("a found session");

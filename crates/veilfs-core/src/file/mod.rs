@@ -280,8 +280,37 @@ impl CryptFile {
     /// Opens `file` whose directory entry promises identity `id`; checks the header (if any)
     /// carries that identity. `what` names the file in errors (the ciphertext path).
     pub fn open(file: File, ctx: ContentCtx, id: FileId, what: String) -> Result<Self> {
+        let f = Self::unloaded(file, ctx, id, what);
+        if f.ctx.block_map {
+            f.load_map()?;
+        } else if f.load_header()? == HDR_ZERO {
+            f.load_zero_view()?;
+        } else if f.unsettled.load(Ordering::Acquire) {
+            f.load_view()?;
+        }
+        let st = sys::fstat(f.fd()).ctx(|| format!("stat {}", f.what))?;
+        f.setid.note(st.st_mode);
+        let len = st.st_size as u64;
+        let durable = f.plain_size().unwrap_or_else(|_| f.ctx.plain_size_lenient(len));
+        f.durable.store(durable, Ordering::Release);
+        Ok(f)
+    }
+
+    /// Opens `file` for [`salvage`](Self::salvage) alone: as [`open`](Self::open), except that
+    /// a file with a block map is not loaded, since its map, its size or its session's log may
+    /// be what is damaged (salvage reads and checks them itself, block by block). Such a
+    /// handle is for salvage only: it reads as an empty file.
+    pub fn open_for_salvage(file: File, ctx: ContentCtx, id: FileId, what: String) -> Result<Self> {
+        match ctx.block_map {
+            true => Ok(Self::unloaded(file, ctx, id, what)),
+            false => Self::open(file, ctx, id, what),
+        }
+    }
+
+    /// The handle of `file` before its header is read.
+    fn unloaded(file: File, ctx: ContentCtx, id: FileId, what: String) -> Self {
         let codec = BlockCodec::new(ctx.cipher, &ctx.keys, id);
-        let f = CryptFile {
+        CryptFile {
             file,
             ctx,
             codec,
@@ -305,20 +334,7 @@ impl CryptFile {
             lost_from: AtomicU64::new(u64::MAX),
             sized_to: AtomicU64::new(0),
             map: Mutex::new(mapped::MapState::default()),
-        };
-        if f.ctx.block_map {
-            f.load_map()?;
-        } else if f.load_header()? == HDR_ZERO {
-            f.load_zero_view()?;
-        } else if f.unsettled.load(Ordering::Acquire) {
-            f.load_view()?;
         }
-        let st = sys::fstat(f.fd()).ctx(|| format!("stat {}", f.what))?;
-        f.setid.note(st.st_mode);
-        let len = st.st_size as u64;
-        let durable = f.plain_size().unwrap_or_else(|_| f.ctx.plain_size_lenient(len));
-        f.durable.store(durable, Ordering::Release);
-        Ok(f)
     }
 
     /// The backing file.

@@ -19,6 +19,17 @@ impl Vault {
         CryptFile::open(sys::into_file(fd), self.ctx.clone(), entry.identity, what)
     }
 
+    /// Opens the regular file of `entry` read-only for [`CryptFile::salvage`] alone (see
+    /// [`CryptFile::open_for_salvage`]): a file whose block map does not verify still opens.
+    pub fn open_for_salvage(&self, parent: &CipherDir, entry: &Entry) -> Result<CryptFile> {
+        let what = parent.child_path(&entry.on_disk);
+        if entry.kind != EntryKind::File {
+            return Err(Error::io(what, std::io::Error::from_raw_os_error(libc::EISDIR)));
+        }
+        let fd = Self::open_content(parent, &entry.on_disk, libc::O_RDONLY, entry.stat.st_ino)?;
+        CryptFile::open_for_salvage(sys::into_file(fd), self.ctx.clone(), entry.identity, what)
+    }
+
     /// Opens the content of the regular file `on_disk` in `dir` with `flags`: never through a
     /// symlink, never blocking on a planted FIFO, and only if it is a regular file and (when
     /// `ino` is given) still the inode that was looked up. Anything else is an integrity error
