@@ -61,12 +61,16 @@ pub enum ProblemKind {
     /// by the crash rules of docs/FORMAT.md §5.8 ("recovered crash state"). `--repair`
     /// settles it as it reads.
     Unsettled,
+    /// A file older than this client remembers having seen it (`crate::known`): put back to
+    /// an older version. Left alone (it is valid ciphertext of that older version);
+    /// `veilfs fsck --accept` adopts it into the client's memory.
+    RolledBack,
 }
 
 impl ProblemKind {
     /// True for what a crash can leave behind (as opposed to damage or tampering).
     pub fn is_crash_leftover(self) -> bool {
-        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign)
+        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign | ProblemKind::RolledBack)
     }
 }
 
@@ -720,6 +724,12 @@ impl<'a> Checker<'a> {
                 Ok(())
             }
         };
+        if let Err(Error::Rollback { detail, .. }) = &r {
+            // An older version of the file, whole and authentic: nothing to salvage or move.
+            let detail = format!("{detail}; left alone");
+            self.problem(ProblemKind::RolledBack, dir.path.join(&e.on_disk), Some(&plain), detail);
+            return;
+        }
         if let Err(err) = r {
             let i = self.damaged(dir, &e.on_disk, Some(&plain), &err);
             if e.kind == EntryKind::File && self.repair && !self.in_lost_found {

@@ -92,7 +92,7 @@ impl CryptFile {
         let log = dir
             .create(self.id())
             .map_err(|e| Error::io(format!("creating {}", dir.path_of(self.id()).display()), e))?;
-        let g = st.generation + 1;
+        let g = self.next_generation(st);
         let mac = maplog::Keyed::new(&self.ctx.keys, self.id(), g);
         let mut recs = Vec::new();
         mac.push(&mut recs, Kind::Size, 0, 0, &st.size.to_be_bytes());
@@ -212,7 +212,7 @@ impl CryptFile {
                 self.remove_stash();
             }
             None => {
-                st.generation += 1;
+                st.generation = self.next_generation(st);
                 self.put_map(&writes)?;
                 if let Some(c) = cut {
                     sys::ftruncate(self.fd(), c).ctx(|| format!("truncating {}", self.what))?;
