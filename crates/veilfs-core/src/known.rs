@@ -146,6 +146,9 @@ struct Table {
     /// Records in the log file.
     logged: u64,
     log: Option<File>,
+    /// A generation was lowered (`Trust::Accept`): the log's records only ever raise one, so
+    /// the table must go to a new snapshot instead.
+    lowered: bool,
 }
 
 /// A client's memory of one vault. Shared by every open file (`Arc` in the content context).
@@ -205,7 +208,7 @@ impl Known {
             trust: opts.trust,
             key,
             first_use: bytes.is_none(),
-            table: Mutex::new(Table { files: HashMap::new(), config: 0, pending: Vec::new(), logged: 0, log: None }),
+            table: Mutex::new(Table { files: HashMap::new(), config: 0, pending: Vec::new(), logged: 0, log: None, lowered: false }),
         };
         match bytes {
             None => {
@@ -301,7 +304,8 @@ impl Known {
             // The same generation by another writer: concurrent sessions on two clients.
             Some(k) if k.generation == seen.generation => Ok(()),
             // Newer (another client's edit), new to this client, or older under `Accept`.
-            _ => {
+            k => {
+                t.lowered |= k.is_some();
                 t.files.insert(*id, seen);
                 self.append(&mut t, KIND_FILE, id, seen);
                 Ok(())
@@ -348,6 +352,7 @@ impl Known {
             });
         }
         if g != t.config {
+            t.lowered |= g < t.config;
             t.config = g;
             self.append(&mut t, KIND_CONFIG, &[0; 16], Seen { generation: g, writer: [0; 8] });
         }
@@ -405,9 +410,13 @@ impl Known {
         Ok(())
     }
 
-    /// Appends what is pending and syncs the log (the end of a command, unmount).
+    /// Appends what is pending and syncs the log (the end of a command, unmount); after an
+    /// accepted older generation, writes a new snapshot instead.
     pub fn flush(&self) -> Result<()> {
         let mut t = self.lock();
+        if t.lowered {
+            return self.compact_locked(&mut t);
+        }
         let had = !t.pending.is_empty();
         self.write_pending(&mut t)?;
         if had {
@@ -545,14 +554,18 @@ impl Known {
     /// Folds the log into a new snapshot, then empties the log. A crash between the two
     /// replays records the snapshot already holds: harmless, as every record is a max-merge.
     pub fn compact(&self) -> Result<()> {
-        let mut t = self.lock();
-        self.write_pending(&mut t)?;
+        self.compact_locked(&mut self.lock())
+    }
+
+    fn compact_locked(&self, t: &mut Table) -> Result<()> {
+        t.pending.clear();
         let snap = self.snapshot_bytes(&t.files, t.config);
         self.write_snapshot(&snap)?;
         if let Some(log) = &t.log {
             log.set_len(0).map_err(|e| io_err(&self.dir.join(LOG_NAME), e))?;
         }
         t.logged = 0;
+        t.lowered = false;
         Ok(())
     }
 }
