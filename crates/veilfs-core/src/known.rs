@@ -6,7 +6,8 @@
 //! The ciphertext alone cannot tell: a complete older copy of a file (header, map and blocks)
 //! authenticates. Only a client that saw the newer version can object, so the memory lives
 //! outside the ciphertext, per machine and user: `$XDG_STATE_HOME/veilfs/<vault ID>/`, else
-//! `$HOME/.local/state/veilfs/<vault ID>/` (docs/GUIDE.md). The vault ID is derived from the
+//! `$HOME/.local/state/veilfs/<vault ID>/` (`$VEILFS_STATE_DIR/<vault ID>/` if that is set;
+//! docs/GUIDE.md). The vault ID is derived from the
 //! config's authenticated `root_dir_iv` ([`vault_id`]; docs/FORMAT.md §4.3), since the config
 //! has no ID field of its own.
 //!
@@ -85,9 +86,14 @@ pub fn vault_id(root_iv: &[u8; 16]) -> String {
     d[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The state root: `$XDG_STATE_HOME/veilfs` if that is an absolute path, else
-/// `$HOME/.local/state/veilfs` (root included: the state belongs to the user who unlocks).
+/// The state root: `$VEILFS_STATE_DIR` if set (the override the tests use, as for the
+/// crash marks of `crate::unclean`), else `$XDG_STATE_HOME/veilfs` if that is an absolute
+/// path, else `$HOME/.local/state/veilfs` — root included: what a client saw belongs to the
+/// user who unlocks, not to the machine (`/var/lib` is not used).
 pub fn default_root() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("VEILFS_STATE_DIR").filter(|v| !v.is_empty()) {
+        return Some(p.into());
+    }
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).filter(|p| p.is_absolute()) {
         return Some(x.join("veilfs"));
     }
@@ -208,7 +214,14 @@ impl Known {
             trust: opts.trust,
             key,
             first_use: bytes.is_none(),
-            table: Mutex::new(Table { files: HashMap::new(), config: 0, pending: Vec::new(), logged: 0, log: None, lowered: false }),
+            table: Mutex::new(Table {
+                files: HashMap::new(),
+                config: 0,
+                pending: Vec::new(),
+                logged: 0,
+                log: None,
+                lowered: false,
+            }),
         };
         match bytes {
             None => {
