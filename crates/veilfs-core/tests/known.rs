@@ -136,21 +136,30 @@ fn a_legitimate_edit_by_another_client_is_not_a_rollback_and_is_remembered() {
     drop(va);
     let vb = client(&c, &b);
     overwrite(&vb, &root, "f", &data(2000, 3));
-    // Emptied and written again (a shell's `>`): the generation keeps rising.
-    let e = vb.lookup(&root, b"f").unwrap().unwrap();
-    let f = vb.open_file(&root, &e, libc::O_RDWR).unwrap();
-    f.truncate(0, 2000).unwrap();
-    f.write_at(&data(100, 4), 0, 0).unwrap();
-    f.settle().unwrap();
-    drop(f);
     let wb = vb.known().unwrap().writer();
     assert_ne!(wa, wb);
     let gb = vb.known().unwrap().file(&id).unwrap();
-    assert_eq!(gb.writer, wb, "the header carries the writing client's ID");
+    assert_eq!(gb, Seen { generation: 2, writer: wb }, "the header carries the writing client's ID");
     drop(vb);
     let va = client(&c, &a);
-    assert_eq!(read_file(&va, &root, "f").unwrap(), data(100, 4));
+    assert_eq!(read_file(&va, &root, "f").unwrap(), data(2000, 3));
     assert_eq!(va.known().unwrap().file(&id), Some(gb), "A remembers B's newer version");
+    drop(va);
+    // Emptied by B (a shell's `>`), then written by a client that never saw the file: the
+    // emptied file keeps a header of 0 blocks, so the generation keeps rising.
+    let vb = client(&c, &b);
+    let e = vb.lookup(&root, b"f").unwrap().unwrap();
+    vb.open_file(&root, &e, libc::O_RDWR).unwrap().truncate(0, 2000).unwrap();
+    drop(vb);
+    let vd = client(&c, &t.path().join("d"));
+    let e = vd.lookup(&root, b"f").unwrap().unwrap();
+    let f = vd.open_file(&root, &e, libc::O_RDWR).unwrap();
+    f.write_at(&data(100, 4), 0, 0).unwrap();
+    f.settle().unwrap();
+    drop((f, vd));
+    let va = client(&c, &a);
+    assert_eq!(read_file(&va, &root, "f").unwrap(), data(100, 4));
+    assert_eq!(va.known().unwrap().file(&id).map(|s| s.generation), Some(4));
 }
 
 #[test]
@@ -219,10 +228,15 @@ fn fsck_reports_a_rolled_back_file_and_accept_adopts_it() {
     let a = t.path().join("a");
     let (old, cp) = roll_back_f(&c, &a);
     let v = client(&c, &a);
-    let r = Checker::new(&v, false, &|_| {}).run().unwrap();
+    let before = std::fs::read(&cp).unwrap();
+    // Even with repair: an older version is whole and authentic, so it is reported and left
+    // where it is (never moved to lost+found or salvaged).
+    let r = Checker::new(&v, true, &|_| {}).run().unwrap();
     let p: Vec<_> = r.problems.iter().filter(|p| p.kind == ProblemKind::RolledBack).collect();
     assert_eq!(p.len(), 1, "{:?}", r.problems);
     assert_eq!(p[0].cipher_path, cp);
+    assert!(p[0].repaired.is_none() && !r.is_clean());
+    assert_eq!(std::fs::read(&cp).unwrap(), before, "left in place");
     drop(v);
     let v = client_as(&c, &a, Trust::Accept).unwrap();
     let r = Checker::new(&v, false, &|_| {}).run().unwrap();
