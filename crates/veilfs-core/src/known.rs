@@ -232,11 +232,14 @@ impl Known {
             None => {
                 known.client_id = crate::random::bytes();
                 known.since = now();
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(&known.dir)
-                    .map_err(|e| io_err(&known.dir, e))?;
+                // The state root as any directory (it may be shared, as `VEILFS_STATE_DIR` is by
+                // the crash marks); the vault's own directory for this user alone.
+                std::fs::create_dir_all(&root).map_err(|e| io_err(&root, e))?;
+                match std::fs::DirBuilder::new().mode(0o700).create(&known.dir) {
+                    // Made by a first use that stopped before its snapshot, or at the same time.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    r => r.map_err(|e| io_err(&known.dir, e))?,
+                }
                 let snap = known.snapshot_bytes(&HashMap::new(), 0);
                 known.write_snapshot(&snap)?;
                 let _ = std::fs::remove_file(known.dir.join(LOG_NAME));
