@@ -68,6 +68,10 @@ pub struct ContentCtx {
     /// Feature `"block-map"`: files carry header v2 and a block map (docs/FORMAT.md §5.10),
     /// read and written by `mapped`; the v1 crash rules above do not apply to them.
     pub block_map: bool,
+    /// What this client remembers of the vault (`crate::known`): every header v2 opened is
+    /// checked against it, and every header written is remembered and carries its client ID.
+    /// `None` for callers that did not ask for it (then no rollback is detected).
+    pub known: Option<Arc<crate::known::Known>>,
 }
 
 impl ContentCtx {
@@ -82,6 +86,7 @@ impl ContentCtx {
             stashes: None,
             ordered_growth: false,
             block_map: false,
+            known: None,
         }
     }
 

@@ -68,7 +68,7 @@ impl VeilFs {
                             }
                         }
                     }
-                    Err(e @ veilfs_core::Error::Auth { .. }) => {
+                    Err(e @ (veilfs_core::Error::Auth { .. } | veilfs_core::Error::Rollback { .. })) => {
                         if self.replaced_behind(dir, &l.on_disk, node) {
                             return Err(errno(libc::ESTALE));
                         }
