@@ -313,3 +313,43 @@ fn a_client_state_from_another_vault_or_edited_is_refused() {
     std::fs::write(&snap, &mine).unwrap();
     assert!(client_as(&c, &a, Trust::Check).is_ok());
 }
+
+/// Two clients changed `f` at once and the sync tool kept the other's version as a conflict
+/// copy: the older version under the name reads without an alarm while the newer one is
+/// shown beside it as the copy. The same older version with no newer one shown is a
+/// rollback, and a copy of the older version itself does not excuse it.
+#[test]
+fn an_older_version_beside_a_conflict_copy_of_the_newer_is_a_conflict_not_a_rollback() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    let (old, newer) = (data(3000, 1), data(3000, 2));
+    write_file(&v, &root, "f", &old);
+    let cp = cipher_path(&v, &root, "f");
+    let old_ct = std::fs::read(&cp).unwrap();
+    overwrite(&v, &root, "f", &newer);
+    let new_ct = std::fs::read(&cp).unwrap();
+    drop(v);
+    let name = cp.file_name().unwrap().to_str().unwrap().to_string();
+    let (d, s) = name.split_once('.').unwrap();
+    let copy = cp.with_file_name(format!("{d}.sync-conflict-20261128-101010-ABCDEFG.{s}"));
+    std::fs::write(&cp, &old_ct).unwrap();
+    std::fs::write(&copy, &new_ct).unwrap();
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    assert_eq!(read_file(&v, &root, "f").unwrap(), old, "the older version under the name reads");
+    let (entries, bad) = v.list(&root).unwrap();
+    assert!(bad.is_empty(), "{bad:?}");
+    let shown = entries.iter().find(|e| copy.ends_with(&e.on_disk)).expect("the copy is shown");
+    let f = v.open_file(&root, shown, libc::O_RDONLY).unwrap();
+    let mut buf = vec![0u8; 3000];
+    assert_eq!(f.read_at(&mut buf, 0, 3000).unwrap(), 3000);
+    assert!(buf == newer, "the copy holds the newer version");
+    drop((f, v));
+    // Without the newer version shown, the older one is a rollback again.
+    std::fs::write(&copy, &old_ct).unwrap();
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    assert_rollback(read_file(&v, &root, "f"), &cp, "rolled back");
+}

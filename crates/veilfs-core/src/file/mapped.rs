@@ -194,7 +194,7 @@ impl CryptFile {
                 "content belongs to another file (its file ID does not match the name's binding: swapped or replaced)",
             ));
         }
-        if let Some(known) = &self.ctx.known {
+        if let Some(known) = self.ctx.known.as_ref().filter(|_| !self.ctx.defer_known) {
             // The header authenticated and is this file's: an older generation than this
             // client saw is a whole-file rollback; a newer one another client's edit.
             known.check_file(&h.id, Seen { generation: h.generation, writer: h.writer }, &self.what)?;
@@ -711,6 +711,31 @@ impl CryptFile {
     pub(super) fn next_generation(&self, st: &MapState) -> u64 {
         let floor = self.ctx.known.as_ref().map_or(0, |k| k.floor(self.id()));
         st.generation.max(floor) + 1
+    }
+
+    /// The write-session generation of this block-map file's header as opened (`None` for a
+    /// v1 file, or an empty one without a header).
+    pub fn generation(&self) -> Option<u64> {
+        let st = self.map_state();
+        st.hdr.map(|h| h.generation)
+    }
+
+    /// The check against what this client remembers that an open with `defer_known` left
+    /// for now: [`Error::Rollback`] for a header older than this client saw.
+    pub fn check_known(&self) -> Result<()> {
+        let hdr = self.map_state().hdr;
+        match (&self.ctx.known, hdr) {
+            (Some(known), Some(h)) => {
+                known.check_file(&h.id, Seen { generation: h.generation, writer: h.writer }, &self.what)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops this handle's link to what the client remembers: nothing it reads is checked or
+    /// learnt, and what it writes is not remembered (a version shown beside a newer one).
+    pub fn forget_known(&mut self) {
+        self.ctx.known = None;
     }
 
     /// The first block at or after `lost` of a hole this handle's writes made and did not

@@ -72,6 +72,9 @@ pub struct ContentCtx {
     /// checked against it, and every header written is remembered and carries its client ID.
     /// `None` for callers that did not ask for it (then no rollback is detected).
     pub known: Option<Arc<crate::known::Known>>,
+    /// The check against `known` waits for [`CryptFile::check_known`] after the open instead
+    /// of failing it: for a caller that tells a conflict from a rollback (`Vault::open_crypt`).
+    pub defer_known: bool,
 }
 
 impl ContentCtx {
@@ -87,6 +90,7 @@ impl ContentCtx {
             ordered_growth: false,
             block_map: false,
             known: None,
+            defer_known: false,
         }
     }
 
