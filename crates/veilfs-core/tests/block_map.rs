@@ -187,6 +187,40 @@ fn holes_read_as_zeros_and_a_written_block_replaced_by_zeros_is_an_integrity_err
 }
 
 #[test]
+fn a_size_beyond_the_writers_limit_is_efbig_at_once_and_the_file_stays_as_it_was() {
+    // A sparse file of an absurd size would cost the map in memory (one hash per group) and
+    // its nodes on disk in proportion to its block count: the daemon's memory ran out and the
+    // kernel killed it. Past the limit the writer refuses with EFBIG before anything changes.
+    let (t, v, root) = setup();
+    let d = data(3 * B as usize + 5, 4);
+    write_file(&v, &root, "big", &d);
+    let p = cipher_path(&v, &root, "big");
+    let before = snapshot(&p);
+    let max = L.max_written_blocks();
+    assert_eq!(max, veilfs_core::content::blockmap::MAX_WRITTEN_BLOCKS);
+    assert!(max < L.max_blocks());
+    let f = open_rw(&v, &root, "big");
+    let size = d.len() as u64;
+    let t0 = std::time::Instant::now();
+    for new in [999_999_999_999_999, max * B + 1, u64::MAX / 2] {
+        let e = f.truncate(new, size).unwrap_err();
+        assert_eq!(e.errno(), libc::EFBIG, "truncate to {new}: {e}");
+    }
+    for off in [max * B, max * B - 1, 999_999_999_999_999, u64::MAX - 1] {
+        let e = f.write_at(b"xy", off, size).unwrap_err();
+        assert_eq!(e.errno(), libc::EFBIG, "write at {off}: {e}");
+    }
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "refused at once: {:?}", t0.elapsed());
+    // Up to the limit's last block a write is taken (here a block well inside it, sparse).
+    let grown = f.write_at(b"far", 100_000 * B, size).unwrap();
+    assert_eq!(grown, 100_000 * B + 3);
+    f.truncate(size, grown).unwrap();
+    drop(f);
+    assert_eq!(read_fresh(t.path(), &root, "big").unwrap(), d);
+    assert_eq!(snapshot(&p).len(), before.len());
+}
+
+#[test]
 fn a_hole_stays_a_hole_when_an_older_block_is_put_back_there() {
     let (t, v, root) = setup();
     let d = data(10 * B as usize, 1);

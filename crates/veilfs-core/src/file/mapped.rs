@@ -126,6 +126,20 @@ impl CryptFile {
         e
     }
 
+    /// EFBIG if a file of `k` blocks is beyond what this implementation writes or reads
+    /// ([`MapLayout::max_written_blocks`]): its map in memory and its nodes on disk would
+    /// grow without bound (a sparse file of an absurd size exhausted the daemon's memory).
+    pub(super) fn check_map_size(&self, k: u64) -> Result<()> {
+        let max = self.map_layout().max_written_blocks();
+        if k > max {
+            return Err(Error::io(
+                format!("{}: {k} blocks, beyond the {max} of a file with a block map", self.what),
+                std::io::Error::from_raw_os_error(libc::EFBIG),
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn pread_exact(&self, len: u64, at: u64, what: &str) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len as usize];
         let got = sys::pread_full(self.fd(), &mut buf, at).ctx(|| format!("reading {}", self.what))?;
@@ -195,6 +209,7 @@ impl CryptFile {
         }
         let ml = self.map_layout();
         ml.check_block_count(h.blocks).map_err(|e| self.map_auth(e.to_string()))?;
+        self.check_map_size(h.blocks)?;
         let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         if h.is_unsettled() {
             return self.load_session(&mut st, h);
@@ -383,8 +398,9 @@ impl CryptFile {
             sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
             st.stale = false;
         }
-        let new_size = size.max(off + data.len() as u64);
+        let new_size = off.checked_add(data.len() as u64).map_or(u64::MAX, |end| size.max(end));
         let k_new = l.block_count(new_size);
+        self.check_map_size(k_new)?;
         let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
         // The old final block becomes an inner block (zero-padded, re-sealed) when the write
         // starts past it.
