@@ -221,6 +221,35 @@ fn a_size_beyond_the_writers_limit_is_efbig_at_once_and_the_file_stays_as_it_was
 }
 
 #[test]
+fn a_write_far_past_the_end_seals_only_the_blocks_it_writes() {
+    // The old final block is re-sealed and the written block sealed; the 2^27 blocks between
+    // are holes. Sizing the sealing buffer by the distance between them asked for 72 GB here
+    // (the daemon died when a fallocate far past the end did this).
+    let (t, v, root) = setup();
+    let d = data(2 * B as usize + 7, 5);
+    write_file(&v, &root, "far", &d);
+    let f = open_rw(&v, &root, "far");
+    let far = (1u64 << 27) * B;
+    assert_eq!(f.write_at(b"far away", far, d.len() as u64).unwrap(), far + 8);
+    // A growing truncate re-seals "far away"'s block and seals the new final one.
+    let size = far + 3 * B;
+    f.truncate(size, far + 8).unwrap();
+    drop(f);
+    let v2 = reopen(t.path());
+    let e = v2.lookup(&root, b"far").unwrap().unwrap();
+    let f = v2.open_file(&root, &e, libc::O_RDONLY).unwrap();
+    assert_eq!(f.plain_size().unwrap(), size);
+    let mut got = vec![1u8; 3 * B as usize];
+    assert_eq!(f.read_at(&mut got, 0, size).unwrap(), got.len());
+    assert_eq!(&got[..d.len()], &d[..]);
+    assert!(got[d.len()..].iter().all(|&x| x == 0));
+    let mut got = vec![1u8; 3 * B as usize + 5];
+    assert_eq!(f.read_at(&mut got, far - 5, size).unwrap(), 3 * B as usize + 5);
+    assert_eq!(&got[..13], b"\0\0\0\0\0far away");
+    assert!(got[13..].iter().all(|&x| x == 0));
+}
+
+#[test]
 fn a_hole_stays_a_hole_when_an_older_block_is_put_back_there() {
     let (t, v, root) = setup();
     let d = data(10 * B as usize, 1);

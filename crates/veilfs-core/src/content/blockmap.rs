@@ -48,15 +48,15 @@ pub const SMALL_GROUPS: u64 = 9;
 pub const SPAN_BLOCKS: u64 = 1 << 15;
 /// Bytes of one hash in a node and in the root's list.
 pub const HASH_LEN: u64 = 32;
-/// The most blocks this implementation writes or reads in one file, 2^32 (16 TiB at
-/// B = 4096, as ext4 allows): far below [`MapLayout::max_blocks`], because a file's map costs
-/// in proportion to its block count even where it is all holes. An open file keeps the hash
-/// of every map block in memory (32 bytes per group of 256 blocks: 512 MiB at this size), and
+/// The most blocks this implementation writes or reads in one file, 2^30 (4 TiB at B = 4096,
+/// 1 PiB at 1 MiB blocks): far below [`MapLayout::max_blocks`], because a file's map costs in
+/// proportion to its block count even where it is all holes. An open file keeps the hash of
+/// every map block in memory (32 bytes per group of 256 blocks: 128 MiB at this size), and
 /// every span a file covers has a node on disk that is not zeros (4 KiB per 2^15 blocks),
-/// which a growing truncate writes at once. Beyond this, a sparse file of an absurd size would
-/// exhaust the daemon's memory (the kernel kills it) or write gigabytes; the writer refuses
-/// it with EFBIG instead, as a file system refuses a size beyond its own limit.
-pub const MAX_WRITTEN_BLOCKS: u64 = 1 << 32;
+/// which a growing truncate writes at once (and logs first, in a session). Beyond this, a
+/// sparse file of an absurd size exhausted the daemon's memory (the kernel killed it); the
+/// writer refuses it with EFBIG instead, as a file system refuses a size beyond its limit.
+pub const MAX_WRITTEN_BLOCKS: u64 = 1 << 30;
 /// The domain string that starts the root's input.
 pub const ROOT_LABEL: &[u8] = b"veilfs v2 map";
 const HEADER_V2_LABEL: &[u8] = b"veilfs v2 header";

@@ -417,17 +417,21 @@ impl CryptFile {
             _ => None,
         };
         // Every changed block, sealed into one buffer in order; `spans` says where each is.
-        // Blocks before the last one written are whole.
+        // Blocks before the last one written are whole. The re-sealed old final block and the
+        // written ones need not be adjacent: the blocks between are holes and sealed nowhere,
+        // so they count for nothing here (counting them made a write far past the end ask
+        // for gigabytes, which the thread's sealing buffer then kept).
         let cb = (bs + l.overhead) as usize;
-        let total = (last - from) as usize * cb + (l.block_len(last, new_size) + l.overhead) as usize;
+        let sealed = (last - first + 1) as usize + usize::from(reseal.is_some());
+        let total = (sealed - 1) * cb + (l.block_len(last, new_size) + l.overhead) as usize;
         let mut sealing = super::take_sealing(total);
         let buf = &mut sealing[..total];
         let mut at = 0usize;
-        let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity((last - from + 1) as usize);
+        let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity(sealed);
         let mut plain = vec![0u8; bs as usize];
         // The nonces of every block, drawn with one call to the random generator.
         let nl = self.codec.nonce_len();
-        let mut nonces = vec![0u8; (last - from + 1) as usize * nl];
+        let mut nonces = vec![0u8; sealed * nl];
         crate::random::fill(&mut nonces);
         let mut nonces = nonces.chunks_exact(nl);
         let mut seal = |n: u64, last: bool, plain: &[u8], out: &mut [u8]| {
@@ -648,6 +652,7 @@ impl CryptFile {
         }
         // New groups: holes only, unless a write changed them (hashed at the commit).
         let mut zero_hash: Option<(u64, Hash)> = None;
+        st.hashes.reserve_exact((g_new as usize).saturating_sub(st.hashes.len()));
         while (st.hashes.len() as u64) < g_new {
             let g = st.hashes.len() as u64;
             let len = ml.map_len(g, k_new);
