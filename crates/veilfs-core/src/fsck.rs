@@ -205,7 +205,13 @@ impl<'a> Checker<'a> {
                 ProblemKind::OrphanSideFile,
                 root.path.join(&name),
                 None,
-                "an inner-block stash no unsettled file uses (a crash after its file was settled)".into(),
+                match self.vault.content().block_map {
+                    true => {
+                        "a write-session log no unsettled file uses (a crash after its file was settled or removed)"
+                    }
+                    false => "an inner-block stash no unsettled file uses (a crash after its file was settled)",
+                }
+                .into(),
             );
             self.remove_leftover(i, &root, &name, "removed");
         }

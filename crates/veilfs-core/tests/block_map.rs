@@ -755,3 +755,54 @@ fn a_partial_file_is_one_session_and_leaves_no_log_committed_or_discarded() {
         assert_eq!(logs(t.path()), 0, "no log left (commit {commit})");
     }
 }
+
+#[test]
+fn a_file_unlinked_while_open_keeps_no_session_log_and_fsck_repair_removes_a_leftover_one() {
+    // A session keeps its log until it is settled; a file whose last name is gone while it
+    // is open is settled only at its last close, so its log sat beside the other files
+    // meanwhile (through sshfs, with the file kept as `.fuse_hidden*`, which fsck leaves
+    // alone) and fsck reported it as a crash leftover.
+    let (t, v, root) = setup();
+    let logs = |dir: &std::path::Path| {
+        (std::fs::read_dir(dir).unwrap().flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(veilfs_core::stash::STASH_PREFIX))
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    let d = data(5 * B as usize, 6);
+    write_file(&v, &root, "f", &d);
+    let f = open_rw(&v, &root, "f");
+    f.set_session_until_settle(true);
+    let mut want = d.clone();
+    f.write_at(b"before the unlink", 10, want.len() as u64).unwrap();
+    want[10..27].copy_from_slice(b"before the unlink");
+    assert_eq!(logs(t.path()).len(), 1, "a session open across writes has its log");
+    let leftover = std::fs::read(&logs(t.path())[0]).unwrap();
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    std::fs::remove_file(root.path.join(&e.on_disk)).unwrap();
+    assert!(f.set_unlinked().unwrap(), "the session ends: the header is written");
+    assert!(logs(t.path()).is_empty(), "the log goes with the last name");
+    let size = f.write_at(b"after", 5 * B - 2, want.len() as u64).unwrap();
+    want.truncate(5 * B as usize - 2);
+    want.extend_from_slice(b"after");
+    assert!(logs(t.path()).is_empty(), "a write after it leaves no log");
+    let mut got = vec![0u8; size as usize];
+    assert_eq!(f.read_at(&mut got, 0, size).unwrap(), want.len());
+    assert_eq!(got, want);
+    assert!(!f.settle().unwrap(), "nothing left to settle at the last close");
+    drop(f);
+    // A log a crash left behind with its file gone: fsck names it, --repair removes it.
+    let p = log_path(t.path(), &[&[0u8; 4][..], &e.identity[..]].concat());
+    std::fs::write(&p, leftover).unwrap();
+    let fsck = |repair| veilfs_core::fsck::Checker::new(&v, repair, &|_| {}).run().unwrap();
+    let r = fsck(false);
+    assert!(
+        r.problems.iter().any(|x| x.cipher_path == p && x.detail.contains("write-session log")),
+        "{:?}",
+        r.problems
+    );
+    let r = fsck(true);
+    assert!(r.problems.iter().any(|x| x.cipher_path == p && x.repaired.is_some()), "{:?}", r.problems);
+    assert!(!p.exists(), "fsck --repair removes it");
+    assert!(fsck(false).problems.is_empty());
+}
