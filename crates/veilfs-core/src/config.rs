@@ -63,6 +63,15 @@ pub const FEATURE_ORDERED_GROWTH: &str = "ordered-growth";
 /// `veilfs init --no-block-map` (for veilfs versions that cannot read it); vaults made before
 /// it lack it and keep opening.
 pub const FEATURE_BLOCK_MAP: &str = "block-map";
+/// A `veilfs upgrade` to [`FEATURE_BLOCK_MAP`] is under way (docs/FORMAT.md §5.10,
+/// "Upgrade"): the vault's files are a mix of v1 files and files with a block map, which only
+/// the upgrade itself reads (telling them apart by their authenticated headers); every other
+/// reader refuses the vault with "run veilfs upgrade to finish", so that the window in which
+/// an old v1 copy of an upgraded file could be put back unnoticed lasts only as long as the
+/// upgrade's run. Never together with [`FEATURE_BLOCK_MAP`] (which replaces it when every file
+/// is converted) nor in a deterministic vault. A veilfs that does not know it refuses the
+/// vault as made by a newer veilfs, which is what it should do.
+pub const FEATURE_BLOCK_MAP_UPGRADE: &str = "block-map-upgrade";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
 pub const OPTIONAL_FEATURES: &[&str] = &[
     FEATURE_SPECIAL_KINDS,
@@ -72,6 +81,7 @@ pub const OPTIONAL_FEATURES: &[&str] = &[
     FEATURE_IV_IN_NAME,
     FEATURE_ORDERED_GROWTH,
     FEATURE_BLOCK_MAP,
+    FEATURE_BLOCK_MAP_UPGRADE,
 ];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
@@ -321,6 +331,13 @@ impl VaultConfig {
         }
         if self.has_feature(FEATURE_BLOCK_MAP) && self.is_deterministic() {
             return Err(format!("names feature {FEATURE_BLOCK_MAP:?} in a deterministic vault"));
+        }
+        if self.has_feature(FEATURE_BLOCK_MAP_UPGRADE) && (self.has_feature(FEATURE_BLOCK_MAP) || self.is_deterministic())
+        {
+            return Err(format!(
+                "names feature {FEATURE_BLOCK_MAP_UPGRADE:?} together with {FEATURE_BLOCK_MAP:?} or in a deterministic \
+                 vault"
+            ));
         }
         if !(512..=(1 << 20)).contains(&self.block_size) || !self.block_size.is_power_of_two() {
             return Err(format!("block size {} is invalid", self.block_size));
