@@ -15,6 +15,7 @@ pub mod mountopts;
 pub mod passwd;
 pub mod paths;
 pub mod speed;
+pub mod upgrade;
 
 use crate::exit::{Exit, USAGE, WRONG_PASSWORD};
 use crate::password::PasswordArgs;
@@ -76,6 +77,24 @@ impl LockArgs {
         };
         Ok(VaultLock::acquire(cipherdir, command, &ending)?)
     }
+}
+
+/// Refuses (exit code 9) a vault that a `--shared-storage` mount, which takes no lock, has
+/// mounted: for the offline commands that write the vault (`doing` says what).
+pub fn refuse_if_mounted(cipherdir: &Path, doing: &str) -> Result<()> {
+    let dir = cipherdir.canonicalize().unwrap_or_else(|_| cipherdir.to_path_buf());
+    if let Some(m) = crate::mountinfo::all().into_iter().find(|m| m.is_veilfs() && m.source == dir) {
+        return Err(Exit::new(
+            crate::exit::IN_USE,
+            anyhow::anyhow!(
+                "{} is mounted at {}: unmount it before {doing} it",
+                cipherdir.display(),
+                m.mount_point.display()
+            ),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Whether `dir` is to be taken as a reverse vault (its config `.veilfs.reverse.conf`):
@@ -174,10 +193,23 @@ impl UnlockArgs {
     /// Reads the secret and opens the vault. Everything that can be checked without the
     /// secret (the config, `--slot`) is checked before asking for it.
     pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
+        self.open_by(cipherdir, Vault::open_with)
+    }
+
+    /// [`open`](Self::open) for `veilfs upgrade`: also a vault whose upgrade is unfinished.
+    pub fn open_for_upgrade(&self, cipherdir: &Path) -> Result<Vault> {
+        self.open_by(cipherdir, Vault::open_for_upgrade)
+    }
+
+    fn open_by(
+        &self,
+        cipherdir: &Path,
+        open: fn(&Path, &Secret, Option<u32>, &KdfCeiling) -> veilfs_core::Result<Vault>,
+    ) -> Result<Vault> {
         let cfg = VaultConfig::load(cipherdir)?;
         let secret = self.secret(&cfg)?;
         let t = std::time::Instant::now();
-        let vault = Vault::open_with(cipherdir, &secret, self.slot, &self.ceiling())
+        let vault = open(cipherdir, &secret, self.slot, &self.ceiling())
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
         tracing::info!("unlocked {} in {:.2} s", cipherdir.display(), t.elapsed().as_secs_f64());
         tracing::debug!(
