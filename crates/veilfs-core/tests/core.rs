@@ -14,3 +14,4 @@ mod iv_copy;
 mod lost_write;
 mod overflow;
 mod tamper;
+mod upgrade;
