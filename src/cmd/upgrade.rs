@@ -16,7 +16,10 @@ integrity error (docs/FORMAT.md, section 5.10). Versions of veilfs without block
 afterwards.\n\n\
 First every file is read through once (an UNSETTLED file a crash left is settled first). If a file is damaged, \
 each one is named, nothing is changed and the exit code is 6: run `veilfs fsck --repair` (which salvages or moves \
-damaged files into /lost+found), then the upgrade again. Then the config is marked \"block-map-upgrade\" and each \
+damaged files into /lost+found), then the upgrade again. A damaged file already in /lost+found (what fsck \
+--repair set aside after salvaging what authenticates of it under its name) does not hold the upgrade up: it is \
+left as it is, named, and the exit code is 6 (export --salvage it first if you still want something from it: \
+after the upgrade it is no longer salvaged block by block). Then the config is marked \"block-map-upgrade\" and each \
 file is rewritten under a temporary name in its directory (same content, holes, owner, mode, extended attributes \
 and times), flushed and renamed over the original, so a crash leaves every file either old or new. Hard links stay \
 one file. Symlinks, directories and special files are not touched. When every file is converted the config names \
@@ -26,8 +29,8 @@ with \"run veilfs upgrade to finish\"; after a crash or Ctrl-C run the same comm
 temporaries the interrupted run left and goes on where it stopped. The upgrade takes the vault lock: a mounted or \
 locked vault is refused (exit code 9). It needs free space for the largest file, and as root it keeps every \
 file's owner.\n\n\
-Exit codes: 0 converted (or already: the vault names \"block-map\"); 6 damaged files (named; nothing changed, or \
-they are left as they are); 1 other errors (named; run it again); 2 a deterministic (--reverse) vault, which has \
+Exit codes: 0 converted (or already: the vault names \"block-map\"); 6 damaged files (named; nothing changed, or, \
+in /lost+found, left as they are); 1 other errors (named; run it again); 2 a deterministic (--reverse) vault, which has \
 no block maps. Export into a new vault (veilfs init, veilfs import) is the other way to get block maps.")]
 pub struct Args {
     /// The vault.
@@ -80,7 +83,11 @@ pub fn run(a: Args) -> Result<i32> {
         eprintln!("veilfs: upgrade: {l}: left by an interrupted upgrade: finished or removed");
     }
     for p in &report.problems {
-        let what = if p.damaged { "damaged" } else { "not converted" };
+        let what = match (p.damaged, p.left) {
+            (_, true) => "damaged, left as it is",
+            (true, false) => "damaged",
+            (false, false) => "not converted",
+        };
         eprintln!("veilfs: upgrade: {what}: {} (/{}): {}", p.cipher_path, p.plain_path.display(), p.detail);
     }
     let damaged = report.problems.iter().any(|p| p.damaged);
@@ -111,8 +118,8 @@ pub fn run(a: Args) -> Result<i32> {
         );
     }
     Ok(match (report.finished, damaged) {
-        (true, _) => crate::exit::OK,
-        (false, true) => crate::exit::INTEGRITY,
+        (_, true) => crate::exit::INTEGRITY,
+        (true, false) => crate::exit::OK,
         (false, false) => crate::exit::OTHER,
     })
 }

@@ -12,8 +12,11 @@
 //!    sweep settles UNSETTLED files and finishes interrupted exchanges (v1 rules), then every
 //!    file is read through once. A file that does not read back is reported and nothing is
 //!    changed: the vault stays an ordinary v1 vault that `fsck --repair` can salvage, and the
-//!    upgrade is run again afterwards. Converting around a damaged file would leave a vault
-//!    that is neither (its v1 file unreadable to a block-map reader).
+//!    upgrade is run again afterwards. Converting around a damaged file would leave it a v1
+//!    file in a block-map vault, where salvage (which then follows the map's rules) no longer
+//!    recovers its intact blocks. A damaged file in `/lost+found` (what `fsck --repair` set
+//!    aside, after salvaging it under its name) does not hold the upgrade up: it is left as
+//!    it is and reported.
 //! 2. **Mark**: the config gets `"block-map-upgrade"` (authenticated by the config MAC). From
 //!    here on only this module opens the vault ([`Vault::open_for_upgrade`]); everything else
 //!    refuses it with "run veilfs upgrade to finish".
@@ -98,6 +101,19 @@ pub struct Problem {
     pub detail: String,
     /// An integrity error (the file is damaged), not an I/O error.
     pub damaged: bool,
+    /// A damaged file in `/lost+found`, left as it is: it does not hold the upgrade up.
+    pub left: bool,
+}
+
+impl Problem {
+    /// Whether this problem holds the upgrade up: everything but a damaged file that
+    /// `fsck --repair` already moved into `/lost+found` (after salvaging what authenticates
+    /// under its name): that one is left a v1 file, as unreadable as it was, and reported.
+    /// Anywhere else a damaged file must be repaired first, because once the vault has block
+    /// maps a v1 file can no longer be salvaged block by block.
+    pub fn holds_up(&self) -> bool {
+        !self.left
+    }
 }
 
 /// What a run did.
@@ -179,10 +195,12 @@ pub fn run(vault: &mut Vault, opts: &Options, progress: &dyn Fn(Phase, u64)) -> 
         Status::Fresh => {
             report.settled = crate::settle::crash_sweep(vault)?.files as u64;
             check(vault, &mut report, progress)?;
-            if !report.problems.is_empty() {
+            if report.problems.iter().any(Problem::holds_up) {
                 report.refused = true;
                 return Ok(report);
             }
+            // Files left as they are: the conversion reports them again.
+            report.problems.clear();
             let mut cfg = vault.config().clone();
             cfg.features.push(FEATURE_BLOCK_MAP_UPGRADE.to_string());
             vault.save_config(cfg)?;
@@ -192,7 +210,7 @@ pub fn run(vault: &mut Vault, opts: &Options, progress: &dyn Fn(Phase, u64)) -> 
     let mut up = Upgrader::new(vault, opts, progress);
     up.leftovers(&mut report)?;
     up.convert_all(&mut report)?;
-    if report.problems.is_empty() {
+    if !report.problems.iter().any(Problem::holds_up) {
         let mut cfg = vault.config().clone();
         cfg.features.retain(|f| f != FEATURE_BLOCK_MAP_UPGRADE);
         cfg.features.push(FEATURE_BLOCK_MAP.to_string());
@@ -206,12 +224,7 @@ pub fn run(vault: &mut Vault, opts: &Options, progress: &dyn Fn(Phase, u64)) -> 
 fn check(vault: &Vault, report: &mut Report, progress: &dyn Fn(Phase, u64)) -> Result<()> {
     walk(vault, &mut |dir, d, entries, bad, _| {
         for b in bad {
-            report.problems.push(Problem {
-                cipher_path: dir.child_path(&String::from_utf8_lossy(&b.on_disk)),
-                plain_path: d.plain.clone(),
-                detail: b.error.to_string(),
-                damaged: true,
-            });
+            report.problems.push(bad_problem(dir, d, b));
         }
         for e in entries.iter().filter(|e| e.kind == EntryKind::File) {
             let read = vault.open_file(dir, e, libc::O_RDONLY).and_then(|f| f.stream::<Error>(|_| Ok(())));
@@ -224,11 +237,28 @@ fn check(vault: &Vault, report: &mut Report, progress: &dyn Fn(Phase, u64)) -> R
     })
 }
 
+/// An entry of `dir` whose name does not decode: whatever it names is not converted.
+fn bad_problem(dir: &CipherDir, d: &DirRef, b: &crate::vault::BadEntry) -> Problem {
+    Problem {
+        cipher_path: dir.child_path(&String::from_utf8_lossy(&b.on_disk)),
+        plain_path: d.plain.clone(),
+        detail: b.error.to_string(),
+        damaged: true,
+        left: in_lost_found(d),
+    }
+}
+
+fn in_lost_found(d: &DirRef) -> bool {
+    d.plain.starts_with(std::str::from_utf8(crate::names::LOST_FOUND).expect("ASCII"))
+}
+
 fn problem(dir: &CipherDir, d: &DirRef, e: &Entry, err: Error) -> Problem {
+    let damaged = matches!(err, Error::Auth { .. });
     Problem {
         cipher_path: dir.child_path(&e.on_disk),
         plain_path: d.plain.join(String::from_utf8_lossy(&e.name).as_ref()),
-        damaged: matches!(err, Error::Auth { .. }),
+        damaged,
+        left: damaged && in_lost_found(d),
         detail: err.to_string(),
     }
 }
@@ -347,12 +377,7 @@ impl<'a> Upgrader<'a> {
         let vault = self.vault;
         walk(vault, &mut |dir, d, entries, bad, _| {
             for b in bad {
-                report.problems.push(Problem {
-                    cipher_path: dir.child_path(&String::from_utf8_lossy(&b.on_disk)),
-                    plain_path: d.plain.clone(),
-                    detail: b.error.to_string(),
-                    damaged: true,
-                });
+                report.problems.push(bad_problem(dir, d, b));
             }
             for e in entries.iter().filter(|e| e.kind == EntryKind::File) {
                 if e.stat.st_nlink > 1 {
