@@ -832,6 +832,24 @@ mod tests {
     }
 
     #[test]
+    fn the_upgrade_mark_goes_only_without_block_map_and_outside_deterministic_vaults() {
+        let p = Path::new("veilfs.conf");
+        let parse = |cfg: &mut VaultConfig, master: &MasterKey| {
+            cfg.seal(master);
+            VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p)
+        };
+        let (mut cfg, master) = config_with_password("pw");
+        cfg.features.push(FEATURE_BLOCK_MAP_UPGRADE.into());
+        assert!(matches!(parse(&mut cfg, &master), Err(Error::Config { .. })), "with block-map");
+        cfg.features.retain(|f| f != FEATURE_BLOCK_MAP);
+        assert!(parse(&mut cfg, &master).is_ok());
+        let mut det = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[1; 16]).unwrap();
+        det.add_password_slot(&master, &SecretString::from("pw".to_string()), WEAK).unwrap();
+        det.features.push(FEATURE_BLOCK_MAP_UPGRADE.into());
+        assert!(matches!(parse(&mut det, &master), Err(Error::Config { .. })), "deterministic");
+    }
+
+    #[test]
     fn parse_refuses_oversized_and_malformed_configs() {
         let p = Path::new("veilfs.conf");
         assert!(matches!(VaultConfig::parse(&vec![b' '; MAX_CONFIG_LEN + 1], p), Err(Error::Config { .. })));

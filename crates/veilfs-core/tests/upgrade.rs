@@ -211,7 +211,7 @@ fn a_run_stopped_midway_leaves_a_vault_only_the_upgrade_opens_and_the_next_run_f
 }
 
 #[test]
-fn a_damaged_file_stops_the_upgrade_before_anything_changes() {
+fn a_damaged_file_stops_the_upgrade_before_anything_changes_until_fsck_repair_sets_it_aside() {
     let t = tempfile::tempdir().unwrap();
     let mut v = v1_vault(t.path());
     let root = v.root().unwrap();
@@ -232,6 +232,19 @@ fn a_damaged_file_stops_the_upgrade_before_anything_changes() {
     }
     assert_eq!(read_file(&v, &root, "f4097").unwrap(), contents()["f4097"]);
     assert!(upgrade_temps(t.path()).is_empty());
+
+    // fsck --repair salvages it under its name and sets the original aside in /lost+found,
+    // where it is left as it is: the upgrade finishes, naming it.
+    let r = Checker::new(&v, true, &|_| {}).run().unwrap();
+    assert!(r.problems.iter().all(|p| p.repaired.is_some()), "{:?}", r.problems);
+    let mut v = reopen(t.path());
+    let r = run(&mut v, None).unwrap();
+    assert!(r.finished && !r.refused, "{r:?}");
+    assert_eq!(r.problems.len(), 1, "{r:?}");
+    assert!(r.problems[0].left && r.problems[0].plain_path.starts_with("lost+found"), "{r:?}");
+    let v = reopen(t.path());
+    assert!(v.content().block_map);
+    assert_eq!(read_file(&v, &root, "f20000").unwrap().len(), 20000);
 }
 
 #[test]
