@@ -473,12 +473,20 @@ fn upgrade_refuses_a_damaged_file_until_fsck_repairs_it() {
     let o = f.run(&["encrypt-path", f.v(), "a"]);
     let cipher = PathBuf::from(out(&o).trim());
     let cipher = if cipher.is_absolute() { cipher } else { f.vault.join(cipher) };
-    std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&cipher).unwrap(), b"XX", 9000)
-        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new().write(true).open(&cipher).unwrap(),
+        b"XX",
+        9000,
+    )
+    .unwrap();
     let conf = std::fs::read(f.vault.join("veilfs.conf")).unwrap();
     let o = f.run(&["upgrade", f.v()]);
     assert_eq!(code(&o), 6, "{}", err(&o));
-    assert!(err(&o).contains("damaged") && err(&o).contains("(/a)") && err(&o).contains("nothing was changed"), "{}", err(&o));
+    assert!(
+        err(&o).contains("damaged") && err(&o).contains("(/a)") && err(&o).contains("nothing was changed"),
+        "{}",
+        err(&o)
+    );
     assert_eq!(std::fs::read(f.vault.join("veilfs.conf")).unwrap(), conf);
     assert_eq!(code(&f.run(&["fsck", "--repair", f.v()])), 0);
     let o = f.run(&["upgrade", f.v()]);

@@ -46,7 +46,10 @@ pub fn run(a: Args) -> Result<i32> {
     let cfg = VaultConfig::load(&a.cipherdir)?;
     match upgrade::status(&cfg) {
         Status::Done => {
-            eprintln!("veilfs: upgrade: {} already has block maps (feature \"block-map\"): nothing to do", a.cipherdir.display());
+            eprintln!(
+                "veilfs: upgrade: {} already has block maps (feature \"block-map\"): nothing to do",
+                a.cipherdir.display()
+            );
             return Ok(crate::exit::OK);
         }
         Status::Deterministic => {

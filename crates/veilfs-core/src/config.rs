@@ -332,7 +332,8 @@ impl VaultConfig {
         if self.has_feature(FEATURE_BLOCK_MAP) && self.is_deterministic() {
             return Err(format!("names feature {FEATURE_BLOCK_MAP:?} in a deterministic vault"));
         }
-        if self.has_feature(FEATURE_BLOCK_MAP_UPGRADE) && (self.has_feature(FEATURE_BLOCK_MAP) || self.is_deterministic())
+        if self.has_feature(FEATURE_BLOCK_MAP_UPGRADE)
+            && (self.has_feature(FEATURE_BLOCK_MAP) || self.is_deterministic())
         {
             return Err(format!(
                 "names feature {FEATURE_BLOCK_MAP_UPGRADE:?} together with {FEATURE_BLOCK_MAP:?} or in a deterministic \

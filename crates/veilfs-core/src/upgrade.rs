@@ -617,4 +617,3 @@ fn copy_xattrs(from: std::os::fd::BorrowedFd<'_>, to: std::os::fd::BorrowedFd<'_
 pub fn is_temp_name(name: &[u8]) -> bool {
     name.starts_with(UPGRADE_PREFIX.as_bytes())
 }
-

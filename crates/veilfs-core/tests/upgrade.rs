@@ -157,7 +157,11 @@ fn a_v1_vault_converts_in_place_reads_back_identically_and_then_catches_a_rolled
     assert_eq!((md.mtime(), md.mtime_nsec()), (1_600_000_000, 123_456_789));
     let e = v.lookup(&root, b"f20000").unwrap().unwrap();
     assert_eq!(v.xattrs(&root, &e).unwrap(), vec![(b"user.colour".to_vec(), b"blue".to_vec())]);
-    assert_eq!((ino(&v, &root, "sym"), ino(&v, &root, "fifo")), (sym, fifo), "symlinks and special files are not touched");
+    assert_eq!(
+        (ino(&v, &root, "sym"), ino(&v, &root, "fifo")),
+        (sym, fifo),
+        "symlinks and special files are not touched"
+    );
     let e = v.lookup(&root, b"sym").unwrap().unwrap();
     assert_eq!(v.readlink(&root, &e).unwrap(), b"f1");
     // The hole stays a hole: 5 MiB of zeros take no space.
