@@ -80,7 +80,18 @@ pub fn run(a: Args) -> Result<i32> {
         };
         pb.set_message(format!("{what} ({} files)", files.get()));
     };
-    let report = upgrade::run(&mut vault, &upgrade::Options::default(), &progress)?;
+    // Ctrl-C (or SIGTERM, SIGHUP) ends the run between two files, as a crash would but with
+    // no temporary left; `main` then dies of the signal.
+    crate::interrupt::catch();
+    let opts = upgrade::Options { interrupted: Some(crate::interrupt::requested), ..Default::default() };
+    let report = match upgrade::run(&mut vault, &opts, &progress) {
+        Err(e) if upgrade::is_interrupted(&e) => {
+            pb.finish_and_clear();
+            eprintln!("veilfs: upgrade: {e} (every file is either old or new)");
+            return Ok(crate::exit::OTHER);
+        }
+        r => r?,
+    };
     pb.finish_and_clear();
     for l in &report.leftovers {
         eprintln!("veilfs: upgrade: {l}: left by an interrupted upgrade: finished or removed");

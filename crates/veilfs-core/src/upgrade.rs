@@ -160,6 +160,23 @@ pub struct Options {
     /// Test hook: stop there as a crash would.
     #[doc(hidden)]
     pub stop: Option<StopAt>,
+    /// Asked before each file: `true` ends the run there with [`interrupted`] (a signal asked
+    /// to stop). The file being converted is finished first, so no temporary is left.
+    pub interrupted: Option<fn() -> bool>,
+}
+
+/// The error a run asked to stop by [`Options::interrupted`] ends with.
+pub fn interrupted() -> Error {
+    Error::Invalid("upgrade interrupted: run veilfs upgrade again to finish it".into())
+}
+
+impl Options {
+    fn check_interrupted(&self) -> Result<()> {
+        match self.interrupted {
+            Some(f) if f() => Err(interrupted()),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The error a [`StopAt`] ends a run with.
@@ -194,7 +211,7 @@ pub fn run(vault: &mut Vault, opts: &Options, progress: &dyn Fn(Phase, u64)) -> 
         }
         Status::Fresh => {
             report.settled = crate::settle::crash_sweep(vault)?.files as u64;
-            check(vault, &mut report, progress)?;
+            check(vault, opts, &mut report, progress)?;
             if report.problems.iter().any(Problem::holds_up) {
                 report.refused = true;
                 return Ok(report);
@@ -221,12 +238,13 @@ pub fn run(vault: &mut Vault, opts: &Options, progress: &dyn Fn(Phase, u64)) -> 
 }
 
 /// Step 1: every file reads back whole by the v1 rules.
-fn check(vault: &Vault, report: &mut Report, progress: &dyn Fn(Phase, u64)) -> Result<()> {
+fn check(vault: &Vault, opts: &Options, report: &mut Report, progress: &dyn Fn(Phase, u64)) -> Result<()> {
     walk(vault, &mut |dir, d, entries, bad, _| {
         for b in bad {
             report.problems.push(bad_problem(dir, d, b));
         }
         for e in entries.iter().filter(|e| e.kind == EntryKind::File) {
+            opts.check_interrupted()?;
             let read = vault.open_file(dir, e, libc::O_RDONLY).and_then(|f| f.stream::<Error>(|_| Ok(())));
             match read {
                 Ok(n) => progress(Phase::Check, n),
@@ -390,7 +408,7 @@ impl<'a> Upgrader<'a> {
                         report.bytes += n;
                     }
                     Ok(None) => report.unchanged += 1,
-                    Err(err) if is_stop(&err) => return Err(err),
+                    Err(err) if is_stop(&err) || is_interrupted(&err) => return Err(err),
                     Err(err) => report.problems.push(problem(dir, d, e, err)),
                 }
             }
@@ -408,7 +426,7 @@ impl<'a> Upgrader<'a> {
                     report.bytes += n;
                 }
                 Ok(None) => report.unchanged += 1,
-                Err(err) if is_stop(&err) => return Err(err),
+                Err(err) if is_stop(&err) || is_interrupted(&err) => return Err(err),
                 Err(err) => report.problems.push(problem(&dir, d, e, err)),
             }
         }
@@ -427,6 +445,7 @@ impl<'a> Upgrader<'a> {
         if e.stat.st_size == 0 || header_v2(&self.v2, dir, &e.on_disk).is_some() {
             return Ok(None);
         }
+        self.opts.check_interrupted()?;
         if self.opts.stop == Some(StopAt::AfterFiles(self.done)) {
             return Err(stopped());
         }
@@ -568,6 +587,11 @@ impl<'a> Upgrader<'a> {
         sys::fsync(dfd).ctx(|| format!("syncing {what}"))?;
         Ok(())
     }
+}
+
+/// Whether `e` is [`interrupted`].
+pub fn is_interrupted(e: &Error) -> bool {
+    matches!((e, interrupted()), (Error::Invalid(a), Error::Invalid(b)) if *a == b)
 }
 
 fn is_stop(e: &Error) -> bool {

@@ -99,7 +99,7 @@ fn open_for_upgrade(dir: &Path) -> Vault {
 }
 
 fn run(v: &mut Vault, stop: Option<StopAt>) -> veilfs_core::Result<upgrade::Report> {
-    upgrade::run(v, &Options { stop }, &|_, _| {})
+    upgrade::run(v, &Options { stop, ..Default::default() }, &|_, _| {})
 }
 
 /// What an upgraded vault must be: features, headers v2, contents, links, no temporaries,
@@ -321,4 +321,27 @@ fn a_vault_of_the_oldest_features_upgrades_too() {
     assert_eq!(read_file(&reopen(t.path()), &root, "f4097").unwrap().len(), 4101);
     let r = Checker::new(&v, false, &|_| {}).run().unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn an_interrupted_run_stops_between_files_and_leaves_no_temporary() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static ASKED: AtomicU32 = AtomicU32::new(0);
+    // Asked once per file checked, then once per file converted: stop after a few conversions.
+    fn after_some() -> bool {
+        ASKED.fetch_add(1, Ordering::Relaxed) >= 20
+    }
+    let t = tempfile::tempdir().unwrap();
+    let mut v = v1_vault(t.path());
+    let want = read_all(&v);
+    let err =
+        upgrade::run(&mut v, &Options { interrupted: Some(after_some), ..Default::default() }, &|_, _| {}).unwrap_err();
+    assert!(upgrade::is_interrupted(&err), "{err}");
+    assert!(v.config().has_feature(FEATURE_BLOCK_MAP_UPGRADE), "stopped while converting");
+    assert!(upgrade_temps(t.path()).is_empty());
+    drop(v);
+    let mut v = open_for_upgrade(t.path());
+    let r = run(&mut v, None).unwrap();
+    assert!(r.finished && r.leftovers.is_empty() && r.unchanged > 1, "{r:?}");
+    assert_upgraded(t.path(), &want);
 }
