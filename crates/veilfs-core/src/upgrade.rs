@@ -167,7 +167,7 @@ pub struct Options {
 
 /// The error a run asked to stop by [`Options::interrupted`] ends with.
 pub fn interrupted() -> Error {
-    Error::Invalid("upgrade interrupted: run veilfs upgrade again to finish it".into())
+    Error::Invalid("interrupted: run veilfs upgrade again to finish it".into())
 }
 
 impl Options {
