@@ -319,7 +319,8 @@ pub const PART_PREFIX: &str = "veilfs.part.";
 pub const UPGRADE_PREFIX: &str = "veilfs.upgrade.";
 
 /// Prefix of a converted file with several names (`veilfs.upgrade.link.<base64url(file
-/// ID)>`) while its names are pointed at it; a crash leaves it for the next run to finish.
+/// ID)>.<original inode>`) while its names are pointed at it; a crash leaves it for the next
+/// run to finish.
 pub const UPGRADE_LINK_PREFIX: &str = "veilfs.upgrade.link.";
 
 /// The vault lock (top directory only; see [`crate::lock`]).

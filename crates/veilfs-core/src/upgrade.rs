@@ -25,10 +25,11 @@
 //!    layout under the reserved name `veilfs.upgrade.<random>` in its directory, settled and
 //!    flushed, given the original's owner, mode, extended attributes and times, and renamed
 //!    over the original (atomic). A file with several names (hard links) is written once, then
-//!    renamed to `veilfs.upgrade.link.<file ID>`, every name is pointed at it (a link under a
-//!    fresh temporary name renamed over the name), and the `link` name is removed last; a
-//!    crash in between is finished by the next run, which points every remaining name whose
-//!    entry promises that file ID at the `link` file, so the names stay one file.
+//!    renamed to `veilfs.upgrade.link.<file ID>.<original inode>`, every name is pointed at it
+//!    (a link under a fresh temporary name renamed over the name), and the `link` name is
+//!    removed last; a crash in between is finished by the next run, which points every
+//!    remaining name of the original inode (whose entry promises that file ID) at the `link`
+//!    file, so the names stay one file.
 //!    A file whose header is already v2 (an earlier run converted it) is skipped; an empty
 //!    file is the same in both layouts and is left alone.
 //! 4. **Finish**: once no v1 file and no temporary is left, the config names `"block-map"`
@@ -343,18 +344,18 @@ impl<'a> Upgrader<'a> {
 
     /// Removes the temporaries of an interrupted run and finishes its `link` files.
     fn leftovers(&mut self, report: &mut Report) -> Result<()> {
-        // (directory, name, file ID) of every `link` file.
-        let mut links: Vec<(DirRef, String, crate::Identity)> = Vec::new();
+        // (directory, name, file ID, the original's inode) of every `link` file.
+        let mut links: Vec<(DirRef, String, crate::Identity, u64)> = Vec::new();
         let vault = self.vault;
         let v2 = &self.v2;
         walk(vault, &mut |dir, d, _, _, temps| {
             for t in temps {
                 let what = dir.child_path(t);
-                let id = t.strip_prefix(UPGRADE_LINK_PREFIX).and_then(b64_decode).and_then(|b| b.try_into().ok());
+                let link = parse_link_name(t);
                 let header = header_v2(v2, dir, t);
-                match (id, header) {
+                match (link, header) {
                     // A complete file, written and flushed before it got the name.
-                    (Some(id), Some(h)) if h.id == id => links.push((d.clone(), t.clone(), id)),
+                    (Some((id, ino)), Some(h)) if h.id == id => links.push((d.clone(), t.clone(), id, ino)),
                     _ => {
                         if let (Some(stashes), Some(h)) = (&v2.stashes, header) {
                             // The write session's log of a file cut short, if any. The
@@ -373,14 +374,16 @@ impl<'a> Upgrader<'a> {
         }
         let mut names: HashMap<crate::Identity, LinkGroup> = HashMap::new();
         walk(vault, &mut |_, d, entries, _, _| {
+            // Only names of the original inode: another file promising the same ID (a sync
+            // tool's conflict copy of it, with other content) is a file of its own.
             for e in entries.iter().filter(|e| e.kind == EntryKind::File) {
-                if links.iter().any(|(_, _, id)| *id == e.identity) {
+                if links.iter().any(|(_, _, id, ino)| *id == e.identity && *ino == e.stat.st_ino) {
                     names.entry(e.identity).or_default().push((d.clone(), e.clone()));
                 }
             }
             Ok(())
         })?;
-        for (d, t, id) in links {
+        for (d, t, id, _) in links {
             let dir = self.reopen(&d)?;
             let group = names.remove(&id).unwrap_or_default();
             self.point_names_at(&dir, &t, &group)?;
@@ -458,7 +461,7 @@ impl<'a> Upgrader<'a> {
                 .ctx(|| format!("renaming {} to {}", dir.child_path(&tmp), e.on_disk))?;
             sys::fsync(dir.fd()).ctx(|| format!("syncing {}", dir.path.display()))?;
         } else {
-            let link = format!("{UPGRADE_LINK_PREFIX}{}", b64_encode(&e.identity));
+            let link = format!("{UPGRADE_LINK_PREFIX}{}.{}", b64_encode(&e.identity), e.stat.st_ino);
             sys::rename_noreplace(dir.fd(), tmp.as_bytes(), dir.fd(), link.as_bytes())
                 .ctx(|| format!("renaming {} to {link}", dir.child_path(&tmp)))?;
             sys::fsync(dir.fd()).ctx(|| format!("syncing {}", dir.path.display()))?;
@@ -596,6 +599,13 @@ pub fn is_interrupted(e: &Error) -> bool {
 
 fn is_stop(e: &Error) -> bool {
     matches!(e, Error::Invalid(m) if m == "upgrade stopped by the test hook")
+}
+
+/// The file ID and original inode a `link` name `veilfs.upgrade.link.<b64(ID)>.<inode>`
+/// carries (`None` for any other name).
+fn parse_link_name(name: &str) -> Option<(crate::Identity, u64)> {
+    let (id, ino) = name.strip_prefix(UPGRADE_LINK_PREFIX)?.split_once('.')?;
+    Some((b64_decode(id)?.try_into().ok()?, ino.parse().ok()?))
 }
 
 /// A fresh temporary name of the upgrade (`veilfs.upgrade.` and 96 random bits).
