@@ -459,6 +459,40 @@ fn upgrade_converts_a_no_block_map_vault_in_place() {
     assert!(err(&o).contains("already has block maps"), "{}", err(&o));
 }
 
+/// `veilfs upgrade` writes the vault: a mounted one is refused with exit code 9, as `import`
+/// is, and nothing is changed.
+#[test]
+fn upgrade_refuses_a_mounted_vault() {
+    if !common::fuse_available() {
+        return common::skip("needs FUSE");
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            if !veilfs(&["umount", self.0.to_str().unwrap()]).status.success() {
+                let _ = common::run("fusermount3", &["-uz", self.0.to_str().unwrap()]);
+            }
+        }
+    }
+    let f = Fixture::v1();
+    let mnt = f.dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let o = Command::new(BIN)
+        .args(["mount", f.v(), mnt.to_str().unwrap(), "--passfile", f.pf.to_str().unwrap()])
+        .env("VEILFS_LOG_FILE", f.dir.join("veilfs.log"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let _u = Unmount(mnt.clone());
+    std::fs::write(mnt.join("x"), "written through the mount").unwrap();
+    let conf = std::fs::read(f.vault.join("veilfs.conf")).unwrap();
+    let o = f.run(&["upgrade", f.v()]);
+    assert_eq!(code(&o), 9, "{}", err(&o));
+    assert!(err(&o).contains("is mounted by pid"), "{}", err(&o));
+    assert_eq!(std::fs::read(f.vault.join("veilfs.conf")).unwrap(), conf);
+}
+
 /// A damaged file stops `veilfs upgrade` before anything changes (exit code 6, naming it);
 /// after `fsck --repair` (which salvages it under its name and sets the original aside in
 /// /lost+found) the upgrade goes through, leaving that original as it is, named (exit code 6).
