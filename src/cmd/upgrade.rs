@@ -24,8 +24,8 @@ file is rewritten under a temporary name in its directory (same content, holes, 
 and times), flushed and renamed over the original, so a crash leaves every file either old or new. Hard links stay \
 one file. Symlinks, directories and special files are not touched. When every file is converted the config names \
 \"block-map\".\n\n\
-While the mark is there (from the check's end until the run finishes) every other veilfs command refuses the vault \
-with \"run veilfs upgrade to finish\"; after a crash or Ctrl-C run the same command again: it removes the \
+While the mark is there (from the check's end until the run finishes) every other veilfs command that unlocks the \
+vault refuses it (exit code 5) with \"run veilfs upgrade to finish\" (`veilfs info` shows the mark); after a crash or Ctrl-C run the same command again: it removes the \
 temporaries the interrupted run left and goes on where it stopped. The upgrade takes the vault lock: a mounted or \
 locked vault is refused (exit code 9). It needs free space for the largest file, and as root it keeps every \
 file's owner.\n\n\
