@@ -565,7 +565,9 @@ impl<'a> Upgrader<'a> {
     }
 
     /// Settles and flushes `dst` and gives it what the backing file of `src` carries besides
-    /// its content: owner, mode (set-ID bits included), extended attributes, times.
+    /// its content: owner, mode (set-ID bits included), extended attributes, times. The
+    /// access time is the original's as the upgrade's own reads left it (any reader's reads
+    /// move it the same way, by the backing mount's atime rules); the change time is now.
     fn finish(&self, src: &CryptFile, dst: &CryptFile, src_what: &str, what: &str) -> Result<()> {
         dst.sync(false)?;
         let sfd = src.backing().as_fd();
