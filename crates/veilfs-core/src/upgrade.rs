@@ -400,29 +400,31 @@ impl<'a> Upgrader<'a> {
             for b in bad {
                 report.problems.push(bad_problem(dir, d, b));
             }
-            for e in entries.iter().filter(|e| e.kind == EntryKind::File) {
-                if e.stat.st_nlink > 1 {
-                    groups.entry((e.stat.st_dev, e.stat.st_ino)).or_default().push((d.clone(), e.clone()));
-                    continue;
-                }
-                match self.convert(dir, d, e, &[]) {
-                    Ok(Some(n)) => {
-                        report.converted += 1;
-                        report.bytes += n;
+            keeping_dir_times(dir, || {
+                for e in entries.iter().filter(|e| e.kind == EntryKind::File) {
+                    if e.stat.st_nlink > 1 {
+                        groups.entry((e.stat.st_dev, e.stat.st_ino)).or_default().push((d.clone(), e.clone()));
+                        continue;
                     }
-                    Ok(None) => report.unchanged += 1,
-                    Err(err) if is_stop(&err) || is_interrupted(&err) => return Err(err),
-                    Err(err) => report.problems.push(problem(dir, d, e, err)),
+                    match self.convert(dir, d, e, &[]) {
+                        Ok(Some(n)) => {
+                            report.converted += 1;
+                            report.bytes += n;
+                        }
+                        Ok(None) => report.unchanged += 1,
+                        Err(err) if is_stop(&err) || is_interrupted(&err) => return Err(err),
+                        Err(err) => report.problems.push(problem(dir, d, e, err)),
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })
         })?;
         let mut groups: Vec<LinkGroup> = groups.into_values().collect();
         groups.sort_by(|a, b| a[0].1.on_disk.cmp(&b[0].1.on_disk));
         for g in groups {
             let (d, e) = &g[0];
             let dir = self.reopen(d)?;
-            match self.convert(&dir, d, e, &g[1..]) {
+            match keeping_dir_times(&dir, || self.convert(&dir, d, e, &g[1..])) {
                 Ok(Some(n)) => {
                     report.converted += 1;
                     report.linked += 1;
@@ -486,12 +488,14 @@ impl<'a> Upgrader<'a> {
                 Ok(_) => {}
                 Err(_) => continue,
             }
-            let t = temp_name();
-            sys::linkat(dir.fd(), link.as_bytes(), target.fd(), t.as_bytes())
-                .ctx(|| format!("linking {} as {}", dir.child_path(link), target.child_path(&t)))?;
-            sys::renameat2(target.fd(), t.as_bytes(), target.fd(), e.on_disk.as_bytes(), 0)
-                .ctx(|| format!("renaming {} to {}", target.child_path(&t), e.on_disk))?;
-            sys::fsync(target.fd()).ctx(|| format!("syncing {}", target.path.display()))?;
+            keeping_dir_times(&target, || {
+                let t = temp_name();
+                sys::linkat(dir.fd(), link.as_bytes(), target.fd(), t.as_bytes())
+                    .ctx(|| format!("linking {} as {}", dir.child_path(link), target.child_path(&t)))?;
+                sys::renameat2(target.fd(), t.as_bytes(), target.fd(), e.on_disk.as_bytes(), 0)
+                    .ctx(|| format!("renaming {} to {}", target.child_path(&t), e.on_disk))?;
+                sys::fsync(target.fd()).ctx(|| format!("syncing {}", target.path.display()))
+            })?;
             if i == 0 && self.opts.stop == Some(StopAt::MidLinks) {
                 return Err(stopped());
             }
@@ -592,6 +596,25 @@ impl<'a> Upgrader<'a> {
         sys::fsync(dfd).ctx(|| format!("syncing {what}"))?;
         Ok(())
     }
+}
+
+/// Runs `f`, which makes and renames names in `dir`, and gives `dir` back the access and
+/// modification times it had before: a conversion changes no directory's listing, so its
+/// times should not change either (export and `ls -l` show them). Best effort: a directory
+/// the caller may not set times of keeps the new ones.
+fn keeping_dir_times<T>(dir: &CipherDir, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let before = sys::fstat(dir.fd()).ok();
+    let r = f();
+    if let Some(st) = before {
+        let ts = [
+            libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
+            libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
+        ];
+        if let Err(e) = sys::utimens_fd(dir.fd(), &ts) {
+            tracing::debug!("{}: times not restored: {e}", dir.path.display());
+        }
+    }
+    r
 }
 
 /// Whether `e` is [`interrupted`].

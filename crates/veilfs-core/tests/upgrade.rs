@@ -144,8 +144,17 @@ fn a_v1_vault_converts_in_place_reads_back_identically_and_then_catches_a_rolled
     };
     let (sym, fifo) = (ino(&v, &root, "sym"), ino(&v, &root, "fifo"));
 
+    let dir_times = |p: &Path| {
+        let md = std::fs::metadata(p).unwrap();
+        (md.mtime(), md.mtime_nsec())
+    };
+    let sub_path = root.path.join(v.lookup(&root, b"sub").unwrap().unwrap().on_disk);
+    let sub_before = dir_times(&sub_path);
     let r = run(&mut v, None).unwrap();
     assert!(r.finished && r.problems.is_empty(), "{r:?}");
+    // Directories keep their times: their listings did not change. (The top's moves with
+    // the config, which is rewritten there.)
+    assert_eq!(dir_times(&sub_path), sub_before, "a directory keeps its times");
     // f0 is empty: the same in both layouts.
     assert_eq!((r.converted, r.linked, r.unchanged), (want.len() as u64 - 2, 1, 1), "{r:?}");
     assert_upgraded(t.path(), &want);
