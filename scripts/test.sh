@@ -11,6 +11,12 @@
 #   scripts/test.sh ARGS...    the whole suite, ARGS passed to `cargo test` (a filter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What a client remembers of each vault (its rollback memory) and the crash marks go to
+# $XDG_STATE_HOME/veilfs: never the real home's while tests run. tests/common also points
+# VEILFS_STATE_DIR into the build's directory for every veilfs it starts.
+test_state=$(mktemp -d)
+trap 'rm -rf "$test_state"' EXIT
+export XDG_STATE_HOME=$test_state
 if [[ "${1:-}" == "--quick" ]]; then
   bash scripts/deps.sh
   cargo fmt --all -- --check

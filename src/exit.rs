@@ -93,7 +93,7 @@ fn core_code(e: &Error) -> i32 {
         Error::NotAVault { .. } | Error::NotEmpty(_) | Error::BadName(_) => BAD_PATH,
         Error::Io { source, .. } => io_code(source),
         Error::Config { .. } => BAD_CONFIG,
-        Error::Auth { .. } => INTEGRITY,
+        Error::Auth { .. } | Error::Rollback { .. } => INTEGRITY,
         Error::Invalid(_) => OTHER,
         Error::Locked { .. } => IN_USE,
     }

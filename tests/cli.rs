@@ -1937,3 +1937,34 @@ fn onedrive_and_old_owncloud_copies_of_short_entries_are_shown_as_copies() {
     assert_eq!(out(&o).lines().count(), 0, "{}", out(&o));
     assert_eq!(code(&f.run(&["fsck", f.v()])), 0);
 }
+
+/// Attack: an older `veilfs.conf` put back (here: from before a password was added; a removed
+/// password slot comes back the same way). The machine that saw the newer config refuses the
+/// older one at unlock with exit code 6, naming the config; `veilfs fsck --accept` adopts it.
+/// The first unlock on the machine says once that it trusts the vault as found, and `veilfs
+/// info` shows the client state.
+#[test]
+fn an_older_config_put_back_is_refused_with_exit_6_and_fsck_accept_adopts_it() {
+    let f = Fixture::new();
+    let o = f.run(&["ls", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains("first use of this vault on this machine"), "{}", err(&o));
+    let o = f.run(&["ls", f.v()]);
+    assert!(!err(&o).contains("first use"), "said once: {}", err(&o));
+    let info = out(&veilfs(&["info", f.v()]));
+    assert!(info.contains("client state: ") && info.contains("client ID "), "{info}");
+    let conf = f.vault.join("veilfs.conf");
+    let saved = std::fs::read(&conf).unwrap();
+    let newpf = f.dir.join("newpf");
+    common::write_passfile(&newpf, "second");
+    let o = f.run(&[&["passwd", f.v(), "--add", "--new-passfile", newpf.to_str().unwrap()][..], &WEAK].concat());
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    std::fs::remove_file(&conf).unwrap();
+    std::fs::write(&conf, &saved).unwrap();
+    let o = f.run(&["ls", f.v()]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    assert!(err(&o).contains("config rolled back") && err(&o).contains(conf.to_str().unwrap()), "{}", err(&o));
+    let o = f.run(&["fsck", f.v(), "--accept"]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_eq!(code(&f.run(&["ls", f.v()])), 0, "adopted");
+}

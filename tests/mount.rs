@@ -689,6 +689,7 @@ fn foreground_mount_with(m: &Mounted, log: &Path, extra: &[&str]) -> std::proces
             "-f",
         ])
         .args(extra)
+        .envs(m.env.iter().cloned())
         .stderr(File::create(log).unwrap())
         .spawn()
         .unwrap();
@@ -1519,6 +1520,57 @@ fn a_shared_storage_mount_of_a_block_map_vault_keeps_one_session_per_open_file()
     let mut want = d;
     want[100..115].copy_from_slice(b"after the fsync");
     assert!(fs::read(m.m("f")).unwrap() == want);
+}
+
+/// Attack: someone who can write the ciphertext puts back an older copy of a whole file (its
+/// header, map and blocks: valid ciphertext of that older version) after this machine's mount
+/// wrote a newer one. The next mount, which remembers the newer generation (its client state,
+/// here under a temporary `VEILFS_STATE_DIR`), gives EIO and one log line naming the
+/// ciphertext file; `veilfs cat` exits 6, and `cat --allow-rollback` reads the older version.
+#[test]
+fn a_whole_file_put_back_to_an_older_version_gives_eio_and_a_log_line_on_the_mount() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    let state = m.tmpfs.path.join("state");
+    m.env.push(("VEILFS_STATE_DIR".into(), state.display().to_string()));
+    m.mount();
+    fs::write(m.m("f"), b"the older version").unwrap();
+    m.umount();
+    let backing = fs::read_dir(&m.cipher)
+        .unwrap()
+        .flatten()
+        .find(|e| e.metadata().unwrap().is_file() && !e.file_name().to_string_lossy().starts_with("veilfs."))
+        .unwrap()
+        .path();
+    let old = fs::read(&backing).unwrap();
+    m.mount();
+    fs::write(m.m("f"), b"the newer version").unwrap();
+    m.umount();
+    fs::write(&backing, &old).unwrap();
+    let log = m.tmpfs.path.join("log");
+    let child = foreground_mount(&m, &log);
+    let _guard = UnmountOnDrop(m.mnt.clone());
+    assert_eq!(errno_of(fs::read(m.m("f"))), format!("errno {}", libc::EIO));
+    let _ = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
+    assert!(child.wait_with_output().unwrap().status.success());
+    let log = fs::read_to_string(&log).unwrap();
+    let name = backing.file_name().unwrap().to_str().unwrap();
+    let lines: Vec<_> = log.lines().filter(|l| l.contains("rolled back: generation") && l.contains(name)).collect();
+    assert!(!lines.is_empty(), "a log line naming {name}: {log}");
+    let cat = |extra: &[&str]| {
+        std::process::Command::new(&BIN)
+            .args(["cat", &format!("{}/f", m.cipher.display()), "--passfile", m.passfile.to_str().unwrap()])
+            .args(extra)
+            .env("VEILFS_STATE_DIR", &state)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = cat(&[]);
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+    assert!(text(&o).contains("rolled back"), "{}", text(&o));
+    let o = cat(&["--allow-rollback"]);
+    assert_eq!((o.status.code(), o.stdout.as_slice()), (Some(0), &b"the older version"[..]), "{}", text(&o));
 }
 
 /// A vault with the feature `block-map` (docs/FORMAT.md §5.10, every new vault) through

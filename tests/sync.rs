@@ -156,7 +156,8 @@ fn rand_suffix() -> u64 {
 }
 
 /// `veilfs ARGS…` as `side`: on B in a UTS namespace under [`HOST_B`] (a mount's daemon
-/// stays there), logging to `log`.
+/// stays there), logging to `log`. Each side keeps its client state (what it remembers of the
+/// vault, crates/veilfs-core/src/known.rs) beside `log`, as two machines do.
 fn veilfs_at(side: Side, log: &Path, args: &[&str]) -> Output {
     let mut cmd = match side {
         Side::A => Command::new(&BIN),
@@ -166,7 +167,8 @@ fn veilfs_at(side: Side, log: &Path, args: &[&str]) -> Output {
             c
         }
     };
-    cmd.args(args).env("VEILFS_LOG_FILE", log).stdin(Stdio::null()).output().unwrap()
+    let state = log.parent().expect("the log lies in the test's folder").join(format!("state-{side:?}"));
+    cmd.args(args).env("VEILFS_LOG_FILE", log).env("VEILFS_STATE_DIR", state).stdin(Stdio::null()).output().unwrap()
 }
 
 /// `veilfs mount CIPHER MNT --passfile PASS EXTRA…` as `side`; the output.
@@ -473,6 +475,91 @@ fn a_remote_create_and_delete_show_on_a_default_mount_within_5_s() {
     umount(&mnt_b);
     s.converged_and_clean();
     within(t, 60, "remote create on a default mount");
+}
+
+/// Attacks through the synced folder: whoever can write A's folder (a sync peer, the storage)
+/// puts back older ciphertext of a file that B has seen in its newer version; Syncthing
+/// delivers it to B. A block of the file put back to its older copy is an error for every
+/// reader (the block map); the whole file put back is an error for B, which remembers the
+/// newer generation — its mount gives EIO and logs one line naming the ciphertext file, and
+/// `veilfs cat` on B exits 6. A's own legitimate edit, delivered the same way, is read on B
+/// without an alarm.
+#[test]
+fn older_ciphertext_put_back_in_the_synced_folder_is_an_error_on_the_machine_that_saw_the_newer() {
+    let t = Instant::now();
+    let v1 = pattern(7, 3 * 4096 + 100);
+    let Some(mut s) = Synced::new(|m| std::fs::write(m.join("doc.bin"), pattern(7, 3 * 4096 + 100)).unwrap()) else {
+        return;
+    };
+    let o = veilfs_at(
+        Side::A,
+        &s.log,
+        &["encrypt-path", s.cipher(Side::A).to_str().unwrap(), "doc.bin", "--passfile", s.pass.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "encrypt-path: {}", text(&o));
+    let rel = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let (backing_a, backing_b) = (s.cipher(Side::A).join(&rel), s.cipher(Side::B).join(&rel));
+    let old = std::fs::read(&backing_a).unwrap();
+    let mnt_b = s.mount(Side::B, "mnt-b", &[]);
+    assert!(std::fs::read(mnt_b.join("doc.bin")).unwrap() == v1);
+    // A's legitimate edit (a new write session, generation 2) reaches B and reads there.
+    let mnt_a = s.mount(Side::A, "mnt-a", &["--shared-storage"]);
+    let mut v2 = v1.clone();
+    v2[5000..5010].copy_from_slice(b"version 2!");
+    std::fs::write(mnt_a.join("doc.bin"), &v2).unwrap();
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    let new = std::fs::read(&backing_a).unwrap();
+    let read_b = |what: &str| {
+        let t = Instant::now();
+        loop {
+            match std::fs::read(mnt_b.join("doc.bin")) {
+                Ok(d) if d == v2 && what == "v2" => return Ok(()),
+                Err(e) if what == "EIO" && e.raw_os_error() == Some(libc::EIO) => return Ok(()),
+                other if t.elapsed() > Duration::from_secs(5) => {
+                    return Err(format!("B's mount, waiting for {what}: {:?}", other.map(|d| d.len())))
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    };
+    read_b("v2").unwrap();
+    // One block put back to its older copy (same size), delivered to B.
+    let ml = veilfs_core::content::blockmap::MapLayout::new(4096, 28);
+    let b1 = ml.block_offset(1) as usize..ml.block_offset(1) as usize + 4096 + 28;
+    let mut mixed = new.clone();
+    mixed[b1.clone()].copy_from_slice(&old[b1]);
+    std::fs::write(&backing_a, &mixed).unwrap();
+    s.sync.a.scan();
+    s.sync.wait_in_sync(CONVERGE);
+    assert!(std::fs::read(&backing_b).unwrap() == mixed, "Syncthing delivered the tampered file to B");
+    read_b("EIO").unwrap();
+    // The whole file put back to version 1: valid ciphertext of it, older than what B saw.
+    std::fs::write(&backing_a, &old).unwrap();
+    s.sync.a.scan();
+    s.sync.wait_in_sync(CONVERGE);
+    assert!(std::fs::read(&backing_b).unwrap() == old, "Syncthing delivered the old file to B");
+    read_b("EIO").unwrap();
+    umount(&mnt_b);
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    let name = Path::new(&rel).file_name().unwrap().to_str().unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("rolled back: generation") && l.contains(name)),
+        "B's mount logged the rollback naming {name}: {log}"
+    );
+    let cat = |side: Side| {
+        veilfs_at(
+            side,
+            &s.log,
+            &["cat", &format!("{}/doc.bin", s.cipher(side).display()), "--passfile", s.pass.to_str().unwrap()],
+        )
+    };
+    let o = cat(Side::B);
+    assert_eq!(o.status.code(), Some(6), "cat on B: {}", text(&o));
+    assert!(text(&o).contains("rolled back"), "{}", text(&o));
+    // A saw version 2 as well (it wrote it): the same verdict there.
+    assert_eq!(cat(Side::A).status.code(), Some(6));
+    within(t, 90, "older ciphertext put back through the sync");
 }
 
 /// Two machines that mount the synced vault at the same time both work: while apart (and

@@ -12,12 +12,14 @@ pub struct Args {
     pub file: PathBuf,
     #[command(flatten)]
     pub unlock: UnlockArgs,
+    #[command(flatten)]
+    pub rollback: super::RollbackArgs,
 }
 
 /// Runs `veilfs cat`.
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.file)?;
-    let vault = a.unlock.open(&t.cipherdir)?;
+    let vault = a.unlock.open_trusting(&t.cipherdir, a.rollback.trust())?;
     let mut out = std::io::stdout().lock();
     copy_out(&vault, &t.inner, &mut out).map_err(|e| match e {
         CatError::Vault(e) => super::plain_path_error(e, &a.file).into(),

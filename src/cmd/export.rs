@@ -50,6 +50,8 @@ pub struct Args {
     pub salvage: bool,
     #[command(flatten)]
     pub unlock: UnlockArgs,
+    #[command(flatten)]
+    pub rollback: super::RollbackArgs,
 }
 
 struct Exporter<'a> {
@@ -493,7 +495,7 @@ impl Exporter<'_> {
 /// Runs `veilfs export`.
 pub fn run(a: Args) -> Result<i32> {
     let t = crate::target::split(&a.src)?;
-    let vault = a.unlock.open(&t.cipherdir)?;
+    let vault = a.unlock.open_trusting(&t.cipherdir, a.rollback.trust())?;
     crate::interrupt::catch();
     let (parent, entry) = vault.resolve(&t.inner).map_err(|e| super::plain_path_error(e, &a.src))?;
     let is_root = sys::euid() == 0;

@@ -26,6 +26,11 @@ pub struct Args {
     /// Repair crash leftovers and move damaged objects into /lost+found (not while mounted).
     #[arg(long)]
     pub repair: bool,
+    /// Adopt the vault as it is now into this client's memory of it: files and a config older
+    /// than this client saw (reported as rolled back) are trusted from now on. Only after
+    /// deciding that the older versions are wanted (a restore from a backup, say).
+    #[arg(long)]
+    pub accept: bool,
     /// Print the report as JSON on standard output.
     #[arg(long)]
     pub json: bool,
@@ -46,6 +51,7 @@ fn kind_name(k: ProblemKind) -> &'static str {
         ProblemKind::MissingDirIv => "crash leftover (missing directory IV)",
         ProblemKind::Unsettled => "recovered crash state (unsettled file)",
         ProblemKind::StrayLog => "damaged (a write-session log of no session of its file)",
+        ProblemKind::RolledBack => "rolled back (older than this client saw)",
     }
 }
 
@@ -67,7 +73,8 @@ pub fn run(a: Args) -> Result<i32> {
             .into());
         }
     }
-    let vault = a.unlock.open(&a.cipherdir)?;
+    let trust = if a.accept { veilfs_core::known::Trust::Accept } else { veilfs_core::known::Trust::Check };
+    let vault = a.unlock.open_trusting(&a.cipherdir, trust)?;
     let total = super::plain_bytes_under(vault.root_path(), vault.content());
     let pb = super::progress(total, "checking");
     let files = std::cell::Cell::new(0u64);
@@ -79,6 +86,16 @@ pub fn run(a: Args) -> Result<i32> {
     let report = Checker::new(&vault, a.repair, &progress).run()?;
     pb.finish_and_clear();
     print_report(&a, &report)?;
+    if let Some(k) = vault.known().filter(|_| a.accept) {
+        k.flush()?;
+        eprintln!(
+            "veilfs: fsck: --accept: the vault as it is now is what this client remembers ({} file(s), config \
+             generation {}; {})",
+            k.objects(),
+            k.config_generation(),
+            k.dir().display()
+        );
+    }
     Ok(if report.is_clean() { crate::exit::OK } else { crate::exit::INTEGRITY })
 }
 

@@ -38,8 +38,23 @@ pub fn run(a: Args) -> Result<i32> {
             }
         })
         .collect();
+    // This client's memory of the vault (read without the key, so not yet authenticated).
+    let state = if reverse { None } else { cfg.root_iv().and_then(|iv| veilfs_core::known::summary(None, &iv)) };
+    let since = |t: u64| {
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(t)).to_string()
+    };
     if a.json {
+        let client_state = state.as_ref().map(|s| {
+            serde_json::json!({
+                "path": s.dir,
+                "client_id": s.client_id,
+                "trusted_since": s.trusted_since.map(since),
+                "objects_known": s.objects,
+            })
+        });
         let v = serde_json::json!({
+            "client_state": client_state,
+            "config_generation": cfg.generation,
             "path": a.cipherdir,
             "reverse": reverse,
             "format": cfg.format,
@@ -78,6 +93,18 @@ pub fn run(a: Args) -> Result<i32> {
             ),
             (SlotKind::Recovery, _) => println!("  {}: recovery key", s.id),
             (k, _) => println!("  {}: {}", s.id, super::slot_kind_name(*k)),
+        }
+    }
+    if let Some(s) = &state {
+        match (&s.client_id, s.trusted_since) {
+            (Some(id), Some(t)) => {
+                println!("client state: {} (not yet authenticated)", s.dir.display());
+                println!("  client ID {id}, trusted since {}, {} object(s) known", since(t), s.objects);
+            }
+            _ => println!(
+                "client state: {} (none yet: the first unlock on this machine trusts the vault)",
+                s.dir.display()
+            ),
         }
     }
     Ok(crate::exit::OK)

@@ -26,6 +26,7 @@ use std::path::Path;
 use veilfs_core::config::{SlotKdf, SlotKind};
 use veilfs_core::holder::Holder;
 use veilfs_core::kdf::{Argon2Params, KdfCeiling};
+use veilfs_core::known::{KnownOptions, Trust};
 use veilfs_core::names;
 use veilfs_core::reverse::{ReverseVault, REVERSE_CONFIG_NAME};
 use veilfs_core::{Error, RecoveryKey, Secret, Vault, VaultConfig, VaultLock};
@@ -46,6 +47,27 @@ pub struct UnlockArgs {
     /// skipped, so a forged slot cannot make unlocking take minutes.
     #[arg(long)]
     pub allow_slow_kdf: bool,
+}
+
+/// The recovery option of the commands that read files (mount, cat, export).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RollbackArgs {
+    /// Read files (and a config) older than this client saw anyway, for recovery: no
+    /// integrity error, and this client's memory of the vault is left as it is (see `veilfs
+    /// info` for where it is kept; `veilfs fsck --accept` adopts the current state instead).
+    #[arg(long)]
+    pub allow_rollback: bool,
+}
+
+impl RollbackArgs {
+    /// What rollback checks do.
+    pub fn trust(&self) -> Trust {
+        if self.allow_rollback {
+            Trust::AllowRollback
+        } else {
+            Trust::Check
+        }
+    }
 }
 
 /// The vault lock option of every command that writes a vault (mount, import, passwd,
@@ -190,15 +212,36 @@ impl UnlockArgs {
             .with_context(|| format!("cannot open the reverse vault of {}", plaindir.display()))
     }
 
-    /// Reads the secret and opens the vault. Everything that can be checked without the
-    /// secret (the config, `--slot`) is checked before asking for it.
+    /// Reads the secret and opens the vault, checking it against this client's memory of it
+    /// (`veilfs_core::known`): an older config or file than this client saw is an integrity
+    /// error. Everything that can be checked without the secret (the config, `--slot`) is
+    /// checked before asking for it.
     pub fn open(&self, cipherdir: &Path) -> Result<Vault> {
-        self.open_by(cipherdir, Vault::open_with)
+        self.open_trusting(cipherdir, Trust::Check)
     }
 
-    /// [`open`](Self::open) for `veilfs upgrade`: also a vault whose upgrade is unfinished.
+    /// [`open`](Self::open) for `veilfs upgrade`: also a vault whose upgrade is unfinished,
+    /// and without the client's memory (`veilfs_core::known`), which the upgrade's mixed
+    /// vault is not read by: the first command after the upgrade remembers its files, as at
+    /// a first use of block-map files.
     pub fn open_for_upgrade(&self, cipherdir: &Path) -> Result<Vault> {
         self.open_by(cipherdir, Vault::open_for_upgrade)
+    }
+
+    /// [`open`](Self::open) with what rollback checks do: `--allow-rollback` reads anyway,
+    /// `fsck --accept` adopts what is there. A client state that cannot be made (no home, a
+    /// read-only one) only costs the detection, and says so; one that does not authenticate,
+    /// or an older config, refuses the vault.
+    pub fn open_trusting(&self, cipherdir: &Path, trust: Trust) -> Result<Vault> {
+        let mut vault = self.open_by(cipherdir, Vault::open_with)?;
+        match vault.remember(&KnownOptions { root: None, trust }) {
+            Ok(_) => {}
+            Err(e @ Error::Io { .. }) => {
+                tracing::warn!("no rollback detection for this run: {e}");
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(vault)
     }
 
     fn open_by(

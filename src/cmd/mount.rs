@@ -147,7 +147,9 @@ pub fn run(mut a: Args) -> Result<i32> {
         return run_reverse(&a, &cipherdir, &mountpoint);
     }
     let mut lock = take_lock(&a, &cipherdir)?;
-    let vault = Arc::new(a.unlock.open(&cipherdir)?);
+    let vault = Arc::new(a.unlock.open_trusting(&cipherdir, a.rollback.trust())?);
+    // Kept to write what the mount saw at its end (the vault itself goes with the session).
+    let known = vault.known().cloned();
     if lock.last_writer_crashed() && !a.read_only {
         // The last writer crashed: settle the files it left mid-write before serving
         // (docs/FORMAT.md §5.8), so the kernel never caches a size the crash rules shorten,
@@ -174,6 +176,9 @@ pub fn run(mut a: Args) -> Result<i32> {
     serve(&a, &cipherdir, &mountpoint, ready, lock, |cfg, activity| {
         veilfs_fuse::mount(vault, mountpoint.as_path(), cfg, activity)
     })?;
+    if let Some(Err(e)) = known.map(|k| k.flush()) {
+        tracing::warn!("{e}");
+    }
     Ok(crate::exit::OK)
 }
 

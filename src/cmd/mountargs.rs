@@ -46,6 +46,8 @@ pub struct Args {
     pub mountpoint: PathBuf,
     #[command(flatten)]
     pub unlock: UnlockArgs,
+    #[command(flatten)]
+    pub rollback: super::RollbackArgs,
     /// Stay in the foreground and log to stderr (default: daemonize, log to the journal or
     /// syslog).
     #[arg(short, long)]

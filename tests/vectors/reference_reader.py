@@ -822,7 +822,10 @@ FEATURES_V1 = {"header-mac", "last-block-flag", "long-names", "name-binding", "s
 OVERFLOW = "overflow"
 IV_IN_NAME = "iv-in-name"
 BLOCK_MAP = "block-map"
-OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS, IV_IN_NAME, ORDERED_GROWTH, BLOCK_MAP}
+# §3.1: the config's "generation" (u64, under the MAC), present only with this feature.
+VERSIONS = "versions"
+OPTIONAL_FEATURES = {SPECIAL_KINDS, "deterministic", OVERFLOW, UNSETTLED_TAILS, IV_IN_NAME, ORDERED_GROWTH, BLOCK_MAP,
+                     VERSIONS}
 
 
 def canonical_json(obj) -> bytes:
@@ -869,7 +872,7 @@ def parse_config(text: bytes) -> dict:
                          parse_float=lambda s: _reject_constant(s))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"not valid JSON: {e}") from e
-    _exact_fields(raw, TOP_FIELDS, "config")
+    _exact_fields(raw, TOP_FIELDS + (["generation"] if type(raw) is dict and "generation" in raw else []), "config")
     cfg = {}
     cfg["format"] = _str(raw["format"], "format")
     cfg["version"] = _u32(raw["version"], "version")
@@ -880,6 +883,11 @@ def parse_config(text: bytes) -> dict:
         raise ConfigError("features is not an array")
     cfg["features"] = [_str(f, "feature") for f in raw["features"]]
     cfg["root_dir_iv"] = _str(raw["root_dir_iv"], "root_dir_iv")
+    if "generation" in raw:
+        g = raw["generation"]
+        if type(g) is not int or not 0 < g < 2**64:
+            raise ConfigError("generation is not a u64 above 0")
+        cfg["generation"] = g
     if type(raw["slots"]) is not list:
         raise ConfigError("slots is not an array")
     cfg["slots"] = []
@@ -909,6 +917,8 @@ def parse_config(text: bytes) -> dict:
         raise ConfigError(f"feature set {feats} is not a v1 set")
     if ORDERED_GROWTH in feats and UNSETTLED_TAILS not in feats:
         raise ConfigError(f"feature {ORDERED_GROWTH} without {UNSETTLED_TAILS}")
+    if "generation" in cfg and VERSIONS not in feats:
+        raise ConfigError(f"a generation without feature {VERSIONS}")
     if BLOCK_MAP in feats and "deterministic" in feats:
         raise ConfigError(f"feature {BLOCK_MAP} in a deterministic vault")
     # §17: "deterministic" goes with AES-256-GCM-SIV, and only with it.

@@ -72,8 +72,14 @@ pub const FEATURE_BLOCK_MAP: &str = "block-map";
 /// is converted) nor in a deterministic vault. A veilfs that does not know it refuses the
 /// vault as made by a newer veilfs, which is what it should do.
 pub const FEATURE_BLOCK_MAP_UPGRADE: &str = "block-map-upgrade";
+/// The config carries a `generation`, +1 on every change (a key slot added or removed,
+/// features), under its MAC, so that a client that remembers a newer one refuses an older
+/// config put back (docs/FORMAT.md §3.1, `crate::known`). Every new forward vault names it;
+/// a config without it has no generation (read as 0) and no config rollback detection.
+pub const FEATURE_VERSIONS: &str = "versions";
 /// Features a v1 vault may name besides [`FEATURES_V1`].
 pub const OPTIONAL_FEATURES: &[&str] = &[
+    FEATURE_VERSIONS,
     FEATURE_SPECIAL_KINDS,
     FEATURE_DETERMINISTIC,
     FEATURE_OVERFLOW,
@@ -172,10 +178,18 @@ pub struct VaultConfig {
     pub features: Vec<String>,
     /// The top directory's IV, base64url (its `veilfs.diriv` must match).
     pub root_dir_iv: String,
+    /// +1 on every change of the config (feature [`FEATURE_VERSIONS`]); absent, and 0, in a
+    /// config without the feature (so such a config's canonical form, and MAC, are as before).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
     /// Key slots.
     pub slots: Vec<KeySlot>,
     /// base64url(HMAC-SHA256(config MAC key, canonical form with `mac` = "")).
     pub mac: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The secret a user presents to open a vault.
@@ -228,11 +242,13 @@ impl VaultConfig {
                         FEATURE_IV_IN_NAME,
                         FEATURE_ORDERED_GROWTH,
                         FEATURE_BLOCK_MAP,
+                        FEATURE_VERSIONS,
                     ]
                 })
                 .map(String::from)
                 .collect(),
             root_dir_iv: b64_encode(root_iv),
+            generation: u64::from(cipher != ContentCipher::Aes256GcmSiv),
             slots: Vec::new(),
             mac: String::new(),
         })
@@ -339,6 +355,9 @@ impl VaultConfig {
                 "names feature {FEATURE_BLOCK_MAP_UPGRADE:?} together with {FEATURE_BLOCK_MAP:?} or in a deterministic \
                  vault"
             ));
+        }
+        if self.generation != 0 && !self.has_feature(FEATURE_VERSIONS) {
+            return Err(format!("has a generation without feature {FEATURE_VERSIONS:?}"));
         }
         if !(512..=(1 << 20)).contains(&self.block_size) || !self.block_size.is_power_of_two() {
             return Err(format!("block size {} is invalid", self.block_size));
@@ -817,7 +836,7 @@ mod tests {
     fn block_map_is_named_by_new_vaults_and_refused_in_a_deterministic_one() {
         let p = Path::new("veilfs.conf");
         let (mut cfg, master) = config_with_password("pw");
-        assert_eq!(cfg.features.last().map(String::as_str), Some(FEATURE_BLOCK_MAP));
+        assert!(cfg.has_feature(FEATURE_BLOCK_MAP));
         cfg.seal(&master);
         assert!(VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p).is_ok());
         // A vault made before it, or with `init --no-block-map`, keeps opening.

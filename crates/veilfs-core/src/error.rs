@@ -33,6 +33,18 @@ pub enum Error {
         detail: String,
     },
 
+    /// An object (a file, the config) authenticates but is older than what this client
+    /// remembers having seen of it (`crate::known`): it was put back to an older version.
+    /// An integrity error like [`Error::Auth`], of its own kind so that it can be told apart
+    /// (and accepted with `fsck --accept`). Never returned together with data.
+    #[error("integrity error in {what}: {detail}")]
+    Rollback {
+        /// The ciphertext file (or config) that is older than remembered.
+        what: String,
+        /// The generations seen and remembered, and what to do.
+        detail: String,
+    },
+
     /// None of the key slots accepted the password or recovery key.
     #[error("the password (or recovery key) is incorrect")]
     WrongPassword,
@@ -127,7 +139,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-            Error::Auth { .. } => libc::EIO,
+            Error::Auth { .. } | Error::Rollback { .. } => libc::EIO,
             Error::WrongPassword | Error::Config { .. } => libc::EACCES,
             Error::NotAVault { .. } => libc::ENOENT,
             Error::NotEmpty(_) => libc::ENOTEMPTY,

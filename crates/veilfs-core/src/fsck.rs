@@ -71,12 +71,16 @@ pub enum ProblemKind {
     /// holds its first record before its header says UNSETTLED); no reader uses it.
     /// `--repair` removes it: it holds nothing a reader accepts.
     StrayLog,
+    /// A file older than this client remembers having seen it (`crate::known`): put back to
+    /// an older version. Left alone (it is valid ciphertext of that older version);
+    /// `veilfs fsck --accept` adopts it into the client's memory.
+    RolledBack,
 }
 
 impl ProblemKind {
     /// True for what a crash can leave behind (as opposed to damage or tampering).
     pub fn is_crash_leftover(self) -> bool {
-        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign | ProblemKind::StrayLog)
+        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign | ProblemKind::StrayLog | ProblemKind::RolledBack)
     }
 }
 
@@ -771,6 +775,12 @@ impl<'a> Checker<'a> {
                 Ok(())
             }
         };
+        if let Err(Error::Rollback { detail, .. }) = &r {
+            // An older version of the file, whole and authentic: nothing to salvage or move.
+            let detail = format!("{detail}; left alone");
+            self.problem(ProblemKind::RolledBack, dir.path.join(&e.on_disk), Some(&plain), detail);
+            return;
+        }
         if let Err(err) = r {
             let i = self.damaged(dir, &e.on_disk, Some(&plain), &err);
             if e.kind == EntryKind::File && self.vault.content().block_map {

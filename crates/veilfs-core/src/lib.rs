@@ -24,6 +24,7 @@ pub mod config;
 pub mod file;
 pub mod fsck;
 pub mod kdf;
+pub mod known;
 pub mod lock;
 pub mod maplog;
 pub mod record;

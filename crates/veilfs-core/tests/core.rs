@@ -11,6 +11,7 @@ mod file_model;
 mod fsck;
 mod inner_stash;
 mod iv_copy;
+mod known;
 mod lost_write;
 mod overflow;
 mod tamper;

@@ -26,6 +26,7 @@ use crate::content::blockmap::{
     HEADER_V2_LEN, HOLE_LEAF, LEAF_LEN,
 };
 use crate::error::{Error, IoContext, Result};
+use crate::known::Seen;
 use crate::maplog::{Log, NODE_BIT};
 use crate::sys;
 use std::collections::{BTreeMap, BTreeSet};
@@ -192,6 +193,11 @@ impl CryptFile {
             return Err(self.map_auth(
                 "content belongs to another file (its file ID does not match the name's binding: swapped or replaced)",
             ));
+        }
+        if let Some(known) = self.ctx.known.as_ref().filter(|_| !self.ctx.defer_known) {
+            // The header authenticated and is this file's: an older generation than this
+            // client saw is a whole-file rollback; a newer one another client's edit.
+            known.check_file(&h.id, Seen { generation: h.generation, writer: h.writer }, &self.what)?;
         }
         let ml = self.map_layout();
         ml.check_block_count(h.blocks).map_err(|e| self.map_auth(e.to_string()))?;
@@ -686,11 +692,50 @@ impl CryptFile {
             (true, Some(h)) => (h.blocks, h.root, crate::content::header::FLAG_UNSETTLED),
             _ => (st.k, bm::map_root(&id, st.k, &st.hashes).expect("one hash per group"), 0),
         };
-        // No client ID exists yet (it comes with layer 2): the writer field stays zero.
-        let h = HeaderV2 { flags, id, generation: st.generation, writer: [0; 8], blocks, root };
+        // The writer is the first 8 bytes of this client's ID; zero for a caller without a
+        // client state.
+        let writer = self.ctx.known.as_ref().map_or([0; 8], |k| k.writer());
+        let h = HeaderV2 { flags, id, generation: st.generation, writer, blocks, root };
         sys::pwrite_all(self.fd(), &h.encode(&self.ctx.keys), 0).ctx(|| format!("writing header of {}", self.what))?;
+        if let Some(known) = &self.ctx.known {
+            known.wrote_file(&id, Seen { generation: h.generation, writer });
+        }
         st.hdr = Some(h);
         Ok(())
+    }
+
+    /// The generation the next header of this file gets: one above both what this handle read
+    /// and what this client remembers (a file emptied to 0 bytes by a crash between its cut
+    /// and its header has no generation on disk; starting over from 1 would look like a
+    /// rollback to every client that saw more).
+    pub(super) fn next_generation(&self, st: &MapState) -> u64 {
+        let floor = self.ctx.known.as_ref().map_or(0, |k| k.floor(self.id()));
+        st.generation.max(floor) + 1
+    }
+
+    /// The write-session generation of this block-map file's header as opened (`None` for a
+    /// v1 file, or an empty one without a header).
+    pub fn generation(&self) -> Option<u64> {
+        let st = self.map_state();
+        st.hdr.map(|h| h.generation)
+    }
+
+    /// The check against what this client remembers that an open with `defer_known` left
+    /// for now: [`Error::Rollback`] for a header older than this client saw.
+    pub fn check_known(&self) -> Result<()> {
+        let hdr = self.map_state().hdr;
+        match (&self.ctx.known, hdr) {
+            (Some(known), Some(h)) => {
+                known.check_file(&h.id, Seen { generation: h.generation, writer: h.writer }, &self.what)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops this handle's link to what the client remembers: nothing it reads is checked or
+    /// learnt, and what it writes is not remembered (a version shown beside a newer one).
+    pub fn forget_known(&mut self) {
+        self.ctx.known = None;
     }
 
     /// The first block at or after `lost` of a hole this handle's writes made and did not
@@ -715,6 +760,14 @@ impl CryptFile {
                 self.remove_stash();
             }
             st.reset();
+            if st.generation > 0 {
+                // A header of 0 blocks keeps the file's generation going up: a file emptied
+                // and written again must not come back as generation 1, which every client
+                // that saw more would take for a rollback.
+                st.generation = self.next_generation(&st);
+                self.write_header_map(&mut st, false)?;
+                st.stale = true;
+            }
             return Ok(());
         }
         if new_size > size {

@@ -141,7 +141,7 @@ impl CryptFile {
                 return Err(Error::io(format!("allocating {}", dir.path_of(self.id()).display()), e));
             }
         };
-        let g = st.generation + 1;
+        let g = self.next_generation(st);
         let mac = maplog::Keyed::new(&self.ctx.keys, self.id(), g);
         let mut recs = Vec::new();
         mac.push(&mut recs, Kind::Size, 0, 0, &st.size.to_be_bytes());
@@ -306,7 +306,7 @@ impl CryptFile {
                 self.remove_stash();
             }
             None => {
-                st.generation += 1;
+                st.generation = self.next_generation(st);
                 self.put_map(&writes)?;
                 if let Some(c) = cut {
                     sys::ftruncate(self.fd(), c).ctx(|| format!("truncating {}", self.what))?;

@@ -68,6 +68,13 @@ pub struct ContentCtx {
     /// Feature `"block-map"`: files carry header v2 and a block map (docs/FORMAT.md §5.10),
     /// read and written by `mapped`; the v1 crash rules above do not apply to them.
     pub block_map: bool,
+    /// What this client remembers of the vault (`crate::known`): every header v2 opened is
+    /// checked against it, and every header written is remembered and carries its client ID.
+    /// `None` for callers that did not ask for it (then no rollback is detected).
+    pub known: Option<Arc<crate::known::Known>>,
+    /// The check against `known` waits for [`CryptFile::check_known`] after the open instead
+    /// of failing it: for a caller that tells a conflict from a rollback (`Vault::open_crypt`).
+    pub defer_known: bool,
 }
 
 impl ContentCtx {
@@ -82,6 +89,8 @@ impl ContentCtx {
             stashes: None,
             ordered_growth: false,
             block_map: false,
+            known: None,
+            defer_known: false,
         }
     }
 

@@ -16,7 +16,56 @@ impl Vault {
             if flags & libc::O_ACCMODE == libc::O_WRONLY { (flags & !libc::O_ACCMODE) | libc::O_RDWR } else { flags };
         let flags = flags & !(libc::O_APPEND | libc::O_TRUNC | libc::O_CREAT);
         let fd = Self::open_content(parent, &entry.on_disk, flags, entry.stat.st_ino)?;
-        CryptFile::open(sys::into_file(fd), self.ctx.clone(), entry.identity, what)
+        self.open_crypt(parent, &entry.on_disk, entry.identity, sys::into_file(fd))
+    }
+
+    /// The content layer over `file`, the backing file `on_disk` of `dir` whose entry promises
+    /// `identity`: every front end opens a file's content this way. A header older than this
+    /// client remembers (`crate::known`) is a rollback ([`Error::Rollback`]) — unless another
+    /// version of the same file that the directory shows (a sync tool's conflict copy, the
+    /// entry it copies, or such a copy renamed) is at least as new as the client remembers: then two
+    /// clients changed the file at once and the sync tool kept both versions under two
+    /// names (a conflict, never an alarm; both are shown; docs/SECURITY.md §4.2a). Such an
+    /// older version is read without being checked, and the handle remembers nothing.
+    pub fn open_crypt(
+        &self,
+        dir: &CipherDir,
+        on_disk: &str,
+        identity: Identity,
+        file: std::fs::File,
+    ) -> Result<CryptFile> {
+        let mut ctx = self.ctx.clone();
+        ctx.defer_known = true;
+        let mut f = CryptFile::open(file, ctx, identity, dir.child_path(on_disk))?;
+        match f.check_known() {
+            Err(Error::Rollback { what, detail }) => {
+                let floor = self.ctx.known.as_ref().map_or(0, |k| k.floor(&identity));
+                if self.newest_other_version(dir, on_disk, identity).is_some_and(|g| g >= floor) {
+                    f.forget_known();
+                    return Ok(f);
+                }
+                Err(Error::Rollback { what, detail })
+            }
+            r => r.map(|()| f),
+        }
+    }
+
+    /// The highest generation among the other versions of file `identity` that `dir` shows
+    /// besides `on_disk`: its conflict copies, the entry they copy, and a copy renamed into an
+    /// ordinary entry (it keeps the file ID). Only on the rollback path (it lists and decrypts
+    /// the directory).
+    fn newest_other_version(&self, dir: &CipherDir, on_disk: &str, identity: Identity) -> Option<u64> {
+        let (entries, _) = self.list(dir).ok()?;
+        let mut ctx = self.ctx.clone();
+        ctx.known = None;
+        entries
+            .iter()
+            .filter(|e| e.identity == identity && e.kind == EntryKind::File && e.on_disk != on_disk)
+            .filter_map(|e| {
+                let fd = Self::open_content(dir, &e.on_disk, libc::O_RDONLY, e.stat.st_ino).ok()?;
+                CryptFile::open(sys::into_file(fd), ctx.clone(), identity, String::new()).ok()?.generation()
+            })
+            .max()
     }
 
     /// Opens the regular file of `entry` read-only for [`CryptFile::salvage`] alone (see

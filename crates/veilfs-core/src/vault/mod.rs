@@ -341,12 +341,50 @@ impl Vault {
         self.iv_copy
     }
 
-    /// Replaces the config (after a slot change) and writes it.
+    /// Replaces the config (after a slot change) and writes it. With feature `"versions"`
+    /// its generation goes one above the config this vault was opened with, and this client
+    /// remembers it.
     pub fn save_config(&mut self, mut cfg: VaultConfig) -> Result<()> {
+        if cfg.has_feature(crate::config::FEATURE_VERSIONS) {
+            cfg.generation = self.config.generation.max(cfg.generation) + 1;
+        }
         cfg.seal(&self.master);
         cfg.save(&self.root_path)?;
+        if let Some(k) = &self.ctx.known {
+            k.wrote_config(cfg.generation);
+        }
         self.config = cfg;
         Ok(())
+    }
+
+    /// Opens this client's memory of the vault (`crate::known`) and checks the config's
+    /// generation against it: an older config than this client saw is refused as a config
+    /// rollback ([`Error::Rollback`]). From then on every file with a block map this vault
+    /// opens is checked too, and every header it writes is remembered. A first use (no state
+    /// for this vault on this machine) trusts the vault as it is, and says so once.
+    pub fn remember(&mut self, opts: &crate::known::KnownOptions) -> Result<Arc<crate::known::Known>> {
+        let iv = self.config.root_iv().expect("checked when the config was parsed");
+        let known = Arc::new(crate::known::Known::open(opts, &iv, &self.master)?);
+        if known.first_use() {
+            tracing::warn!(
+                "first use of this vault on this machine: its current state is trusted from now on (client state {})",
+                known.dir().display()
+            );
+        }
+        known.check_config(self.config.generation, &VaultConfig::path_in(&self.root_path))?;
+        if known.trust() == crate::known::Trust::AllowRollback {
+            tracing::warn!(
+                "--allow-rollback: files older than this client saw are read anyway, and the client state ({}) is                  left as it is",
+                known.dir().display()
+            );
+        }
+        self.ctx.known = Some(known.clone());
+        Ok(known)
+    }
+
+    /// This client's memory of the vault, if [`remember`](Self::remember) opened it.
+    pub fn known(&self) -> Option<&Arc<crate::known::Known>> {
+        self.ctx.known.as_ref()
     }
 }
 

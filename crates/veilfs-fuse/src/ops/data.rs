@@ -16,8 +16,7 @@ impl VeilFs {
     ) -> io::Result<CryptFile> {
         // Before the header is read.
         no_backing_atime(fd.as_fd());
-        let crypt = CryptFile::open(sys::into_file(fd), self.ctx.clone(), identity, dir.cd.child_path(on_disk))
-            .map_err(cerr)?;
+        let crypt = self.vault.open_crypt(&dir.cd, on_disk, identity, sys::into_file(fd)).map_err(cerr)?;
         // Only this process writes the file: holes left by out-of-order write-back can wait
         // for the writes that fill them before the header is marked SPARSE.
         crypt.set_defer_sparse(!self.opts.shared_storage);
@@ -68,7 +67,7 @@ impl VeilFs {
                             }
                         }
                     }
-                    Err(e @ veilfs_core::Error::Auth { .. }) => {
+                    Err(e @ (veilfs_core::Error::Auth { .. } | veilfs_core::Error::Rollback { .. })) => {
                         if self.replaced_behind(dir, &l.on_disk, node) {
                             return Err(errno(libc::ESTALE));
                         }

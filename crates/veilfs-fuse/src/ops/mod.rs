@@ -185,7 +185,7 @@ pub(crate) fn cerr(e: veilfs_core::Error) -> io::Error {
     // Integrity errors and the backing store's I/O errors (its text names the ciphertext
     // path); the log keeps one line per incident (src/logging.rs).
     match &e {
-        veilfs_core::Error::Auth { .. } => tracing::error!("{e}"),
+        veilfs_core::Error::Auth { .. } | veilfs_core::Error::Rollback { .. } => tracing::error!("{e}"),
         veilfs_core::Error::Io { source, .. } if source.raw_os_error() == Some(libc::EIO) => tracing::error!("{e}"),
         _ => {}
     }
