@@ -424,6 +424,35 @@ fn concurrent_writers_leave_exactly_the_bytes_written() {
 }
 
 #[test]
+fn an_o_trunc_open_is_the_mounts_own_change_and_the_file_keeps_its_inode() {
+    // CIPHERDIR's watch takes a close of a backing file that the mount did not note as its
+    // own for someone else's rewrite, and gives the file a new inode. An O_TRUNC open closed
+    // without a write was not noted: the kernel could then hold the old inode and the new one
+    // at once, two open files of one backing file, each with its own block map in memory (a
+    // write through one then failed with EIO, or lost the size the other had given it).
+    for extra in [&[][..], &["--no-writeback"][..]] {
+        let Some(m) = Mounted::new("64m", extra) else { return };
+        let p = m.m("f");
+        fs::write(&p, vec![7u8; 20_000]).unwrap();
+        let ino = fs::metadata(&p).unwrap().ino();
+        // That close's RELEASE (the kernel sends it after close returns) and its watch event
+        // come first: the O_TRUNC open is then the file's only user.
+        std::thread::sleep(Duration::from_millis(600));
+        drop(OpenOptions::new().write(true).truncate(true).open(&p).unwrap());
+        // The watch reads its events within a few milliseconds; give it ample time.
+        std::thread::sleep(Duration::from_millis(600));
+        let md = fs::metadata(&p).unwrap();
+        assert_eq!((md.ino(), md.len()), (ino, 0), "{extra:?}: a new inode after the mount's own O_TRUNC");
+        // One open file: a handle kept open and a write by path see one block map and size.
+        let h = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        fs::write(&p, b"by path, longer than the handle's write").unwrap();
+        h.write_all_at(b"handle", 0).unwrap();
+        drop(h);
+        assert_eq!(fs::read(&p).unwrap(), b"handleh, longer than the handle's write", "{extra:?}");
+    }
+}
+
+#[test]
 fn two_gib_sparse_file_and_absurd_truncate() {
     let Some(m) = Mounted::new("512m", &[]) else { return };
     let p = m.m("sparse");

@@ -187,6 +187,69 @@ fn holes_read_as_zeros_and_a_written_block_replaced_by_zeros_is_an_integrity_err
 }
 
 #[test]
+fn a_size_beyond_the_writers_limit_is_efbig_at_once_and_the_file_stays_as_it_was() {
+    // A sparse file of an absurd size would cost the map in memory (one hash per group) and
+    // its nodes on disk in proportion to its block count: the daemon's memory ran out and the
+    // kernel killed it. Past the limit the writer refuses with EFBIG before anything changes.
+    let (t, v, root) = setup();
+    let d = data(3 * B as usize + 5, 4);
+    write_file(&v, &root, "big", &d);
+    let p = cipher_path(&v, &root, "big");
+    let before = snapshot(&p);
+    let max = L.max_written_blocks();
+    assert_eq!(max, veilfs_core::content::blockmap::MAX_WRITTEN_BLOCKS);
+    assert!(max < L.max_blocks());
+    let f = open_rw(&v, &root, "big");
+    let size = d.len() as u64;
+    let t0 = std::time::Instant::now();
+    for new in [999_999_999_999_999, max * B + 1, u64::MAX / 2] {
+        let e = f.truncate(new, size).unwrap_err();
+        assert_eq!(e.errno(), libc::EFBIG, "truncate to {new}: {e}");
+    }
+    for off in [max * B, max * B - 1, 999_999_999_999_999, u64::MAX - 1] {
+        let e = f.write_at(b"xy", off, size).unwrap_err();
+        assert_eq!(e.errno(), libc::EFBIG, "write at {off}: {e}");
+    }
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "refused at once: {:?}", t0.elapsed());
+    // Up to the limit's last block a write is taken (here a block well inside it, sparse).
+    let grown = f.write_at(b"far", 100_000 * B, size).unwrap();
+    assert_eq!(grown, 100_000 * B + 3);
+    f.truncate(size, grown).unwrap();
+    drop(f);
+    assert_eq!(read_fresh(t.path(), &root, "big").unwrap(), d);
+    assert_eq!(snapshot(&p).len(), before.len());
+}
+
+#[test]
+fn a_write_far_past_the_end_seals_only_the_blocks_it_writes() {
+    // The old final block is re-sealed and the written block sealed; the 2^27 blocks between
+    // are holes. Sizing the sealing buffer by the distance between them asked for 72 GB here
+    // (the daemon died when a fallocate far past the end did this).
+    let (t, v, root) = setup();
+    let d = data(2 * B as usize + 7, 5);
+    write_file(&v, &root, "far", &d);
+    let f = open_rw(&v, &root, "far");
+    let far = (1u64 << 27) * B;
+    assert_eq!(f.write_at(b"far away", far, d.len() as u64).unwrap(), far + 8);
+    // A growing truncate re-seals "far away"'s block and seals the new final one.
+    let size = far + 3 * B;
+    f.truncate(size, far + 8).unwrap();
+    drop(f);
+    let v2 = reopen(t.path());
+    let e = v2.lookup(&root, b"far").unwrap().unwrap();
+    let f = v2.open_file(&root, &e, libc::O_RDONLY).unwrap();
+    assert_eq!(f.plain_size().unwrap(), size);
+    let mut got = vec![1u8; 3 * B as usize];
+    assert_eq!(f.read_at(&mut got, 0, size).unwrap(), got.len());
+    assert_eq!(&got[..d.len()], &d[..]);
+    assert!(got[d.len()..].iter().all(|&x| x == 0));
+    let mut got = vec![1u8; 3 * B as usize + 5];
+    assert_eq!(f.read_at(&mut got, far - 5, size).unwrap(), 3 * B as usize + 5);
+    assert_eq!(&got[..13], b"\0\0\0\0\0far away");
+    assert!(got[13..].iter().all(|&x| x == 0));
+}
+
+#[test]
 fn a_hole_stays_a_hole_when_an_older_block_is_put_back_there() {
     let (t, v, root) = setup();
     let d = data(10 * B as usize, 1);
@@ -873,4 +936,55 @@ fn salvage_of_an_unsettled_file_goes_by_its_sessions_log_and_without_it_says_wha
     assert_eq!(s.lost, [blocks(2, 3), blocks(20, 30)]);
     assert_eq!(s.unverified, [blocks(5, 6), blocks(19, 20), (30 * B, want.len() as u64)]);
     assert!(is_unsettled(&snapshot(&p)), "salvage writes nothing");
+}
+
+#[test]
+fn a_file_unlinked_while_open_keeps_no_session_log_and_fsck_repair_removes_a_leftover_one() {
+    // A session keeps its log until it is settled; a file whose last name is gone while it
+    // is open is settled only at its last close, so its log sat beside the other files
+    // meanwhile (through sshfs, with the file kept as `.fuse_hidden*`, which fsck leaves
+    // alone) and fsck reported it as a crash leftover.
+    let (t, v, root) = setup();
+    let logs = |dir: &std::path::Path| {
+        (std::fs::read_dir(dir).unwrap().flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(veilfs_core::stash::STASH_PREFIX))
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    let d = data(5 * B as usize, 6);
+    write_file(&v, &root, "f", &d);
+    let f = open_rw(&v, &root, "f");
+    f.set_session_until_settle(true);
+    let mut want = d.clone();
+    f.write_at(b"before the unlink", 10, want.len() as u64).unwrap();
+    want[10..27].copy_from_slice(b"before the unlink");
+    assert_eq!(logs(t.path()).len(), 1, "a session open across writes has its log");
+    let leftover = std::fs::read(&logs(t.path())[0]).unwrap();
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    std::fs::remove_file(root.path.join(&e.on_disk)).unwrap();
+    assert!(f.set_unlinked().unwrap(), "the session ends: the header is written");
+    assert!(logs(t.path()).is_empty(), "the log goes with the last name");
+    let size = f.write_at(b"after", 5 * B - 2, want.len() as u64).unwrap();
+    want.truncate(5 * B as usize - 2);
+    want.extend_from_slice(b"after");
+    assert!(logs(t.path()).is_empty(), "a write after it leaves no log");
+    let mut got = vec![0u8; size as usize];
+    assert_eq!(f.read_at(&mut got, 0, size).unwrap(), want.len());
+    assert_eq!(got, want);
+    assert!(!f.settle().unwrap(), "nothing left to settle at the last close");
+    drop(f);
+    // A log a crash left behind with its file gone: fsck names it, --repair removes it.
+    let p = log_path(t.path(), &[&[0u8; 4][..], &e.identity[..]].concat());
+    std::fs::write(&p, leftover).unwrap();
+    let fsck = |repair| veilfs_core::fsck::Checker::new(&v, repair, &|_| {}).run().unwrap();
+    let r = fsck(false);
+    assert!(
+        r.problems.iter().any(|x| x.cipher_path == p && x.detail.contains("write-session log")),
+        "{:?}",
+        r.problems
+    );
+    let r = fsck(true);
+    assert!(r.problems.iter().any(|x| x.cipher_path == p && x.repaired.is_some()), "{:?}", r.problems);
+    assert!(!p.exists(), "fsck --repair removes it");
+    assert!(fsck(false).problems.is_empty());
 }

@@ -48,6 +48,15 @@ pub const SMALL_GROUPS: u64 = 9;
 pub const SPAN_BLOCKS: u64 = 1 << 15;
 /// Bytes of one hash in a node and in the root's list.
 pub const HASH_LEN: u64 = 32;
+/// The most blocks this implementation writes or reads in one file, 2^30 (4 TiB at B = 4096,
+/// 1 PiB at 1 MiB blocks): far below [`MapLayout::max_blocks`], because a file's map costs in
+/// proportion to its block count even where it is all holes. An open file keeps the hash of
+/// every map block in memory (32 bytes per group of 256 blocks: 128 MiB at this size), and
+/// every span a file covers has a node on disk that is not zeros (4 KiB per 2^15 blocks),
+/// which a growing truncate writes at once (and logs first, in a session). Beyond this, a
+/// sparse file of an absurd size exhausted the daemon's memory (the kernel killed it); the
+/// writer refuses it with EFBIG instead, as a file system refuses a size beyond its limit.
+pub const MAX_WRITTEN_BLOCKS: u64 = 1 << 30;
 /// The domain string that starts the root's input.
 pub const ROOT_LABEL: &[u8] = b"veilfs v2 map";
 const HEADER_V2_LABEL: &[u8] = b"veilfs v2 header";
@@ -170,6 +179,17 @@ impl MapLayout {
     /// reservation) and a share of a node below 1 byte, so `B + O + 64` bounds it.
     pub const fn max_blocks(&self) -> u64 {
         (1 << 62) / (self.cipher_block() + 64)
+    }
+
+    /// The most blocks this implementation gives or reads a file: [`MAX_WRITTEN_BLOCKS`], or
+    /// [`max_blocks`](Self::max_blocks) if that is lower. A writer refuses to grow a file past
+    /// it (EFBIG), and a reader refuses a header beyond it the same way.
+    pub const fn max_written_blocks(&self) -> u64 {
+        if MAX_WRITTEN_BLOCKS < self.max_blocks() {
+            MAX_WRITTEN_BLOCKS
+        } else {
+            self.max_blocks()
+        }
     }
 
     /// Checks a block count read from a header: an error if it is beyond [`max_blocks`](Self::max_blocks).

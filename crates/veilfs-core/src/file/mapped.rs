@@ -127,6 +127,20 @@ impl CryptFile {
         e
     }
 
+    /// EFBIG if a file of `k` blocks is beyond what this implementation writes or reads
+    /// ([`MapLayout::max_written_blocks`]): its map in memory and its nodes on disk would
+    /// grow without bound (a sparse file of an absurd size exhausted the daemon's memory).
+    pub(super) fn check_map_size(&self, k: u64) -> Result<()> {
+        let max = self.map_layout().max_written_blocks();
+        if k > max {
+            return Err(Error::io(
+                format!("{}: {k} blocks, beyond the {max} of a file with a block map", self.what),
+                std::io::Error::from_raw_os_error(libc::EFBIG),
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn pread_exact(&self, len: u64, at: u64, what: &str) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len as usize];
         let got = sys::pread_full(self.fd(), &mut buf, at).ctx(|| format!("reading {}", self.what))?;
@@ -201,6 +215,7 @@ impl CryptFile {
         }
         let ml = self.map_layout();
         ml.check_block_count(h.blocks).map_err(|e| self.map_auth(e.to_string()))?;
+        self.check_map_size(h.blocks)?;
         let c = self.file.metadata().ctx(|| format!("stat {}", self.what))?.len();
         if h.is_unsettled() {
             return self.load_session(&mut st, h);
@@ -389,8 +404,9 @@ impl CryptFile {
             sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
             st.stale = false;
         }
-        let new_size = size.max(off + data.len() as u64);
+        let new_size = off.checked_add(data.len() as u64).map_or(u64::MAX, |end| size.max(end));
         let k_new = l.block_count(new_size);
+        self.check_map_size(k_new)?;
         let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
         // The old final block becomes an inner block (zero-padded, re-sealed) when the write
         // starts past it.
@@ -407,17 +423,21 @@ impl CryptFile {
             _ => None,
         };
         // Every changed block, sealed into one buffer in order; `spans` says where each is.
-        // Blocks before the last one written are whole.
+        // Blocks before the last one written are whole. The re-sealed old final block and the
+        // written ones need not be adjacent: the blocks between are holes and sealed nowhere,
+        // so they count for nothing here (counting them made a write far past the end ask
+        // for gigabytes, which the thread's sealing buffer then kept).
         let cb = (bs + l.overhead) as usize;
-        let total = (last - from) as usize * cb + (l.block_len(last, new_size) + l.overhead) as usize;
+        let sealed = (last - first + 1) as usize + usize::from(reseal.is_some());
+        let total = (sealed - 1) * cb + (l.block_len(last, new_size) + l.overhead) as usize;
         let mut sealing = super::take_sealing(total);
         let buf = &mut sealing[..total];
         let mut at = 0usize;
-        let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity((last - from + 1) as usize);
+        let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity(sealed);
         let mut plain = vec![0u8; bs as usize];
         // The nonces of every block, drawn with one call to the random generator.
         let nl = self.codec.nonce_len();
-        let mut nonces = vec![0u8; (last - from + 1) as usize * nl];
+        let mut nonces = vec![0u8; sealed * nl];
         crate::random::fill(&mut nonces);
         let mut nonces = nonces.chunks_exact(nl);
         let mut seal = |n: u64, last: bool, plain: &[u8], out: &mut [u8]| {
@@ -640,6 +660,7 @@ impl CryptFile {
         }
         // New groups: holes only, unless a write changed them (hashed at the commit).
         let mut zero_hash: Option<(u64, Hash)> = None;
+        st.hashes.reserve_exact((g_new as usize).saturating_sub(st.hashes.len()));
         while (st.hashes.len() as u64) < g_new {
             let g = st.hashes.len() as u64;
             let len = ml.map_len(g, k_new);

@@ -232,6 +232,8 @@ pub struct CryptFile {
     /// The caller ends every write session with [`settle`](Self::settle) (at its fsync, last
     /// close or commit): see [`set_session_until_settle`](Self::set_session_until_settle).
     session_until_settle: AtomicBool,
+    /// The file's last name is gone while it is open: see [`set_unlinked`](Self::set_unlinked).
+    unlinked: AtomicBool,
     /// Holes (block ranges, half-open) made by writes past the end that the header does not
     /// yet declare; see [`set_defer_sparse`](Self::set_defer_sparse).
     pending: Mutex<Vec<(u64, u64)>>,
@@ -327,6 +329,7 @@ impl CryptFile {
             what,
             defer_sparse: AtomicBool::new(false),
             session_until_settle: AtomicBool::new(false),
+            unlinked: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             has_pending: AtomicBool::new(false),
             unsettled: AtomicBool::new(false),

@@ -66,6 +66,22 @@ impl CryptFile {
         self.session_until_settle.store(on, Ordering::Relaxed);
     }
 
+    /// Tells a file with a block map that its last name is gone while it is open: its write
+    /// session ends now (its log goes), and every later write is a session of its own, whose
+    /// log goes before the write returns. A session keeps its log until it is settled, but
+    /// nothing settles a file without a name before its last close, and nothing ever reads
+    /// that log: a crash leaves no file to recover (or one under a name no reader opens, as
+    /// sshfs's `.fuse_hidden*`). Meanwhile the log sat beside the other files as if a crash
+    /// had left it, and fsck reported it. Returns whether it wrote the header, as
+    /// [`settle`](Self::settle). Does nothing for a file without a block map.
+    pub fn set_unlinked(&self) -> Result<bool> {
+        if !self.ctx.block_map {
+            return Ok(false);
+        }
+        self.unlinked.store(true, Ordering::Relaxed);
+        self.settle()
+    }
+
     /// Settles the header: writes SPARSE if holes made by earlier writes are still unfilled
     /// (see [`set_defer_sparse`](Self::set_defer_sparse)), or clears a provisional SPARSE whose
     /// holes were all filled, and clears UNSETTLED. Run on the last close and by
@@ -189,7 +205,8 @@ impl CryptFile {
     /// Whether a write session of a file with a block map stays open until
     /// [`settle`](Self::settle) (see [`set_session_until_settle`](Self::set_session_until_settle)).
     pub(super) fn session_kept(&self) -> bool {
-        self.deferring() || self.session_until_settle.load(Ordering::Relaxed)
+        !self.unlinked.load(Ordering::Relaxed)
+            && (self.deferring() || self.session_until_settle.load(Ordering::Relaxed))
     }
 
     /// Whether block `n` is a hole not yet declared in the header.

@@ -265,6 +265,13 @@ impl VeilFs {
         let crypt = self.acquire(&node)?;
         if flags & libc::O_TRUNC != 0 {
             let f = node.file()?;
+            // A change of the content like any other: the last close notes the backing file
+            // as the mount leaves it, so that CIPHERDIR's watch takes the close for the
+            // mount's own. Missed, an O_TRUNC open closed without a write looked like someone
+            // else's rewrite: the watch gave the backing inode a new node while the kernel
+            // could still open the old one, and two open files of one inode (two block maps
+            // in memory) went stale against each other (EIO, wrong sizes).
+            f.wrote();
             let _w = f.resizing();
             let cur = self.current_size(f, &crypt)?;
             let r = crypt.truncate(0, cur).map_err(cerr).and_then(|()| {

@@ -196,6 +196,15 @@ impl VeilFs {
                 // mount had looked up (other hard links may exist).
                 if st.st_nlink <= 1 && n.dir.is_none() && !named {
                     n.set_gone(st);
+                    // Still open: its write session ends now, so that no session log outlives
+                    // the name (see `CryptFile::set_unlinked`).
+                    if let Some(c) = n.file.as_ref().and_then(|f| f.opened()) {
+                        match c.set_unlinked() {
+                            Ok(true) => self.invalidate_attr(n.id),
+                            Ok(false) => {}
+                            Err(e) => tracing::error!("{e}"),
+                        }
+                    }
                 }
             }
         }
