@@ -56,6 +56,8 @@ enum Command {
     Ls(cmd::ls::Args),
     /// Check a whole vault (every name, binding, IV and block); --repair fixes crash leftovers.
     Fsck(cmd::fsck::Args),
+    /// Convert a vault made without block maps to them, in place (resumable after a crash).
+    Upgrade(cmd::upgrade::Args),
     /// List the sync tools' conflict copies in a vault and the names they are shown under.
     Conflicts(cmd::conflicts::Args),
     /// Print the ciphertext path of a plaintext path.
@@ -129,6 +131,7 @@ fn main() {
         Command::Cat(a) => cmd::cat::run(a),
         Command::Ls(a) => cmd::ls::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
+        Command::Upgrade(a) => cmd::upgrade::run(a),
         Command::Conflicts(a) => cmd::conflicts::run(a),
         Command::EncryptPath(a) => cmd::paths::encrypt(a),
         Command::DecryptPath(a) => cmd::paths::decrypt(a),

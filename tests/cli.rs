@@ -425,6 +425,116 @@ fn import_export_round_trip_and_ciphertext_hides_everything() {
     assert_eq!(out(&o), "deep");
 }
 
+/// `veilfs upgrade` converts a vault of v1 files in place: everything exports as before, fsck
+/// is clean, `info` names the feature, and a second run says there is nothing to do.
+#[test]
+fn upgrade_converts_a_no_block_map_vault_in_place() {
+    let f = Fixture::v1();
+    let src = f.dir.join("src");
+    make_tree(&src);
+    // A sparse file and one past 1 MiB.
+    let sparse = std::fs::File::create(src.join("sparse")).unwrap();
+    sparse.set_len(6 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sparse, b"end", 6 << 20).unwrap();
+    std::fs::write(src.join("two-mib"), vec![7u8; 2 << 20]).unwrap();
+    let o = f.run(&["import", &format!("{}/.", src.display()), f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(!out(&veilfs(&["info", f.v()])).contains("block-map"));
+
+    let o = f.run(&["upgrade", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains("the vault has block maps"), "{}", err(&o));
+    let info = out(&veilfs(&["info", f.v()]));
+    assert!(info.contains("block-map") && !info.contains("block-map-upgrade"), "{info}");
+    let dest = f.dir.join("out");
+    let o = f.run(&["export", f.v(), dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert_same_tree(&src, &dest);
+    assert_eq!(std::fs::read(dest.join("sparse")).unwrap(), std::fs::read(src.join("sparse")).unwrap());
+    let o = f.run(&["fsck", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+
+    let o = f.run(&["upgrade", f.v()]);
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    assert!(err(&o).contains("already has block maps"), "{}", err(&o));
+}
+
+/// `veilfs upgrade` writes the vault: a mounted one is refused with exit code 9, as `import`
+/// is, and nothing is changed.
+#[test]
+fn upgrade_refuses_a_mounted_vault() {
+    if !common::fuse_available() {
+        return common::skip("needs FUSE");
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            if !veilfs(&["umount", self.0.to_str().unwrap()]).status.success() {
+                let _ = common::run("fusermount3", &["-uz", self.0.to_str().unwrap()]);
+            }
+        }
+    }
+    let f = Fixture::v1();
+    let mnt = f.dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let o = Command::new(BIN)
+        .args(["mount", f.v(), mnt.to_str().unwrap(), "--passfile", f.pf.to_str().unwrap()])
+        .env("VEILFS_LOG_FILE", f.dir.join("veilfs.log"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", err(&o));
+    let _u = Unmount(mnt.clone());
+    std::fs::write(mnt.join("x"), "written through the mount").unwrap();
+    let conf = std::fs::read(f.vault.join("veilfs.conf")).unwrap();
+    let o = f.run(&["upgrade", f.v()]);
+    assert_eq!(code(&o), 9, "{}", err(&o));
+    assert!(err(&o).contains("is mounted by pid"), "{}", err(&o));
+    assert_eq!(std::fs::read(f.vault.join("veilfs.conf")).unwrap(), conf);
+}
+
+/// A damaged file stops `veilfs upgrade` before anything changes (exit code 6, naming it);
+/// after `fsck --repair` (which salvages it under its name and sets the original aside in
+/// /lost+found) the upgrade goes through, leaving that original as it is, named (exit code 6).
+#[test]
+fn upgrade_refuses_a_damaged_file_until_fsck_repairs_it() {
+    let f = Fixture::v1();
+    let src = f.dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a"), vec![1u8; 20000]).unwrap();
+    std::fs::write(src.join("b"), b"fine").unwrap();
+    assert_eq!(code(&f.run(&["import", &format!("{}/.", src.display()), f.v()])), 0);
+    let o = f.run(&["encrypt-path", f.v(), "a"]);
+    let cipher = PathBuf::from(out(&o).trim());
+    let cipher = if cipher.is_absolute() { cipher } else { f.vault.join(cipher) };
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new().write(true).open(&cipher).unwrap(),
+        b"XX",
+        9000,
+    )
+    .unwrap();
+    let conf = std::fs::read(f.vault.join("veilfs.conf")).unwrap();
+    let o = f.run(&["upgrade", f.v()]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    assert!(
+        err(&o).contains("damaged") && err(&o).contains("(/a)") && err(&o).contains("nothing was changed"),
+        "{}",
+        err(&o)
+    );
+    assert_eq!(std::fs::read(f.vault.join("veilfs.conf")).unwrap(), conf);
+    assert_eq!(code(&f.run(&["fsck", "--repair", f.v()])), 0);
+    let o = f.run(&["upgrade", f.v()]);
+    assert_eq!(code(&o), 6, "{}", err(&o));
+    assert!(err(&o).contains("damaged, left as it is") && err(&o).contains("(/lost+found/"), "{}", err(&o));
+    assert!(err(&o).contains("the vault has block maps"), "{}", err(&o));
+    assert_eq!(out(&f.run(&["cat", &format!("{}/b", f.v())])), "fine");
+    // The salvaged copy under the name was converted: block 2 (the damaged one) reads as zeros.
+    let a = f.run(&["cat", &format!("{}/a", f.v())]);
+    assert_eq!(code(&a), 0, "{}", err(&a));
+    assert_eq!(a.stdout.len(), 20000);
+    assert!(out(&veilfs(&["info", f.v()])).contains("block-map"));
+}
+
 #[test]
 fn ls_and_path_mapping() {
     let f = Fixture::new();

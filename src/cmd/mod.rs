@@ -15,6 +15,7 @@ pub mod mountopts;
 pub mod passwd;
 pub mod paths;
 pub mod speed;
+pub mod upgrade;
 
 use crate::exit::{Exit, USAGE, WRONG_PASSWORD};
 use crate::password::PasswordArgs;
@@ -98,6 +99,24 @@ impl LockArgs {
         };
         Ok(VaultLock::acquire(cipherdir, command, &ending)?)
     }
+}
+
+/// Refuses (exit code 9) a vault that a `--shared-storage` mount, which takes no lock, has
+/// mounted: for the offline commands that write the vault (`doing` says what).
+pub fn refuse_if_mounted(cipherdir: &Path, doing: &str) -> Result<()> {
+    let dir = cipherdir.canonicalize().unwrap_or_else(|_| cipherdir.to_path_buf());
+    if let Some(m) = crate::mountinfo::all().into_iter().find(|m| m.is_veilfs() && m.source == dir) {
+        return Err(Exit::new(
+            crate::exit::IN_USE,
+            anyhow::anyhow!(
+                "{} is mounted at {}: unmount it before {doing} it",
+                cipherdir.display(),
+                m.mount_point.display()
+            ),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Whether `dir` is to be taken as a reverse vault (its config `.veilfs.reverse.conf`):
@@ -201,12 +220,20 @@ impl UnlockArgs {
         self.open_trusting(cipherdir, Trust::Check)
     }
 
+    /// [`open`](Self::open) for `veilfs upgrade`: also a vault whose upgrade is unfinished,
+    /// and without the client's memory (`veilfs_core::known`), which the upgrade's mixed
+    /// vault is not read by: the first command after the upgrade remembers its files, as at
+    /// a first use of block-map files.
+    pub fn open_for_upgrade(&self, cipherdir: &Path) -> Result<Vault> {
+        self.open_by(cipherdir, Vault::open_for_upgrade)
+    }
+
     /// [`open`](Self::open) with what rollback checks do: `--allow-rollback` reads anyway,
     /// `fsck --accept` adopts what is there. A client state that cannot be made (no home, a
     /// read-only one) only costs the detection, and says so; one that does not authenticate,
     /// or an older config, refuses the vault.
     pub fn open_trusting(&self, cipherdir: &Path, trust: Trust) -> Result<Vault> {
-        let mut vault = self.open_only(cipherdir)?;
+        let mut vault = self.open_by(cipherdir, Vault::open_with)?;
         match vault.remember(&KnownOptions { root: None, trust }) {
             Ok(_) => {}
             Err(e @ Error::Io { .. }) => {
@@ -217,11 +244,15 @@ impl UnlockArgs {
         Ok(vault)
     }
 
-    fn open_only(&self, cipherdir: &Path) -> Result<Vault> {
+    fn open_by(
+        &self,
+        cipherdir: &Path,
+        open: fn(&Path, &Secret, Option<u32>, &KdfCeiling) -> veilfs_core::Result<Vault>,
+    ) -> Result<Vault> {
         let cfg = VaultConfig::load(cipherdir)?;
         let secret = self.secret(&cfg)?;
         let t = std::time::Instant::now();
-        let vault = Vault::open_with(cipherdir, &secret, self.slot, &self.ceiling())
+        let vault = open(cipherdir, &secret, self.slot, &self.ceiling())
             .with_context(|| format!("cannot open the vault in {}", cipherdir.display()))?;
         tracing::info!("unlocked {} in {:.2} s", cipherdir.display(), t.elapsed().as_secs_f64());
         tracing::debug!(

@@ -910,6 +910,9 @@ def parse_config(text: bytes) -> dict:
     if cfg["format"] != "veilfs" or cfg["version"] != 1:
         raise ConfigError(f"format {cfg['format']!r} version {cfg['version']} is not veilfs v1")
     feats = cfg["features"]
+    # §5.10 "Upgrade": a vault being upgraded mixes v1 and v2 files; only the upgrade reads it.
+    if "block-map-upgrade" in feats:
+        raise ConfigError("an upgrade to block maps has not finished: run veilfs upgrade to finish it")
     if len(set(feats)) != len(feats) or not FEATURES_V1 <= set(feats) <= FEATURES_V1 | OPTIONAL_FEATURES:
         raise ConfigError(f"feature set {feats} is not a v1 set")
     if ORDERED_GROWTH in feats and UNSETTLED_TAILS not in feats:

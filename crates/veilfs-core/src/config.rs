@@ -63,6 +63,15 @@ pub const FEATURE_ORDERED_GROWTH: &str = "ordered-growth";
 /// `veilfs init --no-block-map` (for veilfs versions that cannot read it); vaults made before
 /// it lack it and keep opening.
 pub const FEATURE_BLOCK_MAP: &str = "block-map";
+/// A `veilfs upgrade` to [`FEATURE_BLOCK_MAP`] is under way (docs/FORMAT.md §5.10,
+/// "Upgrade"): the vault's files are a mix of v1 files and files with a block map, which only
+/// the upgrade itself reads (telling them apart by their authenticated headers); every other
+/// reader refuses the vault with "run veilfs upgrade to finish", so that the window in which
+/// an old v1 copy of an upgraded file could be put back unnoticed lasts only as long as the
+/// upgrade's run. Never together with [`FEATURE_BLOCK_MAP`] (which replaces it when every file
+/// is converted) nor in a deterministic vault. A veilfs that does not know it refuses the
+/// vault as made by a newer veilfs, which is what it should do.
+pub const FEATURE_BLOCK_MAP_UPGRADE: &str = "block-map-upgrade";
 /// The config carries a `generation`, +1 on every change (a key slot added or removed,
 /// features), under its MAC, so that a client that remembers a newer one refuses an older
 /// config put back (docs/FORMAT.md §3.1, `crate::known`). Every new forward vault names it;
@@ -78,6 +87,7 @@ pub const OPTIONAL_FEATURES: &[&str] = &[
     FEATURE_IV_IN_NAME,
     FEATURE_ORDERED_GROWTH,
     FEATURE_BLOCK_MAP,
+    FEATURE_BLOCK_MAP_UPGRADE,
 ];
 /// The optional feature of deterministic vaults (made by `veilfs init --reverse`): their
 /// identities and nonces are derived, not random, and their cipher is AES-256-GCM-SIV, which
@@ -337,6 +347,14 @@ impl VaultConfig {
         }
         if self.has_feature(FEATURE_BLOCK_MAP) && self.is_deterministic() {
             return Err(format!("names feature {FEATURE_BLOCK_MAP:?} in a deterministic vault"));
+        }
+        if self.has_feature(FEATURE_BLOCK_MAP_UPGRADE)
+            && (self.has_feature(FEATURE_BLOCK_MAP) || self.is_deterministic())
+        {
+            return Err(format!(
+                "names feature {FEATURE_BLOCK_MAP_UPGRADE:?} together with {FEATURE_BLOCK_MAP:?} or in a deterministic \
+                 vault"
+            ));
         }
         if self.generation != 0 && !self.has_feature(FEATURE_VERSIONS) {
             return Err(format!("has a generation without feature {FEATURE_VERSIONS:?}"));
@@ -831,6 +849,24 @@ mod tests {
         det.features.push(FEATURE_BLOCK_MAP.into());
         det.seal(&master);
         assert!(matches!(VaultConfig::parse(&serde_json::to_vec(&det).unwrap(), p), Err(Error::Config { .. })));
+    }
+
+    #[test]
+    fn the_upgrade_mark_goes_only_without_block_map_and_outside_deterministic_vaults() {
+        let p = Path::new("veilfs.conf");
+        let parse = |cfg: &mut VaultConfig, master: &MasterKey| {
+            cfg.seal(master);
+            VaultConfig::parse(&serde_json::to_vec(&cfg).unwrap(), p)
+        };
+        let (mut cfg, master) = config_with_password("pw");
+        cfg.features.push(FEATURE_BLOCK_MAP_UPGRADE.into());
+        assert!(matches!(parse(&mut cfg, &master), Err(Error::Config { .. })), "with block-map");
+        cfg.features.retain(|f| f != FEATURE_BLOCK_MAP);
+        assert!(parse(&mut cfg, &master).is_ok());
+        let mut det = VaultConfig::new(ContentCipher::Aes256GcmSiv, 4096, &[1; 16]).unwrap();
+        det.add_password_slot(&master, &SecretString::from("pw".to_string()), WEAK).unwrap();
+        det.features.push(FEATURE_BLOCK_MAP_UPGRADE.into());
+        assert!(matches!(parse(&mut det, &master), Err(Error::Config { .. })), "deterministic");
     }
 
     #[test]

@@ -371,6 +371,19 @@ impl<'a> Checker<'a> {
                 self.remove_leftover(i, &dir, &name, "removed (an unfinished copy; import it again)");
                 continue;
             }
+            if crate::upgrade::is_temp_name(&r.name) {
+                // A file `veilfs upgrade` was converting: the original still has its name (a
+                // vault in the middle of an upgrade opens for nothing but the upgrade, which
+                // removes these itself; one found here outlived a run that was finished).
+                let i = self.problem(
+                    ProblemKind::TempName,
+                    dir.path.join(&name),
+                    Some(&plain),
+                    "an interrupted upgrade left a temporary copy".into(),
+                );
+                self.remove_leftover(i, &dir, &name, "removed (the file it copied keeps its name)");
+                continue;
+            }
             if r.name.starts_with(XCHG_PREFIX.as_bytes()) {
                 // Reported by `exchange_records` above.
                 continue;

@@ -37,6 +37,7 @@ pub mod symlink;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod unclean;
+pub mod upgrade;
 pub mod vault;
 pub mod xattr;
 

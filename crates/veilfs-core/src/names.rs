@@ -313,6 +313,16 @@ pub const TEMP_PREFIX: &str = "veilfs.tmp.";
 /// complete; a leftover after an interrupted import holds no user data yet.
 pub const PART_PREFIX: &str = "veilfs.part.";
 
+/// Prefix of the files `veilfs upgrade` writes (crate::upgrade): `veilfs.upgrade.<random>`
+/// while a file's block-map form is written, removed by the next run (or `fsck --repair`)
+/// after a crash.
+pub const UPGRADE_PREFIX: &str = "veilfs.upgrade.";
+
+/// Prefix of a converted file with several names (`veilfs.upgrade.link.<base64url(file
+/// ID)>.<original inode>`) while its names are pointed at it; a crash leaves it for the next
+/// run to finish.
+pub const UPGRADE_LINK_PREFIX: &str = "veilfs.upgrade.link.";
+
 /// The vault lock (top directory only; see [`crate::lock`]).
 pub const LOCK_NAME: &str = "veilfs.lock";
 

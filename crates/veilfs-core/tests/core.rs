@@ -15,3 +15,4 @@ mod known;
 mod lost_write;
 mod overflow;
 mod tamper;
+mod upgrade;

@@ -205,6 +205,38 @@ impl Vault {
         slot: Option<u32>,
         ceiling: &crate::kdf::KdfCeiling,
     ) -> Result<Vault> {
+        let vault = Self::open_any(cipherdir, secret, slot, ceiling)?;
+        if vault.config.has_feature(crate::config::FEATURE_BLOCK_MAP_UPGRADE) {
+            return Err(Error::Config {
+                path: VaultConfig::path_in(cipherdir),
+                detail: format!(
+                    "an upgrade to block maps was started and has not finished (its files are part old, part new): \
+                     run veilfs upgrade {} to finish it",
+                    cipherdir.display()
+                ),
+            });
+        }
+        Ok(vault)
+    }
+
+    /// [`open_with`](Self::open_with) that also opens a vault whose upgrade to block maps is
+    /// under way (feature `"block-map-upgrade"`): for [`crate::upgrade`] alone, which reads
+    /// each file by its header's version. Every other reader refuses such a vault.
+    pub fn open_for_upgrade(
+        cipherdir: &Path,
+        secret: &Secret,
+        slot: Option<u32>,
+        ceiling: &crate::kdf::KdfCeiling,
+    ) -> Result<Vault> {
+        Self::open_any(cipherdir, secret, slot, ceiling)
+    }
+
+    fn open_any(
+        cipherdir: &Path,
+        secret: &Secret,
+        slot: Option<u32>,
+        ceiling: &crate::kdf::KdfCeiling,
+    ) -> Result<Vault> {
         let cfg = VaultConfig::load(cipherdir)?;
         let path = VaultConfig::path_in(cipherdir);
         let master = match cfg.unlock_with(secret, slot, &path, ceiling) {
