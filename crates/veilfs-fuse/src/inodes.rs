@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use veilfs_core::sys::Stat;
 use veilfs_core::{CryptFile, EntryKind, Identity};
 
@@ -27,15 +27,28 @@ pub struct Link {
     pub on_disk: String,
 }
 
-/// Per-file state shared by all handles of one regular file: the one open `CryptFile` of the
-/// inode (so header state is shared) with its count of users, the plaintext size while it is
-/// open, and the locks that order I/O on it (see the crate docs for the lock order).
+/// The I/O state of one backing file: its one open `CryptFile` with its count of users, the
+/// plaintext size while it is open, and the locks that order I/O on it (see the crate docs
+/// for the lock order). Shared by every node of the backing inode ([`NodeTable::lookup`]):
+/// CIPHERDIR's watch can give a backing inode a new node while the kernel still holds the
+/// old one, and a file with a block map keeps its map and write session in memory
+/// (docs/FORMAT.md §5.10), so two open files of one inode would go stale against each other
+/// (a write through one, then EIO or a wrong size through the other).
 #[derive(Debug, Default)]
-pub struct FileState {
+pub struct FileIo {
     open: Mutex<Option<(Arc<CryptFile>, usize)>>,
     size: AtomicU64,
     size_lock: RwLock<()>,
     ranges: crate::rangelock::RangeLock,
+    /// Written (or resized) since the open file was last noted.
+    written: std::sync::atomic::AtomicBool,
+}
+
+/// Per-file state of one node: the backing file's I/O state (shared with any other node of
+/// the same backing inode) and what the kernel knows of the file through this node.
+#[derive(Debug, Default)]
+pub struct FileState {
+    io: Arc<FileIo>,
     /// The next READ must check whether the access time is due (see `ops/atime.rs`).
     pub atime_due: std::sync::atomic::AtomicBool,
     /// The backing file's modification time, size, mode and owner as the kernel knows the
@@ -49,8 +62,6 @@ pub struct FileState {
     /// the watch before it takes an attribute change for someone else's: the watch may read
     /// the event of the mount's own chmod or utimes before the SETATTR noted it.
     pub setting: Mutex<()>,
-    /// Written (or resized) since the open file was last noted.
-    written: std::sync::atomic::AtomicBool,
     /// The FUSE generation of the node id, raised when the kernel must drop its inode
     /// ([`renew`](Self::renew)).
     generation: AtomicU64,
@@ -89,18 +100,18 @@ impl FileState {
 
     /// The open file, if some handle has it open.
     pub fn opened(&self) -> Option<Arc<CryptFile>> {
-        self.open.lock().as_ref().map(|(c, _)| c.clone())
+        self.io.open.lock().as_ref().map(|(c, _)| c.clone())
     }
 
     /// The plaintext size while the file is open (`None`: not open, ask the backing file).
     pub fn open_size(&self) -> Option<u64> {
-        self.open.lock().as_ref().map(|_| self.size())
+        self.io.open.lock().as_ref().map(|_| self.size())
     }
 
     /// One more user of the open file; if it is not open, `open` opens it (under this
     /// state's lock, so two first users never open it twice) and gives its plaintext size.
     pub fn acquire(&self, open: impl FnOnce() -> io::Result<(CryptFile, u64)>) -> io::Result<Arc<CryptFile>> {
-        let mut g = self.open.lock();
+        let mut g = self.io.open.lock();
         if let Some((c, n)) = g.as_mut() {
             *n += 1;
             return Ok(c.clone());
@@ -115,7 +126,7 @@ impl FileState {
     /// One more user of `fresh`, a file just created empty; if another thread opened the
     /// inode meanwhile, of that one.
     pub fn adopt(&self, fresh: Arc<CryptFile>) -> Arc<CryptFile> {
-        let mut g = self.open.lock();
+        let mut g = self.io.open.lock();
         match g.as_mut() {
             Some((c, n)) => {
                 *n += 1;
@@ -132,7 +143,7 @@ impl FileState {
     /// One user fewer; when that was the last one, `last` runs on the file before it is
     /// closed, still under this state's lock (so a new opener sees what `last` wrote).
     pub fn release(&self, last: impl FnOnce(&CryptFile)) {
-        let mut g = self.open.lock();
+        let mut g = self.io.open.lock();
         if let Some((c, n)) = g.as_mut() {
             *n -= 1;
             if *n == 0 {
@@ -149,12 +160,12 @@ impl FileState {
 
     /// Notes a write or size change through the mount.
     pub fn wrote(&self) {
-        self.written.store(true, Ordering::Relaxed);
+        self.io.written.store(true, Ordering::Relaxed);
     }
 
     /// Whether the file was written since this was last asked.
     pub fn take_written(&self) -> bool {
-        self.written.swap(false, Ordering::Relaxed)
+        self.io.written.swap(false, Ordering::Relaxed)
     }
 
     /// Whether the backing file, found as `st` after a close that wrote or a change of its
@@ -173,27 +184,27 @@ impl FileState {
 
     /// The cached plaintext size (valid while open).
     pub fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
+        self.io.size.load(Ordering::Acquire)
     }
 
     /// Records a new plaintext size (hold [`resizing`](Self::resizing)).
     pub fn set_size(&self, n: u64) {
-        self.size.store(n, Ordering::Release);
+        self.io.size.store(n, Ordering::Release);
     }
 
     /// Shared: I/O inside the current size may proceed (with [`blocks`](Self::blocks)).
     pub fn sized(&self) -> RwLockReadGuard<'_, ()> {
-        self.size_lock.read()
+        self.io.size_lock.read()
     }
 
     /// Exclusive: the size is about to change (a write past the end, a truncate).
     pub fn resizing(&self) -> RwLockWriteGuard<'_, ()> {
-        self.size_lock.write()
+        self.io.size_lock.write()
     }
 
     /// Locks blocks `first..=last` for reading (shared) or writing (exclusive).
     pub fn blocks(&self, first: u64, last: u64, write: bool) -> crate::rangelock::RangeGuard<'_> {
-        self.ranges.lock(first, last, write)
+        self.io.ranges.lock(first, last, write)
     }
 }
 
@@ -311,6 +322,9 @@ pub struct NodeTable {
     /// backing inode → (node id, identity); kept after a forget so numbers stay stable.
     ids: Mutex<HashMap<u64, (u64, Identity)>>,
     next: AtomicU64,
+    /// backing inode → (identity, I/O state) of its file nodes: every node of one backing
+    /// file shares one [`FileIo`], so the mount never holds two open files of one inode.
+    io: Mutex<HashMap<u64, (Identity, Weak<FileIo>)>>,
     /// CIPHERDIR's watch (a mount that caches): every directory node is watched while the
     /// kernel knows it (`watch.rs`).
     watcher: std::sync::OnceLock<Arc<crate::watch::Watcher>>,
@@ -338,6 +352,7 @@ impl NodeTable {
             nodes: RwLock::new(nodes),
             ids: Mutex::new(ids),
             next: AtomicU64::new(2),
+            io: Mutex::new(HashMap::new()),
             watcher: std::sync::OnceLock::new(),
         }
     }
@@ -385,7 +400,7 @@ impl NodeTable {
             gone: Mutex::new(None),
             dir,
             file: (kind == EntryKind::File).then(|| {
-                let f = FileState::default();
+                let f = FileState { io: self.io_of(ino, identity), ..FileState::default() };
                 f.note_own(st);
                 f
             }),
@@ -403,6 +418,20 @@ impl NodeTable {
             w.watch(&node);
         }
         Ok(node)
+    }
+
+    /// The I/O state of backing file `ino` holding `identity`: the one a live node of it has
+    /// (CIPHERDIR's watch may have given the inode a new node while the kernel still holds
+    /// the old one, see `watch.rs`), or a new one. Another identity is another file (its
+    /// entry binds something else): it gets its own.
+    fn io_of(&self, ino: u64, identity: Identity) -> Arc<FileIo> {
+        let mut m = self.io.lock();
+        if let Some(io) = m.get(&ino).filter(|(ident, _)| *ident == identity).and_then(|(_, w)| w.upgrade()) {
+            return io;
+        }
+        let io = Arc::new(FileIo::default());
+        m.insert(ino, (identity, Arc::downgrade(&io)));
+        io
     }
 
     /// The node id of backing inode `ino` holding `identity`: the one it has (also after the
@@ -430,10 +459,18 @@ impl NodeTable {
             let prev = node.lookups.fetch_sub(n, Ordering::Relaxed);
             if prev <= n {
                 let dir = node.dir.is_some();
-                nodes.remove(&id);
+                let gone = nodes.remove(&id);
                 drop(nodes);
                 if let (Some(w), true) = (self.watcher.get(), dir) {
                     w.unwatch(id);
+                }
+                // The I/O state goes with the last node of its inode (a handle may still
+                // hold the node; a later lookup of the inode then replaces the dead entry).
+                if let Some(ino) = gone.filter(|n| n.file.is_some()).map(|n| n.backing_ino) {
+                    let mut io = self.io.lock();
+                    if io.get(&ino).is_some_and(|(_, w)| w.strong_count() == 0) {
+                        io.remove(&ino);
+                    }
                 }
             }
         }
