@@ -453,6 +453,47 @@ fn an_o_trunc_open_is_the_mounts_own_change_and_the_file_keeps_its_inode() {
 }
 
 #[test]
+fn an_old_and_a_new_inode_of_one_backing_file_share_one_open_file() {
+    // CIPHERDIR's watch gives a backing file rewritten in place by others a new inode while
+    // the kernel may still hold the old one (here through an O_PATH descriptor, which opens
+    // nothing in the daemon). Both inodes opened at once must share one open file: with a
+    // block map in memory, two would go stale against each other (EIO, wrong sizes).
+    let Some(m) = Mounted::new("64m", &["--no-writeback"]) else { return };
+    let p = m.m("f");
+    fs::write(&p, vec![7u8; 20_000]).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let opath = OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(&p).unwrap();
+    // A sync tool rewrites the backing file in place (with the same bytes: still valid).
+    let backing = fs::read_dir(&m.cipher)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.metadata().is_ok_and(|md| md.is_file() && md.len() > 20_000))
+        .expect("the backing file")
+        .path();
+    let bytes = fs::read(&backing).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(&backing, &bytes).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let old = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&opath)))
+        .unwrap();
+    let new = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    assert_ne!(old.metadata().unwrap().ino(), new.metadata().unwrap().ino(), "the watch gave the file a new inode");
+    new.set_len(30_000).unwrap();
+    new.write_all_at(b"new", 25_000).unwrap();
+    old.write_all_at(b"old", 0).unwrap();
+    assert_eq!(old.metadata().unwrap().len(), 30_000, "the old inode sees the new one's size");
+    old.set_len(6_000).unwrap();
+    assert_eq!(new.metadata().unwrap().len(), 6_000, "the new inode sees the old one's truncate");
+    drop((old, new, opath));
+    let mut want = vec![7u8; 6_000];
+    want[..3].copy_from_slice(b"old");
+    assert_eq!(fs::read(&p).unwrap(), want);
+}
+
+#[test]
 fn two_gib_sparse_file_and_absurd_truncate() {
     let Some(m) = Mounted::new("512m", &[]) else { return };
     let p = m.m("sparse");
