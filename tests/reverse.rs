@@ -158,7 +158,16 @@ fn a_backup_of_the_view_restores_the_tree_and_rsync_sends_only_changes() {
     let rel = String::from_utf8(rel.stdout).unwrap().trim().to_string();
     let back = run(
         &BIN,
-        &["decrypt-path", "--reverse", plain.to_str().unwrap(), &rel, "--passfile", rm.passfile.to_str().unwrap()],
+        // A ciphertext name may begin with '-' (base64url): after `--` it is never an option.
+        &[
+            "decrypt-path",
+            "--reverse",
+            "--passfile",
+            rm.passfile.to_str().unwrap(),
+            "--",
+            plain.to_str().unwrap(),
+            &rel,
+        ],
     );
     assert_eq!(String::from_utf8_lossy(&back.stdout).trim(), "big.bin", "{}", text(&back));
     // The view shows the plaintext's directory times (the old one of deep/a).
