@@ -199,6 +199,22 @@ impl Vault {
         }
         good.extend(copies.into_iter().map(|c| c.entry));
         bad.extend(bad_copies);
+        // What this client remembers of the directory: a deletion by a non-client is logged
+        // (the entry is not there to refuse); a resurrected entry is refused.
+        let v = self.check_entries(dir, raw.iter().map(|r| r.name.as_slice()));
+        Self::log_verdicts(dir, &v);
+        if !v.resurrected.is_empty() {
+            good.retain(|e| {
+                let back = v.resurrected.contains(&e.on_disk);
+                if back {
+                    bad.push(BadEntry {
+                        on_disk: e.on_disk.clone().into_bytes(),
+                        error: Self::resurrected_error(dir, &e.on_disk),
+                    });
+                }
+                !back
+            });
+        }
         Ok((good, bad))
     }
 
@@ -231,7 +247,20 @@ impl Vault {
             }
         }
         match (found, forged) {
-            (Some(e), _) => Ok(Some(e)),
+            (Some(e), _) => {
+                let tombs: HashSet<&[u8]> = raw
+                    .iter()
+                    .map(|r| r.name.as_slice())
+                    .filter(|n| n.starts_with(crate::tombstone::TOMBSTONE_PREFIX.as_bytes()))
+                    .collect();
+                if self.ctx.known.is_some()
+                    && self.ctx.known.as_ref().map(|k| k.trust()) != Some(crate::known::Trust::AllowRollback)
+                    && self.has_tombstone(dir, &e.on_disk, &tombs)
+                {
+                    return Err(Self::resurrected_error(dir, &e.on_disk));
+                }
+                Ok(Some(e))
+            }
             (None, Some(e)) => Err(e),
             // Perhaps the name a conflict copy is shown under.
             (None, None) => self.lookup_conflict(dir, name, raw.iter().map(|r| r.name.as_slice())),

@@ -15,10 +15,13 @@
 //! `entries.rs` (making and removing entries), `rename.rs` (moving them) and `handles.rs`
 //! (opening what an entry names).
 
+mod deletions;
 mod dirs;
 mod entries;
 mod handles;
 mod rename;
+
+pub use deletions::EntryVerdicts;
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
