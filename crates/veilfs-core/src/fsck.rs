@@ -137,8 +137,8 @@ pub struct Report {
     /// makes them ordinary entries under the names they are shown as), and copies of
     /// veilfs's own files that hold nothing else than the original.
     pub conflicts: Vec<ConflictFound>,
-    /// Tombstones older than the horizon (`crate::tombstone::HORIZON_SECS`) that `--repair`
-    /// removed.
+    /// Tombstone records older than the horizon (`crate::tombstone::HORIZON_SECS`) that
+    /// `--repair` dropped.
     pub expired_tombstones: u64,
 }
 
@@ -333,6 +333,11 @@ impl<'a> Checker<'a> {
             if r.name == b"." || r.name == b".." || r.name == copy_name.as_bytes() {
                 continue;
             }
+            // A tombstone log, or a sync tool's copy of one (read as one more log).
+            if crate::tombstone::is_log_name(&r.name) {
+                self.check_tombstone_log(&dir, &name, &plain);
+                continue;
+            }
             // A sync tool's copy of one of veilfs's own files: by that file's rule.
             if let ParsedEntry::Internal | ParsedEntry::Conflict(_) = ParsedEntry::parse(&r.name) {
                 if let Some(c) = crate::conflict::parse(&r.name).filter(|c| !c.is_of_entry()) {
@@ -401,10 +406,6 @@ impl<'a> Checker<'a> {
                     "an interrupted upgrade left a temporary copy".into(),
                 );
                 self.remove_leftover(i, &dir, &name, "removed (the file it copied keeps its name)");
-                continue;
-            }
-            if r.name.starts_with(crate::tombstone::TOMBSTONE_PREFIX.as_bytes()) {
-                self.check_tombstone(&dir, &name, &plain);
                 continue;
             }
             if r.name.starts_with(XCHG_PREFIX.as_bytes()) {
@@ -573,25 +574,43 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Checks the tombstone `name` of `dir`: one that does not verify is damage (planted,
-    /// edited or moved; it vouches for nothing), removed by `--repair` (it holds no user data);
-    /// one older than the horizon is removed by `--repair` (not a problem).
-    fn check_tombstone(&mut self, dir: &CipherDir, name: &str, plain: &Path) {
-        match crate::tombstone::read(dir.fd(), &self.vault.content().keys, name, &dir.iv) {
-            Err(why) => {
-                let i = self.problem(ProblemKind::Damaged, dir.path.join(name), Some(plain), why);
-                self.remove_leftover(i, dir, name, "removed (a tombstone that does not verify vouches for nothing)");
+    /// Checks the tombstone log `name` of `dir` (a sync tool's copy of one too): a log or part
+    /// of one that does not verify is damage (planted, edited or moved; it vouches for
+    /// nothing), which `--repair` cuts off (a log with no valid record is removed: it holds no
+    /// user data); records older than the horizon are dropped by `--repair` (not a problem).
+    fn check_tombstone_log(&mut self, dir: &CipherDir, name: &str, plain: &Path) {
+        use crate::tombstone;
+        let keys = &self.vault.content().keys;
+        let log = tombstone::read_log(dir.fd(), keys, &dir.iv, name.as_bytes());
+        let now = tombstone::now();
+        let expired = log.records.iter().filter(|(_, e)| e.expired(now)).count();
+        let mut repair = expired > 0 && log.bad.is_none();
+        if let Some(why) = &log.bad {
+            let i = self.problem(ProblemKind::Damaged, dir.path.join(name), Some(plain), why.clone());
+            if log.records.is_empty() {
+                self.remove_leftover(
+                    i,
+                    dir,
+                    name,
+                    "removed (a tombstone log that does not verify vouches for nothing)",
+                );
+                return;
             }
-            Ok(t) if self.repair && t.expired(crate::tombstone::now()) => {
-                let r = sys::as_owner_of(&[dir.fd()], || sys::unlinkat(dir.fd(), name.as_bytes(), false));
-                match r {
-                    Ok(()) => self.report.expired_tombstones += 1,
-                    Err(e) => {
-                        tracing::warn!("{}: an expired tombstone could not be removed: {e}", dir.child_path(name))
-                    }
-                }
+            repair = true;
+            if self.repair {
+                self.report.problems[i].repaired = Some("cut after its last record that verifies".into());
             }
-            Ok(_) => {}
+        }
+        if !(repair && self.repair) {
+            return;
+        }
+        let r = sys::as_owner_of(&[dir.fd()], || {
+            tombstone::Tombstones::new(log.client)
+                .rewrite(dir.fd(), keys, &dir.iv, name.as_bytes(), |e| !e.expired(now))
+        });
+        match r {
+            Ok(n) => self.report.expired_tombstones += n as u64,
+            Err(e) => tracing::warn!("{}: the tombstone log could not be rewritten: {e}", dir.child_path(name)),
         }
     }
 

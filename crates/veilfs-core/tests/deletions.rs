@@ -8,7 +8,7 @@ use crate::common::*;
 use std::path::{Path, PathBuf};
 use veilfs_core::fsck::{Checker, ProblemKind, Report};
 use veilfs_core::known::{KnownOptions, Trust};
-use veilfs_core::tombstone::{self, Tombstone, HORIZON_SECS, TOMBSTONE_LEN};
+use veilfs_core::tombstone::{self, Event, Op, Tombstones, HEADER_LEN, HORIZON_SECS, RECORD_LEN};
 use veilfs_core::{CipherDir, Error, Vault};
 
 fn setup() -> (tempfile::TempDir, PathBuf) {
@@ -48,8 +48,15 @@ fn look(v: &Vault, dirs: &[&str]) {
     }
 }
 
-fn tombstone_path(v: &Vault, dir: &CipherDir, on_disk: &str) -> PathBuf {
-    dir.path.join(tombstone::name(&tombstone::token(&v.content().keys, &dir.iv, on_disk.as_bytes())))
+/// The tombstone log of client `v` in `dir`.
+fn log_path(v: &Vault, dir: &CipherDir) -> PathBuf {
+    dir.path.join(tombstone::log_name(&v.known().unwrap().client_id()))
+}
+
+/// What the tombstone logs of `dir` say last of its entry `on_disk`.
+fn latest(v: &Vault, dir: &CipherDir, on_disk: &str) -> Option<Event> {
+    let t = tombstone::token(&v.content().keys, &dir.iv, on_disk.as_bytes());
+    Tombstones::new([0; 16]).with_dir(dir.fd(), &v.content().keys, &dir.iv, None, |d| d.latest(&t))
 }
 
 #[test]
@@ -116,8 +123,9 @@ fn an_entry_put_back_after_a_client_deleted_it_is_refused_as_resurrected() {
     let saved = std::fs::read(&cp).unwrap();
     let e = v.lookup(&root, b"f").unwrap().unwrap();
     v.remove(&root, &e).unwrap();
-    let tomb = tombstone_path(&v, &root, &e.on_disk);
-    assert_eq!(std::fs::metadata(&tomb).unwrap().len(), TOMBSTONE_LEN as u64);
+    let tomb = log_path(&v, &root);
+    assert_eq!(std::fs::metadata(&tomb).unwrap().len(), (HEADER_LEN + RECORD_LEN) as u64);
+    assert_eq!(latest(&v, &root, &e.on_disk).map(|e| e.op), Some(Op::Deleted));
     drop(v);
     // The deletion itself is no finding, for this client or another.
     assert!(fsck(&client(&c, &a), false).is_clean());
@@ -141,10 +149,11 @@ fn an_entry_put_back_after_a_client_deleted_it_is_refused_as_resurrected() {
         assert_eq!(kinds(&r), vec![(ProblemKind::Resurrected, cp.clone())]);
         assert_eq!(r.problems[0].plain_path.as_deref(), Some(Path::new("f")));
     }
-    // `fsck --accept` keeps it: the tombstone goes.
+    // `fsck --accept` keeps it: a "back" record answers the deletion, for every client.
     assert!(fsck(&client_as(&c, &a, Trust::Accept), false).is_clean());
-    assert!(!tomb.exists());
     let v = client(&c, &a);
+    assert_eq!(latest(&v, &v.root().unwrap(), &e.on_disk).map(|e| e.op), Some(Op::Back));
+    assert!(fsck(&client(&c, &t.path().join("c2")), false).is_clean());
     assert_eq!(read_file(&v, &v.root().unwrap(), "f").unwrap(), b"deleted later");
     assert!(fsck(&v, false).is_clean());
 }
@@ -231,31 +240,35 @@ fn a_forged_edited_or_moved_tombstone_never_makes_a_deletion_look_legitimate() {
     let on_disk = |n: &str| v.lookup(&root, n.as_bytes()).unwrap().unwrap().on_disk;
     let (f1, f3) = (on_disk("f1"), on_disk("f3"));
     let (cp1, cp3) = (cipher_path(&v, &root, "f1"), cipher_path(&v, &root, "f3"));
-    let (t1, t3) = (tombstone_path(&v, &root, &f1), tombstone_path(&v, &root, &f3));
+    let _ = (f1, f3);
     drop((v, d));
 
-    // Client B deletes x in d and f2 in the root: two valid tombstones.
+    // Client B deletes x in d and f2 in the root: one valid record in each of its two logs.
     let w = client(&c, &b);
     let root = w.root().unwrap();
     let d_e = w.lookup(&root, b"d").unwrap().unwrap();
     let d = w.open_dir(&root, &d_e).unwrap();
     let x = w.lookup(&d, b"x").unwrap().unwrap();
     w.remove(&d, &x).unwrap();
-    let tx = tombstone_path(&w, &d, &x.on_disk);
+    let tx = log_path(&w, &d);
     let f2 = w.lookup(&root, b"f2").unwrap().unwrap();
     w.remove(&root, &f2).unwrap();
-    let t2 = tombstone_path(&w, &root, &f2.on_disk);
+    let t2 = log_path(&w, &root);
     drop((w, d));
 
-    // The storage deletes f1 and f3 and dresses them up: x's tombstone moved to f1's name in
-    // the root, f2's edited, a forged one for f3.
+    // The storage deletes f1 and f3 and dresses them up: B's log of d moved into the root
+    // under another name, B's record of f2 edited, a forged log.
     std::fs::remove_file(&cp1).unwrap();
     std::fs::remove_file(&cp3).unwrap();
+    let t1 = root.path.join("veilfs.D.moved");
     std::fs::copy(&tx, &t1).unwrap();
     let mut edited = std::fs::read(&t2).unwrap();
-    edited[20] ^= 1;
+    edited[HEADER_LEN + 20] ^= 1;
     std::fs::write(&t2, &edited).unwrap();
-    std::fs::write(&t3, [7u8; TOMBSTONE_LEN]).unwrap();
+    let t3 = root.path.join("veilfs.D.forged");
+    let mut forged = tombstone::header(&[7; 16]).to_vec();
+    forged.extend_from_slice(&[7u8; RECORD_LEN]);
+    std::fs::write(&t3, forged).unwrap();
 
     let r = fsck(&client(&c, &a), false);
     let mut found = kinds(&r);
@@ -281,21 +294,69 @@ fn tombstones_older_than_the_horizon_are_removed_by_fsck_repair() {
     let root = v.root().unwrap();
     let keys = &v.content().keys;
     let now = tombstone::now();
-    let mut names = Vec::new();
-    for (i, age) in [HORIZON_SECS + 86_400, HORIZON_SECS - 86_400].into_iter().enumerate() {
-        let name = tombstone::name(&tombstone::token(keys, &root.iv, format!("entry{i}").as_bytes()));
-        let ts = Tombstone { kind: 1, client: v.known().unwrap().client_id(), time: now - age };
-        tombstone::write(root.fd(), keys, &name, &root.iv, &ts).unwrap();
-        names.push(root.path.join(name));
-    }
+    let client = v.known().unwrap().client_id();
+    let recs: Vec<_> = [HORIZON_SECS + 86_400, HORIZON_SECS - 86_400]
+        .into_iter()
+        .enumerate()
+        .map(|(i, age)| {
+            let t = tombstone::token(keys, &root.iv, format!("entry{i}").as_bytes());
+            (t, Event { op: Op::Deleted, kind: 1, time: now - age })
+        })
+        .collect();
+    Tombstones::new(client).append(root.fd(), keys, &root.iv, &recs).unwrap();
+    let log = log_path(&v, &root);
     let r = fsck(&v, false);
     assert!(r.is_clean() && r.expired_tombstones == 0, "{:?}", r.problems);
-    assert!(names[0].exists());
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), (HEADER_LEN + 2 * RECORD_LEN) as u64);
     let r = fsck(&v, true);
     assert!(r.is_clean(), "{:?}", r.problems);
     assert_eq!(r.expired_tombstones, 1);
-    assert!(!names[0].exists(), "the tombstone past the horizon is removed");
-    assert!(names[1].exists(), "the one within it stays");
+    assert_eq!(
+        std::fs::metadata(&log).unwrap().len(),
+        (HEADER_LEN + RECORD_LEN) as u64,
+        "the record past the horizon is dropped, the one within it stays"
+    );
+    assert_eq!(latest(&v, &root, "entry1").map(|e| e.op), Some(Op::Deleted));
+    assert_eq!(latest(&v, &root, "entry0"), None);
+}
+
+/// Churn (a build, an editor's temporary files) leaves one log per client in a directory, of
+/// one record per removed name, not one file per name; a sync tool's copy of a log (a state
+/// copied to a second machine) reads as one more log, not as damage.
+#[test]
+fn many_deletions_in_one_directory_leave_one_log_and_a_copy_of_it_is_no_damage() {
+    let (t, c) = setup();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    for i in 0..300 {
+        write_file(&v, &root, &format!("f{i}"), b"x");
+    }
+    look(&v, &[]);
+    drop(v);
+    let w = client(&c, &b);
+    let root = w.root().unwrap();
+    for i in 0..300 {
+        let e = w.lookup(&root, format!("f{i}").as_bytes()).unwrap().unwrap();
+        w.remove(&root, &e).unwrap();
+    }
+    let log = log_path(&w, &root);
+    drop(w);
+    let logs: Vec<_> = std::fs::read_dir(&c)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(tombstone::LOG_PREFIX))
+        .collect();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert_eq!(std::fs::metadata(&log).unwrap().len(), (HEADER_LEN + 300 * RECORD_LEN) as u64);
+    // Syncthing's copy of the log, as when two machines wrote one client's log.
+    let n = log.file_name().unwrap().to_str().unwrap();
+    let copy = c.join(format!("veilfs.D.sync-conflict-20261128-101010-ABCDEFG.{}", &n["veilfs.D.".len()..]));
+    std::fs::copy(&log, &copy).unwrap();
+    // The copy alone (the original's sync still under way) vouches for the deletions.
+    std::fs::remove_file(&log).unwrap();
+    let r = fsck(&client(&c, &a), false);
+    assert!(r.is_clean(), "{:?}", r.problems);
 }
 
 /// A sync tool renames an entry it saw conflict to a conflict copy's name (Syncthing's form

@@ -248,14 +248,10 @@ impl Vault {
         }
         match (found, forged) {
             (Some(e), _) => {
-                let tombs: HashSet<&[u8]> = raw
-                    .iter()
-                    .map(|r| r.name.as_slice())
-                    .filter(|n| n.starts_with(crate::tombstone::TOMBSTONE_PREFIX.as_bytes()))
-                    .collect();
+                let names: Vec<&[u8]> = raw.iter().map(|r| r.name.as_slice()).collect();
                 if self.ctx.known.is_some()
                     && self.ctx.known.as_ref().map(|k| k.trust()) != Some(crate::known::Trust::AllowRollback)
-                    && self.has_tombstone(dir, &e.on_disk, &tombs)
+                    && self.has_tombstone(dir, &e.on_disk, &names)
                 {
                     return Err(Self::resurrected_error(dir, &e.on_disk));
                 }

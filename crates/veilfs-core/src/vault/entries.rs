@@ -45,13 +45,14 @@ impl Vault {
     /// directory without one. A symlink's target side file goes after it, once no other
     /// symlink of `dir` uses it. Does not touch long-name side files.
     ///
-    /// In a vault with `"versions"` the entry's tombstone is written first (and taken back if
-    /// the removal fails), so that no other client takes the deletion for the storage's.
+    /// In a vault with `"versions"` the entry's tombstone record is appended first (and a
+    /// "back" record after it if the removal fails), so that no other client takes the
+    /// deletion for the storage's.
     pub fn remove_entry(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
         let tomb = self.tombstone_before_remove(dir, on_disk, kind)?;
         let r = self.remove_untombed(dir, on_disk, kind, identity);
         if r.is_err() {
-            Self::take_back_tombstone(dir, tomb);
+            self.take_back_tombstone(dir, tomb);
         }
         r
     }
@@ -81,8 +82,8 @@ impl Vault {
         let tmp = crate::names::temp_name();
         sys::rename_noreplace(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes()).ctx(what)?;
         crash::point!("vault.remove_temp");
-        // The tombstones of entries deleted inside go with it (they vouch for deletions in a
-        // directory that no longer exists), with the daemon's own rights as the IV copy.
+        // The tombstone logs of entries deleted inside go with it (they vouch for deletions in
+        // a directory that no longer exists), with the daemon's own rights as the IV copy.
         let _ = sys::privileged(|| {
             for r in sys::read_dir_fd(sub.as_fd())?.iter().filter(|r| is_tombstone(&r.name)) {
                 sys::unlinkat(sub.as_fd(), &r.name, false)?;
@@ -105,6 +106,7 @@ impl Vault {
             return Err(Error::io(what(), e));
         }
         // What this client remembered of the directory's entries goes with it.
+        self.forget_tombstones(identity);
         if let Some(k) = &self.ctx.known {
             let all: Vec<_> = k.entries(identity).into_iter().collect();
             k.update_entries(identity, &[], &all);
@@ -268,7 +270,7 @@ impl Vault {
     }
 
     /// Opens the directory `on_disk` of `dir`, whose entry promises IV `iv`, and checks it
-    /// holds nothing but its IV copy and tombstones (ENOTEMPTY otherwise): before it is removed
+    /// holds nothing but its IV copy and tombstone logs (ENOTEMPTY otherwise): before it is removed
     /// or replaced.
     pub fn empty_dir(&self, dir: &CipherDir, on_disk: &str, iv: &DirIv) -> Result<OwnedFd> {
         let what = || dir.child_path(on_disk);
@@ -417,7 +419,7 @@ impl Vault {
     }
 }
 
-/// Whether `name` is a tombstone's (`crate::tombstone`).
+/// Whether `name` is a tombstone log's (`crate::tombstone`).
 fn is_tombstone(name: &[u8]) -> bool {
-    name.starts_with(crate::tombstone::TOMBSTONE_PREFIX.as_bytes())
+    crate::tombstone::is_log_name(name)
 }
