@@ -742,35 +742,6 @@ fn daemon_without_journal_or_syslog_logs_to_a_file_it_names() {
     assert_eq!(fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
 }
 
-/// Mounts `m`'s vault in the foreground with its log going to `log`; returns once mounted.
-fn foreground_mount(m: &Mounted, log: &Path) -> std::process::Child {
-    foreground_mount_with(m, log, &[])
-}
-
-/// [`foreground_mount`] with `extra` options.
-fn foreground_mount_with(m: &Mounted, log: &Path, extra: &[&str]) -> std::process::Child {
-    let child = std::process::Command::new(&BIN)
-        .args([
-            "mount",
-            m.cipher.to_str().unwrap(),
-            m.mnt.to_str().unwrap(),
-            "--passfile",
-            m.passfile.to_str().unwrap(),
-            "-f",
-        ])
-        .args(extra)
-        .envs(m.env.iter().cloned())
-        .stderr(File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !sh(&format!("grep -q ' {} ' /proc/mounts", m.mnt.display())).status.success() {
-        assert!(t.elapsed() < Duration::from_secs(10), "mount did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
-}
-
 /// Attack: someone who can write the ciphertext swaps two entries' bindings (`D1.S1`,
 /// `D2.S2` become `D1.S2`, `D2.S1`: each name now promises the other file) after the mount
 /// verified both, so the name cipher's memo holds both verdicts. Each is checked again under

@@ -211,26 +211,45 @@ impl Vault {
         v
     }
 
-    /// Logs what [`check_entries`](Self::check_entries) found (one line per finding, the
-    /// directory named): for the offline listings and the mount.
-    pub fn log_verdicts(dir: &CipherDir, v: &EntryVerdicts) {
+    /// The error for `n` entries this client saw in `dir` that are gone without a tombstone.
+    pub fn deleted_error(dir: &CipherDir, n: usize) -> Error {
+        Error::Rollback {
+            what: dir.path.display().to_string(),
+            detail: format!(
+                "{n} entr{} this client saw {} missing without a tombstone: deleted by someone who is not a client \
+                 (or a deletion whose tombstone a sync has not delivered yet); `veilfs fsck --accept` forgets {}",
+                if n == 1 { "y" } else { "ies" },
+                if n == 1 { "is" } else { "are" },
+                if n == 1 { "it" } else { "them" },
+            ),
+        }
+    }
+
+    /// What [`check_entries`](Self::check_entries) found, as the entries a listing could not
+    /// give: deletions by a non-client (one, on the directory itself: no on-disk name), each
+    /// resurrected entry, and each tombstone log that vouches for nothing.
+    pub fn verdict_errors(dir: &CipherDir, v: &EntryVerdicts) -> Vec<BadEntry> {
+        let mut out = Vec::new();
         if v.missing > 0 {
-            tracing::error!(
-                "integrity error in {}: {} entr{} this client saw {} missing without a tombstone: deleted by someone \
-                 who is not a client (or a deletion whose tombstone a sync has not delivered yet); `veilfs fsck \
-                 --accept` forgets {}",
-                dir.path.display(),
-                v.missing,
-                if v.missing == 1 { "y" } else { "ies" },
-                if v.missing == 1 { "is" } else { "are" },
-                if v.missing == 1 { "it" } else { "them" },
-            );
+            out.push(BadEntry { on_disk: Vec::new(), error: Self::deleted_error(dir, v.missing) });
         }
         for on_disk in &v.resurrected {
-            tracing::error!("{}", Self::resurrected_error(dir, on_disk));
+            out.push(BadEntry { on_disk: on_disk.clone().into_bytes(), error: Self::resurrected_error(dir, on_disk) });
         }
         for (name, why) in &v.bad_tombstones {
-            tracing::error!("integrity error in {}: {why}", dir.child_path(name));
+            out.push(BadEntry {
+                on_disk: name.clone().into_bytes(),
+                error: Error::auth(dir.child_path(name), why.clone()),
+            });
+        }
+        out
+    }
+
+    /// Logs what [`check_entries`](Self::check_entries) found (one line per finding, the
+    /// directory or file named): for the mount, whose listings have no one else to tell.
+    pub fn log_verdicts(dir: &CipherDir, v: &EntryVerdicts) {
+        for b in Self::verdict_errors(dir, v) {
+            tracing::error!("{}", b.error);
         }
     }
 }

@@ -199,22 +199,14 @@ impl Vault {
         }
         good.extend(copies.into_iter().map(|c| c.entry));
         bad.extend(bad_copies);
-        // What this client remembers of the directory: a deletion by a non-client is logged
-        // (the entry is not there to refuse); a resurrected entry is refused.
+        // What this client remembers of the directory: a deletion by a non-client is a finding
+        // on the directory (the entry is not there to refuse; the rest of the listing is
+        // fine), a resurrected entry is refused.
         let v = self.check_entries(dir, raw.iter().map(|r| r.name.as_slice()));
-        Self::log_verdicts(dir, &v);
         if !v.resurrected.is_empty() {
-            good.retain(|e| {
-                let back = v.resurrected.contains(&e.on_disk);
-                if back {
-                    bad.push(BadEntry {
-                        on_disk: e.on_disk.clone().into_bytes(),
-                        error: Self::resurrected_error(dir, &e.on_disk),
-                    });
-                }
-                !back
-            });
+            good.retain(|e| !v.resurrected.contains(&e.on_disk));
         }
+        bad.extend(Self::verdict_errors(dir, &v));
         Ok((good, bad))
     }
 
