@@ -443,6 +443,17 @@ impl Tombstones {
                 st.st_nlink
             )));
         }
+        // One writer at a time across this machine's processes (a mount and a command sharing
+        // the client state): an `flock` held until the fd closes. Never waited for long: a
+        // lock someone else holds on (a file planted there) costs 100 ms, then the append goes
+        // on without it; two appends at one offset lose a record, which is a false alarm.
+        for _ in 0..50 {
+            match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Err(rustix::io::Errno::WOULDBLOCK) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                _ => break,
+            }
+        }
+        let st = sys::fstat(fd.as_fd())?;
         let size = st.st_size as u64;
         let mut h = [0u8; HEADER_LEN];
         let ours = size >= HEADER_LEN as u64
