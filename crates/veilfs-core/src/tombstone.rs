@@ -342,14 +342,29 @@ impl DirTombs {
 pub struct Tombstones {
     client: [u8; 16],
     dirs: Mutex<HashMap<DirIv, DirTombs>>,
-    append: Mutex<()>,
+    /// This client's logs kept open for appending (a few directories at a time): one
+    /// `fstatat` and one `write` per deletion while the log stays the same file.
+    own: Mutex<HashMap<DirIv, OwnLog>>,
 }
+
+/// One of this client's logs, open `O_APPEND`.
+#[derive(Debug)]
+struct OwnLog {
+    fd: OwnedFd,
+    ino: u64,
+    opened: std::time::Instant,
+}
+
+/// How many of its logs a client keeps open at most.
+const OWN_OPEN: usize = 64;
+/// How long a log is kept open before it is opened again (and its expired records dropped).
+const OWN_REOPEN: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Tombstones {
     /// For the client `client` (its ID in the client state, or a random one per run for a
     /// command that keeps no state).
     pub fn new(client: [u8; 16]) -> Tombstones {
-        Tombstones { client, dirs: Mutex::new(HashMap::new()), append: Mutex::new(()) }
+        Tombstones { client, dirs: Mutex::new(HashMap::new()), own: Mutex::new(HashMap::new()) }
     }
 
     /// This client's ID, as its records carry it.
@@ -394,14 +409,19 @@ impl Tombstones {
     /// Forgets what this process parsed of the directory `dir_iv` (it was removed).
     pub fn forget_dir(&self, dir_iv: &DirIv) {
         lock(&self.dirs).remove(dir_iv);
+        lock(&self.own).remove(dir_iv);
     }
 
     /// Appends this client's records `recs` (token and event) to its log in `dir` (IV
-    /// `dir_iv`), creating it; cuts a torn last record first, and rewrites the log without its
-    /// expired records when its first one has expired. Never follows a link; refuses a log
-    /// that is not a regular file or has other hard links (nothing is written through it).
-    /// Not synced: a record a crash loses makes another client report the deletion as a
-    /// non-client's (a false alarm `fsck --accept` settles), never hides one.
+    /// `dir_iv`), creating it. When it opens the log (the first append in that directory, or
+    /// an hour after it last did) it cuts a torn last record, starts the log over if its
+    /// header is not this client's, and rewrites it without its expired records when its
+    /// first one has expired. Never follows a link; refuses a log that is not a regular file
+    /// or has other hard links (nothing is written through it). Each append is one `write`
+    /// to the file opened `O_APPEND`, so a mount and a command of this machine appending at
+    /// once never overwrite each other's records. Not synced: a record a crash loses makes
+    /// another client report the deletion as a non-client's (a false alarm `fsck --accept`
+    /// settles), never hides one.
     pub fn append(
         &self,
         dir: BorrowedFd<'_>,
@@ -409,31 +429,56 @@ impl Tombstones {
         dir_iv: &DirIv,
         recs: &[(Token, Event)],
     ) -> std::io::Result<()> {
-        let _g = lock(&self.append);
+        let mut buf = Vec::with_capacity(recs.len() * RECORD_LEN);
+        for (t, e) in recs {
+            buf.extend_from_slice(&encode(keys, dir_iv, &self.client, t, e));
+        }
         let name = log_name(&self.client);
-        let (fd, mut end) = self.open_own(dir, &name)?;
-        if end > HEADER_LEN as u64 {
-            let mut first = [0u8; RECORD_LEN];
-            if sys::pread_full(fd.as_fd(), &mut first, HEADER_LEN as u64)? == RECORD_LEN
-                && now().saturating_sub(u64::from_be_bytes(first[18..26].try_into().expect("8"))) > HORIZON_SECS
-            {
-                drop(fd);
-                self.rewrite(dir, keys, dir_iv, name.as_bytes(), |e| !e.expired(now()))?;
-                return self.append_to(self.open_own(dir, &name)?, keys, dir_iv, recs);
+        let mut own = lock(&self.own);
+        // Still the file this client has open under that name (not replaced by a repair,
+        // removed with its directory, or swapped)?
+        let current = own.get(dir_iv).is_some_and(|l| {
+            l.opened.elapsed() < OWN_REOPEN
+                && sys::fstatat(dir, name.as_bytes()).is_ok_and(|st| {
+                    st.st_ino == l.ino
+                        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+                        && st.st_nlink == 1
+                        // A torn record (another process of this machine died in an append)
+                        // is cut by opening the log again.
+                        && (st.st_size as u64)
+                            .checked_sub(HEADER_LEN as u64)
+                            .is_some_and(|body| body % RECORD_LEN as u64 == 0)
+                })
+        });
+        if !current {
+            if own.len() >= OWN_OPEN {
+                own.clear();
             }
+            let log = self.open_own(dir, keys, dir_iv, &name)?;
+            own.insert(*dir_iv, log);
         }
-        if end < HEADER_LEN as u64 {
-            end = HEADER_LEN as u64;
+        let fd = &own.get(dir_iv).expect("inserted above").fd;
+        let n = rustix::io::write(fd, &buf)?;
+        if n != buf.len() {
+            // A full disk mid-record: cut the torn part (the next opening would too).
+            let st = sys::fstat(fd.as_fd())?;
+            let keep = (st.st_size as u64).saturating_sub(n as u64);
+            let _ = sys::ftruncate(fd.as_fd(), keep);
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
-        self.append_to((fd, end), keys, dir_iv, recs)
+        Ok(())
     }
 
-    /// Opens (creating) this client's log `name` of `dir` and finds where the next record
-    /// goes: after the header and the last whole record, a torn one cut. A new log gets its
-    /// header.
-    fn open_own(&self, dir: BorrowedFd<'_>, name: &str) -> std::io::Result<(OwnedFd, u64)> {
-        let flags =
-            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    /// Opens (creating) this client's log `name` of `dir` for appending: a torn last record
+    /// cut, a header that is not this client's started over, expired records dropped.
+    fn open_own(&self, dir: BorrowedFd<'_>, keys: &SubKeys, dir_iv: &DirIv, name: &str) -> std::io::Result<OwnLog> {
+        let flags = libc::O_RDWR
+            | libc::O_APPEND
+            | libc::O_CREAT
+            | libc::O_NOFOLLOW
+            | libc::O_NONBLOCK
+            | libc::O_NOCTTY
+            | libc::O_CLOEXEC;
         let fd = sys::openat(dir, name.as_bytes(), flags, 0o600)?;
         let st = sys::fstat(fd.as_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 {
@@ -443,17 +488,6 @@ impl Tombstones {
                 st.st_nlink
             )));
         }
-        // One writer at a time across this machine's processes (a mount and a command sharing
-        // the client state): an `flock` held until the fd closes. Never waited for long: a
-        // lock someone else holds on (a file planted there) costs 100 ms, then the append goes
-        // on without it; two appends at one offset lose a record, which is a false alarm.
-        for _ in 0..50 {
-            match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-                Err(rustix::io::Errno::WOULDBLOCK) => std::thread::sleep(std::time::Duration::from_millis(2)),
-                _ => break,
-            }
-        }
-        let st = sys::fstat(fd.as_fd())?;
         let size = st.st_size as u64;
         let mut h = [0u8; HEADER_LEN];
         let ours = size >= HEADER_LEN as u64
@@ -463,28 +497,22 @@ impl Tombstones {
             // New, torn in its header, or edited: nothing in it reads, so it starts over.
             sys::ftruncate(fd.as_fd(), 0)?;
             sys::pwrite_all(fd.as_fd(), &header(&self.client), 0)?;
-            return Ok((fd, HEADER_LEN as u64));
+            return Ok(OwnLog { fd, ino: st.st_ino, opened: std::time::Instant::now() });
         }
         let end = HEADER_LEN as u64 + (size - HEADER_LEN as u64) / RECORD_LEN as u64 * RECORD_LEN as u64;
         if end != size {
             sys::ftruncate(fd.as_fd(), end)?;
         }
-        Ok((fd, end))
-    }
-
-    /// Writes `recs` at `end` of the open log.
-    fn append_to(
-        &self,
-        (fd, end): (OwnedFd, u64),
-        keys: &SubKeys,
-        dir_iv: &DirIv,
-        recs: &[(Token, Event)],
-    ) -> std::io::Result<()> {
-        let mut buf = Vec::with_capacity(recs.len() * RECORD_LEN);
-        for (t, e) in recs {
-            buf.extend_from_slice(&encode(keys, dir_iv, &self.client, t, e));
+        let mut first = [0u8; RECORD_LEN];
+        if end > HEADER_LEN as u64
+            && sys::pread_full(fd.as_fd(), &mut first, HEADER_LEN as u64)? == RECORD_LEN
+            && now().saturating_sub(u64::from_be_bytes(first[18..26].try_into().expect("8"))) > HORIZON_SECS
+        {
+            drop(fd);
+            self.rewrite(dir, keys, dir_iv, name.as_bytes(), |e| !e.expired(now()))?;
+            return self.open_own(dir, keys, dir_iv, name);
         }
-        sys::pwrite_all(fd.as_fd(), &buf, end)
+        Ok(OwnLog { fd, ino: st.st_ino, opened: std::time::Instant::now() })
     }
 
     /// Rewrites the log `name` of `dir` keeping the verified records `keep` accepts, under a
@@ -607,7 +635,16 @@ mod tests {
         c.append(d.as_fd(), &keys, &iv, &[(t1, ev(Op::Deleted, old)), (t2, ev(Op::Deleted, old))]).unwrap();
         let clog = dir.path().join(log_name(&[5; 16]));
         assert_eq!(std::fs::metadata(&clog).unwrap().len(), (HEADER_LEN + 2 * RECORD_LEN) as u64);
+        // The same client's next run (a log it has not opened yet).
+        let c = Tombstones::new([5; 16]);
         c.append(d.as_fd(), &keys, &iv, &[(t1, ev(Op::Deleted, n))]).unwrap();
         assert_eq!(std::fs::metadata(&clog).unwrap().len(), (HEADER_LEN + RECORD_LEN) as u64);
+        // A log replaced behind an open one (a repair elsewhere renamed over it) is opened
+        // again: the record lands in the file the name has now.
+        let copy = dir.path().join("copy");
+        std::fs::copy(&clog, &copy).unwrap();
+        std::fs::rename(&copy, &clog).unwrap();
+        c.append(d.as_fd(), &keys, &iv, &[(t2, ev(Op::Deleted, n))]).unwrap();
+        assert_eq!(std::fs::metadata(&clog).unwrap().len(), (HEADER_LEN + 2 * RECORD_LEN) as u64);
     }
 }
