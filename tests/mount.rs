@@ -742,35 +742,6 @@ fn daemon_without_journal_or_syslog_logs_to_a_file_it_names() {
     assert_eq!(fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
 }
 
-/// Mounts `m`'s vault in the foreground with its log going to `log`; returns once mounted.
-fn foreground_mount(m: &Mounted, log: &Path) -> std::process::Child {
-    foreground_mount_with(m, log, &[])
-}
-
-/// [`foreground_mount`] with `extra` options.
-fn foreground_mount_with(m: &Mounted, log: &Path, extra: &[&str]) -> std::process::Child {
-    let child = std::process::Command::new(&BIN)
-        .args([
-            "mount",
-            m.cipher.to_str().unwrap(),
-            m.mnt.to_str().unwrap(),
-            "--passfile",
-            m.passfile.to_str().unwrap(),
-            "-f",
-        ])
-        .args(extra)
-        .envs(m.env.iter().cloned())
-        .stderr(File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !sh(&format!("grep -q ' {} ' /proc/mounts", m.mnt.display())).status.success() {
-        assert!(t.elapsed() < Duration::from_secs(10), "mount did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
-}
-
 /// Attack: someone who can write the ciphertext swaps two entries' bindings (`D1.S1`,
 /// `D2.S2` become `D1.S2`, `D2.S1`: each name now promises the other file) after the mount
 /// verified both, so the name cipher's memo holds both verdicts. Each is checked again under
@@ -1641,6 +1612,65 @@ fn a_whole_file_put_back_to_an_older_version_gives_eio_and_a_log_line_on_the_mou
     assert!(text(&o).contains("rolled back"), "{}", text(&o));
     let o = cat(&["--allow-rollback"]);
     assert_eq!((o.status.code(), o.stdout.as_slice()), (Some(0), &b"the older version"[..]), "{}", text(&o));
+}
+
+/// Attacks: someone who can write the ciphertext but is no client deletes an entry this
+/// machine's mount saw, and puts back an entry the mount deleted (its tombstone still there,
+/// docs/FORMAT.md §19). The next mount, which remembers the directory's entries (its client
+/// state under a temporary `VEILFS_STATE_DIR`), logs one line naming the directory for the
+/// deletion (the listing itself works: the other entries are fine) and gives EIO, with a log
+/// line naming the ciphertext file, for the resurrected entry.
+#[test]
+fn a_deletion_by_a_non_client_is_logged_and_a_resurrected_entry_gives_eio_on_the_mount() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    let state = m.tmpfs.path.join("state");
+    m.env.push(("VEILFS_STATE_DIR".into(), state.display().to_string()));
+    m.mount();
+    let mut backing = Vec::new();
+    for n in ["f", "g", "r"] {
+        let before = user_entries(&m.cipher);
+        fs::write(m.m(n), n).unwrap();
+        backing.push(user_entries(&m.cipher).into_iter().find(|p| !before.contains(p)).unwrap());
+    }
+    let saved_r = fs::read(&backing[2]).unwrap();
+    m.umount();
+    // A fresh mount lists the directory (and remembers its entries), then deletes r.
+    m.mount();
+    assert_eq!(fs::read_dir(&m.mnt).unwrap().count(), 3);
+    fs::remove_file(m.m("r")).unwrap();
+    m.umount();
+    let tombs: Vec<_> = fs::read_dir(&m.cipher)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("veilfs.D."))
+        .collect();
+    assert_eq!(tombs.len(), 1, "one tombstone for the deletion of r");
+    fs::remove_file(&backing[1]).unwrap();
+    fs::write(&backing[2], &saved_r).unwrap();
+    let log = m.tmpfs.path.join("log");
+    let child = foreground_mount(&m, &log);
+    let _guard = UnmountOnDrop(m.mnt.clone());
+    let mut names: Vec<String> =
+        fs::read_dir(&m.mnt).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    // g is gone; r is refused where its node would be made (READDIRPLUS leaves it out, as any
+    // entry that fails its check).
+    assert_eq!(names, ["f"]);
+    assert_eq!(fs::read(m.m("f")).unwrap(), b"f");
+    assert_eq!(errno_of(fs::read(m.m("r"))), format!("errno {}", libc::EIO));
+    let _ = run(&BIN, &["umount", m.mnt.to_str().unwrap()]);
+    assert!(child.wait_with_output().unwrap().status.success());
+    let log = fs::read_to_string(&log).unwrap();
+    let dir = m.cipher.display().to_string();
+    let missing: Vec<_> =
+        log.lines().filter(|l| l.contains("missing without a tombstone") && l.contains(&dir)).collect();
+    assert_eq!(missing.len(), 1, "one log line naming the directory: {log}");
+    let r_name = backing[2].file_name().unwrap().to_str().unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("resurrected") && l.contains(r_name)),
+        "a log line naming the resurrected entry {r_name}: {log}"
+    );
 }
 
 /// A vault with the feature `block-map` (docs/FORMAT.md §5.10, every new vault) through

@@ -562,6 +562,80 @@ fn older_ciphertext_put_back_in_the_synced_folder_is_an_error_on_the_machine_tha
     within(t, 90, "older ciphertext put back through the sync");
 }
 
+/// Deletions through the synced folder. A's client deletes a file and a subtree: B, which
+/// saw them, finds A's tombstones and raises no alarm. Then whoever can write A's folder but
+/// is no client deletes a file and a subtree B saw, and puts back the ciphertext of the file
+/// A deleted: once Syncthing delivers it, `fsck` on B reports the deletions on their parent
+/// directories and the resurrected entry (exit 6), `cat` of it exits 6, and B's mount gives
+/// EIO for it with one log line naming the ciphertext file.
+#[test]
+fn deletions_and_a_resurrected_entry_through_the_synced_folder_are_told_apart_on_the_other_machine() {
+    let t = Instant::now();
+    let Some(mut s) = Synced::new(|m| {
+        for d in ["d/sub", "d/legit", "e"] {
+            std::fs::create_dir_all(m.join(d)).unwrap();
+        }
+        for f in ["d/keep.txt", "d/gone.txt", "d/sub/x.txt", "d/legit/y.txt", "e/victim.txt", "e/stays.txt"] {
+            std::fs::write(m.join(f), f).unwrap();
+        }
+    }) else {
+        return;
+    };
+    let path_of = |s: &Synced, p: &str| {
+        let o = veilfs_at(
+            Side::A,
+            &s.log,
+            &["encrypt-path", s.cipher(Side::A).to_str().unwrap(), p, "--passfile", s.pass.to_str().unwrap()],
+        );
+        assert!(o.status.success(), "encrypt-path {p}: {}", text(&o));
+        s.cipher(Side::A).join(String::from_utf8_lossy(&o.stdout).trim())
+    };
+    let (gone, victim, sub) = (path_of(&s, "d/gone.txt"), path_of(&s, "e/victim.txt"), path_of(&s, "d/sub"));
+    let saved_gone = std::fs::read(&gone).unwrap();
+    // B lists every directory: it remembers their entries from now on.
+    s.fsck_clean(Side::B);
+    // A's client deletes a file and a subtree; B sees a client's deletions.
+    let mnt_a = s.mount(Side::A, "mnt-a", &["--shared-storage"]);
+    std::fs::remove_file(mnt_a.join("d/gone.txt")).unwrap();
+    std::fs::remove_dir_all(mnt_a.join("d/legit")).unwrap();
+    umount(&mnt_a);
+    s.sync.wait_in_sync(CONVERGE);
+    s.converged_and_clean();
+    // The storage deletes a file and a subtree, and puts back the file A deleted.
+    std::fs::remove_file(&victim).unwrap();
+    std::fs::remove_dir_all(&sub).unwrap();
+    std::fs::write(&gone, &saved_gone).unwrap();
+    s.sync.a.scan();
+    s.sync.wait_in_sync(CONVERGE);
+    assert!(s.cipher(Side::B).join(gone.strip_prefix(s.cipher(Side::A)).unwrap()).exists(), "not delivered to B");
+    let o = s.veilfs(Side::B, &["fsck"]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(6), "fsck on B: {out}");
+    assert_eq!(out.matches("deleted by a non-client").count(), 2, "one finding per directory: {out}");
+    assert!(out.contains("resurrected") && out.contains("d/gone.txt"), "{out}");
+    let cat = veilfs_at(
+        Side::B,
+        &s.log,
+        &["cat", &format!("{}/d/gone.txt", s.cipher(Side::B).display()), "--passfile", s.pass.to_str().unwrap()],
+    );
+    assert_eq!(cat.status.code(), Some(6), "cat on B: {}", text(&cat));
+    let mnt_b = s.mount(Side::B, "mnt-b", &[]);
+    assert_eq!(std::fs::read(mnt_b.join("d/gone.txt")).map_err(|e| e.raw_os_error()).err(), Some(Some(libc::EIO)));
+    assert_eq!(std::fs::read(mnt_b.join("d/keep.txt")).unwrap(), b"d/keep.txt");
+    umount(&mnt_b);
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    let name = gone.file_name().unwrap().to_str().unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("resurrected") && l.contains(name)),
+        "B's mount logged the resurrected entry naming {name}: {log}"
+    );
+    // The user decides: `fsck --accept` on B adopts the vault as it is.
+    let o = s.veilfs(Side::B, &["fsck", "--accept"]);
+    assert!(o.status.success(), "fsck --accept on B: {}", text(&o));
+    s.fsck_clean(Side::B);
+    within(t, 90, "deletions through the sync");
+}
+
 /// Two machines that mount the synced vault at the same time both work: while apart (and
 /// still mounted when they meet again), and while connected, where A's lock file reaches
 /// B. They converge with no conflict copy of the lock and fsck clean.

@@ -149,6 +149,7 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
     let inner_stash = inner_stash_vectors(&k, file_id);
     let block_map = block_map_vectors(&k, file_id);
     let block_map_sessions = block_map_session_vectors(&k, file_id);
+    let tombstones = tombstone_vectors(&k);
     // Feature `iv-in-name` (docs/FORMAT.md §7.1): the IV names of the two directory IVs above.
     let iv_in_name: Vec<Value> =
         [iv, root_iv].iter().map(|iv| json!({"dir_iv": hex(iv), "name": veilfs_core::names::diriv_name(iv)})).collect();
@@ -178,6 +179,35 @@ fn compute(config_vector: Value, config_special_kinds: Value, config_iv_in_name:
         "iv_in_name": iv_in_name,
         "block_map": block_map,
         "block_map_sessions": block_map_sessions,
+        "tombstones": tombstones,
+    })
+}
+
+/// Tombstone logs (docs/FORMAT.md §19): an entry's token, and one client's log in a directory
+/// holding a "deleted" record and a later "back" record.
+fn tombstone_vectors(k: &veilfs_core::keys::SubKeys) -> Value {
+    use veilfs_core::tombstone::{self, Event, Op};
+    let (iv, client) = ([0x51u8; 16], [0xC1u8; 16]);
+    let on_disk = "abcdefghijklmnopqrstuvwxyz.ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_abcdefg";
+    let t = tombstone::token(k, &iv, on_disk.as_bytes());
+    let recs = [
+        (t, Event { op: Op::Deleted, kind: 1, time: 1_790_000_000 }),
+        (t, Event { op: Op::Back, kind: 1, time: 1_790_000_060 }),
+    ];
+    let mut log = tombstone::header(&client).to_vec();
+    for (t, e) in &recs {
+        log.extend_from_slice(&tombstone::encode(k, &iv, &client, t, e));
+    }
+    json!({
+        "dir_iv": hex(&iv),
+        "client": hex(&client),
+        "log_name": tombstone::log_name(&client),
+        "on_disk": on_disk,
+        "token": hex(&t),
+        "log": hex(&log),
+        "records": recs.iter().map(|(t, e)| json!({
+            "token": hex(t), "op": e.op as u8, "kind": e.kind, "time": e.time,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -771,6 +801,7 @@ fn format_v1_known_answers() {
         "iv_in_name",
         "block_map",
         "block_map_sessions",
+        "tombstones",
     ] {
         assert_eq!(fresh[key], committed[key], "format drift in {key:?}: the v1 format must not change");
     }

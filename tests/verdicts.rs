@@ -8,7 +8,9 @@
 //! and cut short too; `veilfs cat` does not read attributes, so it reads such a file whole.
 //! The catalogue runs on a vault of v1 files (`init --no-block-map`) and on a new vault, whose
 //! files carry a block map (docs/FORMAT.md §5.10); on the latter, a file's own older block,
-//! older header and older final block put back are judged too.
+//! older header and older final block put back are judged too. Deletions by someone who is
+//! not a client and an entry put back after a client deleted it are judged for a client that
+//! remembers the directories (docs/FORMAT.md §18, §19).
 
 mod common;
 use common::*;
@@ -572,6 +574,126 @@ fn verdicts(map: bool) {
             "{}\ncat: {}\nexport: {}\nfsck: {}",
             verdicts.last().unwrap(),
             text(&cat),
+            text(&export),
+            text(&fsck)
+        );
+    }
+    eprintln!("{}", verdicts.join("\n"));
+}
+
+/// Attacks on what exists, judged by a client that listed every directory before (its state
+/// under a temporary `VEILFS_STATE_DIR`, shared by the mount and the commands as on one
+/// machine): a file deleted by someone who is not a client, a subtree deleted so, and an
+/// entry put back after the client deleted it. A deletion is a finding on its directory:
+/// the mount lists what is there and logs one line naming the directory, `ls` of it, `export`
+/// and `fsck` exit 6. The resurrected entry is refused: EIO through the mount with one log line
+/// naming its ciphertext file, `cat`, `export` and `fsck` exit 6. The client's own deletion
+/// beforehand is no finding.
+#[test]
+fn deletions_and_a_resurrected_entry_get_the_same_verdict_from_the_mount_ls_cat_export_and_fsck() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    let state = m.tmpfs.path.join("state");
+    m.env.push(("VEILFS_STATE_DIR".into(), state.display().to_string()));
+    m.mount();
+    fs::create_dir_all(m.m("d1")).unwrap();
+    fs::create_dir_all(m.m("d2/deep")).unwrap();
+    for f in ["f", "r", "keep", "d1/x", "d2/y", "d2/deep/z"] {
+        fs::write(m.m(f), f).unwrap();
+    }
+    m.umount();
+    let (f, r, d2) = (encrypt_path(&m, "f"), encrypt_path(&m, "r"), encrypt_path(&m, "d2"));
+    let saved_r = fs::read(&r).unwrap();
+    // The client lists every directory (and remembers their entries), then deletes r.
+    m.mount();
+    for d in ["", "d1", "d2", "d2/deep"] {
+        assert!(fs::read_dir(m.m(d)).unwrap().count() > 0);
+    }
+    fs::remove_file(m.m("r")).unwrap();
+    m.umount();
+    let (cipher, pass) = (m.cipher.to_str().unwrap().to_string(), m.passfile.to_str().unwrap().to_string());
+    let cli = |args: &[&str]| {
+        std::process::Command::new(&BIN)
+            .args(args)
+            .env("VEILFS_STATE_DIR", &state)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let o = cli(&["fsck", &cipher, "--passfile", &pass]);
+    assert!(o.status.success(), "the client's own deletion is no finding: {}", text(&o));
+    let pristine = m.tmpfs.path.join("pristine");
+    let pristine_state = m.tmpfs.path.join("pristine-state");
+    for (from, to) in [(&m.cipher, &pristine), (&state, &pristine_state)] {
+        assert!(run("cp", &["-a", from.to_str().unwrap(), to.to_str().unwrap()]).status.success());
+    }
+    type Tamper<'a> = Box<dyn Fn() + 'a>;
+    let cases: Vec<(&str, Tamper)> = vec![
+        ("deleted file", Box::new(|| fs::remove_file(&f).unwrap())),
+        ("deleted subtree", Box::new(|| fs::remove_dir_all(&d2).unwrap())),
+        ("resurrected entry", Box::new(|| fs::write(&r, &saved_r).unwrap())),
+    ];
+    let out = m.tmpfs.path.join("out");
+    let mut verdicts = Vec::new();
+    for (name, tamper) in cases {
+        for (from, to) in [(&pristine, &m.cipher), (&pristine_state, &state)] {
+            fs::remove_dir_all(to).unwrap();
+            assert!(run("cp", &["-a", from.to_str().unwrap(), to.to_str().unwrap()]).status.success());
+        }
+        tamper();
+        let resurrected = name == "resurrected entry";
+        let probe = if resurrected {
+            cli(&["cat", &format!("{cipher}/r"), "--passfile", &pass])
+        } else {
+            cli(&["ls", &cipher, "--passfile", &pass])
+        };
+        let _ = fs::remove_dir_all(&out);
+        let export = cli(&["export", &cipher, out.to_str().unwrap(), "--passfile", &pass]);
+        let fsck = cli(&["fsck", &cipher, "--passfile", &pass]);
+        let log = m.tmpfs.path.join(format!("log-{}", name.replace(' ', "-")));
+        let child = foreground_mount(&m, &log);
+        let guard = UnmountOnDrop(m.mnt.clone());
+        let mut names: Vec<String> =
+            fs::read_dir(&m.mnt).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        let read_r = fs::read(m.m("r")).map_err(|e| e.raw_os_error());
+        drop(guard);
+        assert!(child.wait_with_output().unwrap().status.success());
+        let logged = fs::read_to_string(&log).unwrap();
+        let lines: Vec<&str> = logged.lines().filter(|l| l.contains("integrity error")).collect();
+        let named = if resurrected {
+            r.file_name().unwrap().to_string_lossy().into_owned()
+        } else {
+            let dir = if name == "deleted file" { &m.cipher } else { d2.parent().unwrap() };
+            format!("integrity error in {}:", dir.display())
+        };
+        verdicts.push(format!(
+            "{name}: mount lists {names:?}, reads r {:?}, {} log line(s); {} {:?}, export {:?}, fsck {:?}",
+            read_r.as_ref().map(|d| d.len()),
+            lines.len(),
+            if resurrected { "cat" } else { "ls" },
+            probe.status.code(),
+            export.status.code(),
+            fsck.status.code()
+        ));
+        let want_names: Vec<&str> = match name {
+            "deleted file" => vec!["d1", "d2", "keep"],
+            "deleted subtree" => vec!["d1", "f", "keep"],
+            _ => vec!["d1", "d2", "f", "keep"],
+        };
+        let ok = names == want_names
+            && read_r.as_ref().err() == Some(&Some(if resurrected { libc::EIO } else { libc::ENOENT }))
+            && lines.len() == 1
+            && lines[0].contains(&named)
+            && probe.status.code() == Some(6)
+            && export.status.code() == Some(6)
+            && fsck.status.code() == Some(6)
+            && text(&fsck).contains(if resurrected { "resurrected" } else { "deleted by a non-client" });
+        assert!(
+            ok,
+            "{}\nlog: {logged}\nprobe: {}\nexport: {}\nfsck: {}",
+            verdicts.last().unwrap(),
+            text(&probe),
             text(&export),
             text(&fsck)
         );

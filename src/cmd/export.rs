@@ -152,6 +152,14 @@ impl Exporter<'_> {
             Err(e) => return self.note(&dest.path().display().to_string(), &e.into()),
         };
         for b in bad {
+            if b.on_disk.is_empty() {
+                // A finding on the directory itself (entries deleted by a non-client): what is
+                // there is exported, and the export ends as one that met damage.
+                self.damaged += 1;
+                let e = b.error;
+                self.pb.suspend(|| eprintln!("veilfs: export: {}: {e}", dest.path().display()));
+                continue;
+            }
             let e: anyhow::Error = b.error.into();
             self.note(
                 &format!("{} (ciphertext entry {})", dest.path().display(), String::from_utf8_lossy(&b.on_disk)),

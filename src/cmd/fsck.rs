@@ -52,6 +52,8 @@ fn kind_name(k: ProblemKind) -> &'static str {
         ProblemKind::Unsettled => "recovered crash state (unsettled file)",
         ProblemKind::StrayLog => "damaged (a write-session log of no session of its file)",
         ProblemKind::RolledBack => "rolled back (older than this client saw)",
+        ProblemKind::Deleted => "deleted by a non-client (entries missing without a tombstone)",
+        ProblemKind::Resurrected => "resurrected (present while a client's tombstone says deleted)",
     }
 }
 

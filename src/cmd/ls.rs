@@ -134,14 +134,19 @@ fn list_dir(
     for b in &bad {
         *damaged += 1;
         let why = match &b.error {
-            veilfs_core::Error::Auth { detail, .. } => detail.clone(),
+            veilfs_core::Error::Auth { detail, .. } | veilfs_core::Error::Rollback { detail, .. } => detail.clone(),
             other => other.to_string(),
         };
-        eprintln!(
-            "veilfs: ls: {}: integrity error in the entry with ciphertext name {}: {why}",
-            label.display(),
-            String::from_utf8_lossy(&b.on_disk)
-        );
+        if b.on_disk.is_empty() {
+            // A finding on the directory itself (entries deleted by a non-client).
+            eprintln!("veilfs: ls: {}: integrity error: {why}", label.display());
+        } else {
+            eprintln!(
+                "veilfs: ls: {}: integrity error in the entry with ciphertext name {}: {why}",
+                label.display(),
+                String::from_utf8_lossy(&b.on_disk)
+            );
+        }
     }
     if a.recursive {
         for e in entries.iter().filter(|e| e.kind == EntryKind::Dir) {

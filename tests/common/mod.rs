@@ -947,3 +947,32 @@ pub fn copy_name_with(entry: &Path, part: &str) -> PathBuf {
     let dot = name.rfind('.').unwrap();
     entry.with_file_name(format!("{}{part}{}", &name[..dot], &name[dot..]))
 }
+
+/// Mounts `m`'s vault in the foreground with its log going to `log`; returns once mounted.
+pub fn foreground_mount(m: &Mounted, log: &Path) -> std::process::Child {
+    foreground_mount_with(m, log, &[])
+}
+
+/// [`foreground_mount`] with `extra` options.
+pub fn foreground_mount_with(m: &Mounted, log: &Path, extra: &[&str]) -> std::process::Child {
+    let child = std::process::Command::new(&BIN)
+        .args([
+            "mount",
+            m.cipher.to_str().unwrap(),
+            m.mnt.to_str().unwrap(),
+            "--passfile",
+            m.passfile.to_str().unwrap(),
+            "-f",
+        ])
+        .args(extra)
+        .envs(m.env.iter().cloned())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !sh(&format!("grep -q ' {} ' /proc/mounts", m.mnt.display())).status.success() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "mount did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child
+}

@@ -1564,6 +1564,39 @@ def run_vectors(path: str, t: Tally):
                         "read although the rules make it an integrity error" if f["plaintext"] is None else "")
             except IntegrityError as e:
                 t.check(f["plaintext"] is None, what, str(e))
+    # §19 tombstone logs: the entry's token, the log's header and records, each byte authenticated.
+    ts = v.get("tombstones")
+    if ts is not None:
+        iv, client = hx(ts["dir_iv"]), hx(ts["client"])
+
+        def lp(*parts: bytes) -> bytes:
+            return b"".join(len(x).to_bytes(4, "big") + x for x in parts)
+
+        token = hmac256(keys["record_mac"], lp(b"veilfs v1 tombstone name", iv, ts["on_disk"].encode()))[:16]
+        t.check(token.hex() == ts["token"], "tombstone: token")
+        t.check(ts["log_name"] == "veilfs.D." + b64(client), "tombstone: log name")
+
+        def parse_tombs(raw: bytes, iv: bytes) -> list[tuple[str, int, int, int]] | None:
+            if raw[:4] != b"VFTL" or raw[4] != 1:
+                return None
+            cl, out = raw[8:24], []
+            for at in range(24, len(raw) - 41, 42):
+                r = raw[at:at + 42]
+                mac = hmac256(keys["record_mac"], lp(b"veilfs v1 tombstone", iv, cl, r[:26]))[:16]
+                if not std_hmac.compare_digest(mac, r[26:]) or r[16] not in (1, 2):
+                    return out
+                out.append((r[:16].hex(), r[16], r[17], int.from_bytes(r[18:26], "big")))
+            return out
+
+        raw = hx(ts["log"])
+        want = [(r["token"], r["op"], r["kind"], r["time"]) for r in ts["records"]]
+        t.check(parse_tombs(raw, iv) == want, "tombstone: log records")
+        t.check(parse_tombs(raw, bytes(16)) == [], "tombstone: a log moved to another directory vouches for nothing")
+        for at in range(24, len(raw)):
+            bad = bytearray(raw)
+            bad[at] ^= 1
+            got = parse_tombs(bytes(bad), iv)
+            t.check(got is not None and len(got) == (at - 24) // 42, f"tombstone: byte {at} changed must not verify")
     # Layout edge cases of §5.3.
     for p in [0, 1, 4095, 4096, 4097, 20000, 3 * 4096, 10**6 + 7]:
         for B, O in [(4096, 28), (512, 40), (1 << 20, 28)]:

@@ -380,6 +380,9 @@ pub struct KeyedListing {
     /// Plaintext name and `D` of the entries whose names were decrypted on the way (short
     /// entries whose keys could have been a copy's), by on-disk name.
     pub names: HashMap<String, (Vec<u8>, Vec<u8>)>,
+    /// What the listing found against this client's memory of the directory
+    /// ([`Vault::check_entries`]).
+    pub verdicts: crate::vault::EntryVerdicts,
 }
 
 /// A conflict copy of a user entry whose binding verified, as the directory shows it.
@@ -619,9 +622,10 @@ impl Vault {
             }
         });
         let copied: HashSet<&str> = copies.iter().map(|c| c.entry.on_disk.as_str()).collect();
+        let verdicts = self.check_entries(dir, raw.iter().map(|r| r.name.as_slice()));
         let mut entries = Self::keyed_from(dir, raw);
         entries.retain(|(_, on_disk, _)| !copied.contains(on_disk.as_str()));
-        Ok(KeyedListing { entries, copies, names })
+        Ok(KeyedListing { entries, copies, names, verdicts })
     }
 
     /// The conflict copy shown as `name` in `dir`, if any (`raw`: the directory's on-disk

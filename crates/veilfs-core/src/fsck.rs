@@ -75,12 +75,27 @@ pub enum ProblemKind {
     /// an older version. Left alone (it is valid ciphertext of that older version);
     /// `veilfs fsck --accept` adopts it into the client's memory.
     RolledBack,
+    /// Entries this client saw in a directory (`crate::known`) that are gone without a valid
+    /// tombstone (`crate::tombstone`): deleted by someone who is not a client. Reported on the
+    /// directory (the entries are not there to name); `veilfs fsck --accept` forgets them.
+    Deleted,
+    /// An entry present while its valid tombstone says a client deleted it: put back.
+    /// `veilfs fsck --accept` keeps it (and removes the tombstone).
+    Resurrected,
 }
 
 impl ProblemKind {
     /// True for what a crash can leave behind (as opposed to damage or tampering).
     pub fn is_crash_leftover(self) -> bool {
-        !matches!(self, ProblemKind::Damaged | ProblemKind::Foreign | ProblemKind::StrayLog | ProblemKind::RolledBack)
+        !matches!(
+            self,
+            ProblemKind::Damaged
+                | ProblemKind::Foreign
+                | ProblemKind::StrayLog
+                | ProblemKind::RolledBack
+                | ProblemKind::Deleted
+                | ProblemKind::Resurrected
+        )
     }
 }
 
@@ -122,6 +137,9 @@ pub struct Report {
     /// makes them ordinary entries under the names they are shown as), and copies of
     /// veilfs's own files that hold nothing else than the original.
     pub conflicts: Vec<ConflictFound>,
+    /// Tombstone records older than the horizon (`crate::tombstone::HORIZON_SECS`) that
+    /// `--repair` dropped.
+    pub expired_tombstones: u64,
 }
 
 /// A conflict copy found by fsck.
@@ -309,9 +327,15 @@ impl<'a> Checker<'a> {
         let (mut copy_names, mut copy_keys): (Vec<String>, HashSet<String>) = (Vec::new(), HashSet::new());
         let copy = self.vault.iv_copy();
         let copy_name = copy.name(&dir.iv);
+        let listed: Vec<Vec<u8>> = raw.iter().map(|r| r.name.clone()).collect();
         for r in raw {
             let name = String::from_utf8_lossy(&r.name).into_owned();
             if r.name == b"." || r.name == b".." || r.name == copy_name.as_bytes() {
+                continue;
+            }
+            // A tombstone log, or a sync tool's copy of one (read as one more log).
+            if crate::tombstone::is_log_name(&r.name) {
+                self.check_tombstone_log(&dir, &name, &plain);
                 continue;
             }
             // A sync tool's copy of one of veilfs's own files: by that file's rule.
@@ -512,10 +536,81 @@ impl<'a> Checker<'a> {
             }
         }
         self.check_target_files(&dir, &plain, target_files);
+        // What this client remembers of the directory (tombstones that do not verify were
+        // reported above, one by one).
+        if !self.in_lost_found {
+            let v = self.vault.check_entries(&dir, listed.iter().map(Vec::as_slice));
+            if v.missing > 0 {
+                self.problem(
+                    ProblemKind::Deleted,
+                    dir.path.clone(),
+                    Some(&plain),
+                    format!(
+                        "{} entr{} this client saw {} missing without a tombstone: deleted by someone who is not a \
+                         client; `veilfs fsck --accept` forgets {}",
+                        v.missing,
+                        if v.missing == 1 { "y" } else { "ies" },
+                        if v.missing == 1 { "is" } else { "are" },
+                        if v.missing == 1 { "it" } else { "them" },
+                    ),
+                );
+            }
+            for on_disk in v.resurrected {
+                let p = keep
+                    .iter()
+                    .find(|e| e.on_disk == on_disk)
+                    .map(|e| plain.join(std::ffi::OsStr::from_bytes(&e.name)));
+                let detail = match Vault::resurrected_error(&dir, &on_disk) {
+                    Error::Rollback { detail, .. } => detail,
+                    e => e.to_string(),
+                };
+                self.problem(ProblemKind::Resurrected, dir.path.join(&on_disk), p.as_deref(), detail);
+            }
+        }
         keep.sort_by(|a, b| a.name.cmp(&b.name));
         for e in keep {
             let p = plain.join(std::ffi::OsStr::from_bytes(&e.name));
             self.check_entry(&dir, e, p);
+        }
+    }
+
+    /// Checks the tombstone log `name` of `dir` (a sync tool's copy of one too): a log or part
+    /// of one that does not verify is damage (planted, edited or moved; it vouches for
+    /// nothing), which `--repair` cuts off (a log with no valid record is removed: it holds no
+    /// user data); records older than the horizon are dropped by `--repair` (not a problem).
+    fn check_tombstone_log(&mut self, dir: &CipherDir, name: &str, plain: &Path) {
+        use crate::tombstone;
+        let keys = &self.vault.content().keys;
+        let log = tombstone::read_log(dir.fd(), keys, &dir.iv, name.as_bytes());
+        let now = tombstone::now();
+        let expired = log.records.iter().filter(|(_, e)| e.expired(now)).count();
+        let mut repair = expired > 0 && log.bad.is_none();
+        if let Some(why) = &log.bad {
+            let i = self.problem(ProblemKind::Damaged, dir.path.join(name), Some(plain), why.clone());
+            if log.records.is_empty() {
+                self.remove_leftover(
+                    i,
+                    dir,
+                    name,
+                    "removed (a tombstone log that does not verify vouches for nothing)",
+                );
+                return;
+            }
+            repair = true;
+            if self.repair {
+                self.report.problems[i].repaired = Some("cut after its last record that verifies".into());
+            }
+        }
+        if !(repair && self.repair) {
+            return;
+        }
+        let r = sys::as_owner_of(&[dir.fd()], || {
+            tombstone::Tombstones::new(log.client)
+                .rewrite(dir.fd(), keys, &dir.iv, name.as_bytes(), |e| !e.expired(now))
+        });
+        match r {
+            Ok(n) => self.report.expired_tombstones += n as u64,
+            Err(e) => tracing::warn!("{}: the tombstone log could not be rewritten: {e}", dir.child_path(name)),
         }
     }
 
@@ -532,6 +627,7 @@ impl<'a> Checker<'a> {
             detail: String::new(),
             repaired: None,
         };
+        let original = c.original.clone();
         let mut entry = c.entry;
         if self.repair {
             // Bound under the shown name (same identity), then one rename in the directory,
@@ -539,6 +635,10 @@ impl<'a> Checker<'a> {
             let renamed =
                 self.vault.new_entry_name(dir, &entry.name, entry.kind, &entry.identity).and_then(|(key, on)| {
                     let (old, new) = (entry.on_disk.as_bytes(), on.as_bytes());
+                    // A copy whose name reads as an entry's (OneDrive's `-HOST`, ownCloud's
+                    // older form) may be remembered by clients under that name: a client's
+                    // rename, with its tombstone.
+                    let _ = self.vault.tombstone_before_remove(dir, &entry.on_disk, entry.kind);
                     sys::as_owner_of(&[dir.fd()], || {
                         sys::renameat2(dir.fd(), old, dir.fd(), new, libc::RENAME_NOREPLACE)
                     })
@@ -556,6 +656,7 @@ impl<'a> Checker<'a> {
             match renamed {
                 Ok(e) => {
                     found.repaired = Some(format!("renamed to /{}", shown.display()));
+                    self.tombstone_for_original(dir, &original, &e);
                     entry = e;
                 }
                 Err(e) => found.detail = format!("repair failed: {e}"),
@@ -563,6 +664,19 @@ impl<'a> Checker<'a> {
         }
         self.report.conflicts.push(found);
         entry
+    }
+
+    /// After a conflict copy of `original` became the ordinary entry `e`: if no entry of the
+    /// original's on-disk name is there (the sync tool renamed it to the copy), a tombstone
+    /// for that name, so that clients that remember it see a client's change, not a
+    /// deletion. Best effort.
+    fn tombstone_for_original(&self, dir: &CipherDir, original: &[u8], e: &Entry) {
+        let names = self.vault.names();
+        let Ok(key) = names.name_key(&dir.iv, original) else { return };
+        let on_disk = key.entry_name(&names.bind(&dir.iv, &key.d, e.kind, &e.identity));
+        if sys::fstatat(dir.fd(), on_disk.as_bytes()).is_err() {
+            let _ = self.vault.tombstone_before_remove(dir, &on_disk, e.kind);
+        }
     }
 
     /// Reports the conflict copy `c` (named `name` in `dir`) of one of veilfs's own files, by
@@ -962,6 +1076,9 @@ impl<'a> Checker<'a> {
         let tag = crate::names::b64_encode(&crate::keys::hmac16(b"lost+found", &[on_disk.as_bytes()])[..6]);
         let name = format!("{kind_name}-{tag}-{}", self.moved);
         let (_, new_on_disk) = self.vault.new_entry_name(lf, name.as_bytes(), kind, &identity)?;
+        // A client's move, not a deletion by the storage: other clients that remember the
+        // entry find its tombstone.
+        let _ = self.vault.tombstone_before_remove(dir, on_disk, kind);
         let side = self.vault.carry_target_side(dir, on_disk, kind, lf)?;
         // With the rights of the owner of both directories: a privileged repair never moves
         // one user's object into another user's directory (sys::as_owner_of).

@@ -34,8 +34,9 @@
 use crate::content::header::FileId;
 use crate::error::{Error, Result};
 use crate::keys::{hmac16, MasterKey, SecretBytes};
+use crate::tombstone::Token;
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -46,16 +47,27 @@ use std::sync::Mutex;
 pub const SNAPSHOT_NAME: &str = "known";
 /// The log's file name in the state directory.
 pub const LOG_NAME: &str = "known.log";
-/// The snapshot's first 8 bytes.
-const MAGIC: &[u8; 8] = b"veilfsK1";
+/// The snapshot's first 8 bytes: `veilfsK2` (files, then directory entries); a `veilfsK1`
+/// snapshot (files only, before the entries were remembered) is read as one without entries.
+const MAGIC: &[u8; 8] = b"veilfsK2";
+const MAGIC_V1: &[u8; 8] = b"veilfsK1";
 /// Snapshot header: magic, vault ID, client ID, trusted since, config generation, count.
 const SNAP_HEAD: usize = 8 + 16 + 16 + 8 + 8 + 8;
 /// One snapshot entry: file ID, generation, writer.
 const SNAP_ENTRY: usize = 16 + 8 + 8;
-/// One log record: kind, file ID (zero for the config), generation, writer, MAC.
+/// One remembered directory entry in the snapshot: directory IV, entry token
+/// (`crate::tombstone::token`).
+const SNAP_DIR_ENTRY: usize = 16 + 16;
+/// One log record: kind, file ID (zero for the config), generation, writer, MAC. An entry
+/// record has the directory IV where the file ID is and the entry's token in the 16 bytes of
+/// generation and writer.
 const REC_LEN: usize = 1 + 16 + 8 + 8 + 16;
 const KIND_FILE: u8 = 1;
 const KIND_CONFIG: u8 = 2;
+/// A directory entry seen.
+const KIND_ENTRY: u8 = 3;
+/// A directory entry forgotten (removed by a client, or adopted as gone by `fsck --accept`).
+const KIND_GONE: u8 = 4;
 /// Records kept in memory before they are appended (without `fsync`).
 pub const BATCH: usize = 64;
 /// A log longer than this many records (and than the table) is folded into a new snapshot
@@ -125,7 +137,7 @@ pub fn summary(root: Option<&Path>, root_iv: &[u8; 16]) -> Option<Summary> {
     let dir = root.map(Path::to_path_buf).or_else(default_root)?.join(vault_id(root_iv));
     let snap = std::fs::read(dir.join(SNAPSHOT_NAME)).ok();
     let log_len = std::fs::metadata(dir.join(LOG_NAME)).map_or(0, |m| m.len());
-    let Some(s) = snap.filter(|s| s.len() >= SNAP_HEAD && &s[..8] == MAGIC) else {
+    let Some(s) = snap.filter(|s| s.len() >= SNAP_HEAD && (&s[..8] == MAGIC || &s[..8] == MAGIC_V1)) else {
         return Some(Summary { dir, client_id: None, trusted_since: None, objects: 0 });
     };
     Some(Summary {
@@ -151,6 +163,9 @@ pub struct Seen {
 
 struct Table {
     files: HashMap<FileId, Seen>,
+    /// Per directory IV, the tokens of the entries this client saw in it when it last listed
+    /// it (`crate::tombstone`).
+    entries: HashMap<[u8; 16], HashSet<Token>>,
     config: u64,
     /// Records not yet appended.
     pending: Vec<u8>,
@@ -221,6 +236,7 @@ impl Known {
             first_use: bytes.is_none(),
             table: Mutex::new(Table {
                 files: HashMap::new(),
+                entries: HashMap::new(),
                 config: 0,
                 pending: Vec::new(),
                 logged: 0,
@@ -240,7 +256,7 @@ impl Known {
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                     r => r.map_err(|e| io_err(&known.dir, e))?,
                 }
-                let snap = known.snapshot_bytes(&HashMap::new(), 0);
+                let snap = known.snapshot_bytes(&HashMap::new(), &HashMap::new(), 0);
                 known.write_snapshot(&snap)?;
                 let _ = std::fs::remove_file(known.dir.join(LOG_NAME));
             }
@@ -298,6 +314,47 @@ impl Known {
     /// The remembered config generation.
     pub fn config_generation(&self) -> u64 {
         self.lock().config
+    }
+
+    /// The entries this client remembers in the directory of IV `dir` (their tokens).
+    pub fn entries(&self, dir: &[u8; 16]) -> HashSet<Token> {
+        self.lock().entries.get(dir).cloned().unwrap_or_default()
+    }
+
+    /// Entries remembered, over every directory.
+    pub fn entry_count(&self) -> usize {
+        self.lock().entries.values().map(HashSet::len).sum()
+    }
+
+    /// Updates what this client remembers of the directory of IV `dir`: `seen` are entries it
+    /// found there (remembered if new), `gone` entries it forgets (removed by a client, or
+    /// adopted as gone). Nothing changes under `--allow-rollback`.
+    pub fn update_entries(&self, dir: &[u8; 16], seen: &[Token], gone: &[Token]) {
+        if self.trust == Trust::AllowRollback || (seen.is_empty() && gone.is_empty()) {
+            return;
+        }
+        let mut t = self.lock();
+        let mut recs: Vec<(u8, Token)> = Vec::new();
+        {
+            let set = t.entries.entry(*dir).or_default();
+            for tok in seen {
+                if set.insert(*tok) {
+                    recs.push((KIND_ENTRY, *tok));
+                }
+            }
+            for tok in gone {
+                if set.remove(tok) {
+                    recs.push((KIND_GONE, *tok));
+                }
+            }
+        }
+        for (kind, tok) in recs {
+            let s = Seen {
+                generation: u64::from_be_bytes(tok[..8].try_into().expect("8")),
+                writer: tok[8..].try_into().expect("8"),
+            };
+            self.append(&mut t, kind, dir, s);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -448,7 +505,12 @@ impl Known {
         Ok(())
     }
 
-    fn snapshot_bytes(&self, files: &HashMap<FileId, Seen>, config: u64) -> Vec<u8> {
+    fn snapshot_bytes(
+        &self,
+        files: &HashMap<FileId, Seen>,
+        entries: &HashMap<[u8; 16], HashSet<Token>>,
+        config: u64,
+    ) -> Vec<u8> {
         let mut b = Vec::with_capacity(SNAP_HEAD + files.len() * SNAP_ENTRY + 16);
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&vault_id_bytes(&self.vault_id));
@@ -463,13 +525,21 @@ impl Known {
             b.extend_from_slice(&s.generation.to_be_bytes());
             b.extend_from_slice(&s.writer);
         }
+        let mut pairs: Vec<([u8; 16], Token)> =
+            entries.iter().flat_map(|(dir, set)| set.iter().map(|t| (*dir, *t))).collect();
+        pairs.sort_unstable();
+        b.extend_from_slice(&(pairs.len() as u64).to_be_bytes());
+        for (dir, t) in pairs {
+            b.extend_from_slice(&dir);
+            b.extend_from_slice(&t);
+        }
         let mac = hmac16(self.key.expose(), &[b"veilfs client state", &b]);
         b.extend_from_slice(&mac);
         b
     }
 
     fn parse_snapshot(&mut self, b: &[u8], path: &Path) -> Result<()> {
-        if b.len() < SNAP_HEAD + 16 || &b[..8] != MAGIC {
+        if b.len() < SNAP_HEAD + 16 || (&b[..8] != MAGIC && &b[..8] != MAGIC_V1) {
             return Err(state_err(path, "is not a veilfs client state"));
         }
         let (body, mac) = b.split_at(b.len() - 16);
@@ -478,14 +548,31 @@ impl Known {
             return Err(state_err(path, "does not authenticate for this vault (another vault's, edited, or damaged)"));
         }
         let n = u64::from_be_bytes(body[56..64].try_into().expect("8"));
-        if (body.len() - SNAP_HEAD) as u64 != n.saturating_mul(SNAP_ENTRY as u64) {
+        let files_end = (n as usize).checked_mul(SNAP_ENTRY).and_then(|l| l.checked_add(SNAP_HEAD));
+        let files_end =
+            files_end.filter(|&e| e <= body.len()).ok_or_else(|| state_err(path, "has the wrong length"))?;
+        // `veilfsK2`: a count of remembered directory entries and the entries follow.
+        let dir_entries = if &body[..8] == MAGIC {
+            let rest = &body[files_end..];
+            let m = rest.get(..8).map(|c| u64::from_be_bytes(c.try_into().expect("8")));
+            match m {
+                Some(m) if (rest.len() - 8) as u64 == m.saturating_mul(SNAP_DIR_ENTRY as u64) => &rest[8..],
+                _ => return Err(state_err(path, "has the wrong length")),
+            }
+        } else if files_end == body.len() {
+            &[][..]
+        } else {
             return Err(state_err(path, "has the wrong length"));
-        }
+        };
         self.client_id = body[24..40].try_into().expect("16");
         self.since = u64::from_be_bytes(body[40..48].try_into().expect("8"));
         let t = self.table.get_mut().unwrap_or_else(|e| e.into_inner());
         t.config = u64::from_be_bytes(body[48..56].try_into().expect("8"));
-        for e in body[SNAP_HEAD..].chunks_exact(SNAP_ENTRY) {
+        for e in dir_entries.chunks_exact(SNAP_DIR_ENTRY) {
+            let dir: [u8; 16] = e[..16].try_into().expect("16");
+            t.entries.entry(dir).or_default().insert(e[16..].try_into().expect("16"));
+        }
+        for e in body[SNAP_HEAD..files_end].chunks_exact(SNAP_ENTRY) {
             let id: FileId = e[..16].try_into().expect("16");
             let s = Seen {
                 generation: u64::from_be_bytes(e[16..24].try_into().expect("8")),
@@ -532,7 +619,7 @@ impl Known {
             }
             let mac = hmac16(self.key.expose(), &[b"veilfs client state record", &self.client_id, &r[..33]]);
             if !bool::from(subtle::ConstantTimeEq::ct_eq(&mac[..], &r[33..]))
-                || !matches!(r[0], KIND_FILE | KIND_CONFIG)
+                || !matches!(r[0], KIND_FILE | KIND_CONFIG | KIND_ENTRY | KIND_GONE)
             {
                 break;
             }
@@ -555,6 +642,18 @@ impl Known {
                 t.config = t.config.max(g);
                 continue;
             }
+            // Entries are a set, replayed in order: the last record of an entry decides, so a
+            // log replayed over the snapshot it was folded into gives that snapshot again.
+            if matches!(r[0], KIND_ENTRY | KIND_GONE) {
+                let dir: [u8; 16] = r[1..17].try_into().expect("16");
+                let tok: Token = r[17..33].try_into().expect("16");
+                if r[0] == KIND_ENTRY {
+                    t.entries.entry(dir).or_default().insert(tok);
+                } else if let Some(set) = t.entries.get_mut(&dir) {
+                    set.remove(&tok);
+                }
+                continue;
+            }
             let id: FileId = r[1..17].try_into().expect("16");
             let s = Seen { generation: g, writer: r[25..33].try_into().expect("8") };
             match t.files.get(&id) {
@@ -566,7 +665,8 @@ impl Known {
         }
         t.logged = recs.len() as u64;
         t.log = Some(f);
-        if t.logged > COMPACT_AFTER && t.logged > t.files.len() as u64 {
+        let objects = t.files.len() + t.entries.values().map(HashSet::len).sum::<usize>();
+        if t.logged > COMPACT_AFTER && t.logged > objects as u64 {
             self.compact()?;
         }
         Ok(())
@@ -580,7 +680,8 @@ impl Known {
 
     fn compact_locked(&self, t: &mut Table) -> Result<()> {
         t.pending.clear();
-        let snap = self.snapshot_bytes(&t.files, t.config);
+        t.entries.retain(|_, set| !set.is_empty());
+        let snap = self.snapshot_bytes(&t.files, &t.entries, t.config);
         self.write_snapshot(&snap)?;
         if let Some(log) = &t.log {
             log.set_len(0).map_err(|e| io_err(&self.dir.join(LOG_NAME), e))?;
@@ -626,6 +727,50 @@ mod tests {
 
     fn hex_decode(s: &str) -> Vec<u8> {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    /// Entry records are replayed in order (the last record of an entry decides), so a log
+    /// replayed over the snapshot it was folded into gives that snapshot again; a snapshot of
+    /// the first form (`veilfsK1`, files only) is read as one that remembers no entries.
+    #[test]
+    fn remembered_entries_survive_a_replayed_log_and_a_compaction_and_a_k1_snapshot_reads() {
+        let t = tempfile::tempdir().unwrap();
+        let opts = KnownOptions { root: Some(t.path().to_path_buf()), trust: Trust::Check };
+        let master = MasterKey::from_bytes([7; 32]);
+        let iv = [3u8; 16];
+        let dir = [9u8; 16];
+        let k = Known::open(&opts, &iv, &master).unwrap();
+        k.wrote_file(&[1; 16], Seen { generation: 2, writer: [2; 8] });
+        k.update_entries(&dir, &[[1; 16], [2; 16], [3; 16]], &[]);
+        k.update_entries(&dir, &[], &[[2; 16]]);
+        k.update_entries(&dir, &[[2; 16]], &[[3; 16]]);
+        k.flush().unwrap();
+        let log = k.dir().join(LOG_NAME);
+        let bytes = std::fs::read(&log).unwrap();
+        let want: HashSet<Token> = [[1; 16], [2; 16]].into();
+        k.compact().unwrap();
+        drop(k);
+        std::fs::write(&log, &bytes).unwrap();
+        let k = Known::open(&opts, &iv, &master).unwrap();
+        assert_eq!(k.entries(&dir), want);
+        assert_eq!(k.entry_count(), 2);
+        k.compact().unwrap();
+        drop(k);
+        let k = Known::open(&opts, &iv, &master).unwrap();
+        assert_eq!(k.entries(&dir), want);
+        // The same state in the first form: header and files, no entries.
+        let files = HashMap::from([([1u8; 16], Seen { generation: 2, writer: [2; 8] })]);
+        let mut v1 = k.snapshot_bytes(&files, &HashMap::new(), 0);
+        v1.truncate(v1.len() - 16 - 8);
+        v1[..8].copy_from_slice(MAGIC_V1);
+        let mac = hmac16(k.key.expose(), &[b"veilfs client state", &v1]);
+        v1.extend_from_slice(&mac);
+        drop(k);
+        std::fs::write(t.path().join(vault_id(&iv)).join(SNAPSHOT_NAME), &v1).unwrap();
+        std::fs::write(&log, b"").unwrap();
+        let k = Known::open(&opts, &iv, &master).unwrap();
+        assert_eq!(k.file(&[1; 16]).map(|s| s.generation), Some(2));
+        assert_eq!(k.entry_count(), 0);
     }
 
     /// Records are max-merges: a log replayed over a snapshot that holds them, or records in

@@ -36,6 +36,7 @@ pub mod stash;
 pub mod symlink;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod tombstone;
 pub mod unclean;
 pub mod upgrade;
 pub mod vault;

@@ -7,6 +7,7 @@ mod common;
 
 mod block_map;
 mod config_copies;
+mod deletions;
 mod file_model;
 mod fsck;
 mod inner_stash;

@@ -90,6 +90,9 @@ pub struct DirState {
     /// Whether the last index built held a conflict copy: only then can removing a long name
     /// leave a copy that still reads its side file (see [`Self::may_have_copies`]).
     copies: std::sync::atomic::AtomicBool,
+    /// On-disk names of entries the last listing found resurrected (present while a valid
+    /// tombstone says a client deleted them, `veilfs_core::tombstone`): refused with EIO.
+    resurrected: Mutex<Vec<String>>,
 }
 
 /// What [`DirState::perm_stat`] keeps: `st_mode`, `st_uid`, `st_gid`, and a generation that
@@ -156,6 +159,7 @@ impl DirState {
             listing: Mutex::new(None),
             perm: Mutex::new(PermCache::default()),
             copies: std::sync::atomic::AtomicBool::new(false),
+            resurrected: Mutex::new(Vec::new()),
         }
     }
 
@@ -216,6 +220,11 @@ impl DirState {
             veilfs_core::Error::Io { source, .. } => source,
             e => io::Error::from_raw_os_error(e.errno()),
         })?;
+        // A deletion by a non-client is logged once per listing that finds it (the entry is
+        // not there to refuse, and the directory is not refused: a sync may deliver a
+        // deletion's tombstone after the deletion, and the entries still there are fine).
+        Vault::log_verdicts(&self.cd, &listing.verdicts);
+        *self.resurrected.lock() = listing.verdicts.resurrected;
         let (entries, copies, mut names) = (listing.entries, listing.copies, listing.names);
         let mut idx: Index = HashMap::with_capacity(entries.len());
         for (key, on_disk, d_type) in entries {
@@ -233,6 +242,12 @@ impl DirState {
             idx.insert(c.entry.key.key, IndexEntry::new(c.entry.on_disk, d_type, Some(plain)));
         }
         Ok(idx)
+    }
+
+    /// Whether the entry `on_disk` was found resurrected by the last listing.
+    pub fn is_resurrected(&self, on_disk: &str) -> bool {
+        let r = self.resurrected.lock();
+        !r.is_empty() && r.iter().any(|n| n == on_disk)
     }
 
     /// The index, built on first use; with `revalidate`, rebuilt if the backing directory

@@ -199,6 +199,14 @@ impl Vault {
         }
         good.extend(copies.into_iter().map(|c| c.entry));
         bad.extend(bad_copies);
+        // What this client remembers of the directory: a deletion by a non-client is a finding
+        // on the directory (the entry is not there to refuse; the rest of the listing is
+        // fine), a resurrected entry is refused.
+        let v = self.check_entries(dir, raw.iter().map(|r| r.name.as_slice()));
+        if !v.resurrected.is_empty() {
+            good.retain(|e| !v.resurrected.contains(&e.on_disk));
+        }
+        bad.extend(Self::verdict_errors(dir, &v));
         Ok((good, bad))
     }
 
@@ -231,7 +239,16 @@ impl Vault {
             }
         }
         match (found, forged) {
-            (Some(e), _) => Ok(Some(e)),
+            (Some(e), _) => {
+                let names: Vec<&[u8]> = raw.iter().map(|r| r.name.as_slice()).collect();
+                if self.ctx.known.is_some()
+                    && self.ctx.known.as_ref().map(|k| k.trust()) != Some(crate::known::Trust::AllowRollback)
+                    && self.has_tombstone(dir, &e.on_disk, &names)
+                {
+                    return Err(Self::resurrected_error(dir, &e.on_disk));
+                }
+                Ok(Some(e))
+            }
             (None, Some(e)) => Err(e),
             // Perhaps the name a conflict copy is shown under.
             (None, None) => self.lookup_conflict(dir, name, raw.iter().map(|r| r.name.as_slice())),

@@ -44,7 +44,21 @@ impl Vault {
     /// file; it is moved aside before its IV copy goes, so a crash never leaves a live
     /// directory without one. A symlink's target side file goes after it, once no other
     /// symlink of `dir` uses it. Does not touch long-name side files.
+    ///
+    /// In a vault with `"versions"` the entry's tombstone record is appended first (and a
+    /// "back" record after it if the removal fails), so that no other client takes the
+    /// deletion for the storage's.
     pub fn remove_entry(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
+        let tomb = self.tombstone_before_remove(dir, on_disk, kind)?;
+        let r = self.remove_untombed(dir, on_disk, kind, identity);
+        if r.is_err() {
+            self.take_back_tombstone(dir, tomb);
+        }
+        r
+    }
+
+    /// [`remove_entry`](Self::remove_entry) without its tombstone.
+    fn remove_untombed(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
         // The path is only formatted for an error: removing is on the hot path of rm -rf.
         let what = || dir.child_path(on_disk);
         if kind == EntryKind::Symlink {
@@ -68,6 +82,14 @@ impl Vault {
         let tmp = crate::names::temp_name();
         sys::rename_noreplace(dir.fd(), on_disk.as_bytes(), dir.fd(), tmp.as_bytes()).ctx(what)?;
         crash::point!("vault.remove_temp");
+        // The tombstone logs of entries deleted inside go with it (they vouch for deletions in
+        // a directory that no longer exists), with the daemon's own rights as the IV copy.
+        let _ = sys::privileged(|| {
+            for r in sys::read_dir_fd(sub.as_fd())?.iter().filter(|r| is_tombstone(&r.name)) {
+                sys::unlinkat(sub.as_fd(), &r.name, false)?;
+            }
+            Ok::<(), std::io::Error>(())
+        });
         // The IV copy goes with the daemon's own rights: the caller's right to remove the
         // directory covers it, but a directory without write permission would refuse it.
         if let Err(e) = sys::privileged(|| self.iv_copy.remove(sub.as_fd(), identity)) {
@@ -82,6 +104,12 @@ impl Vault {
             let _ = sys::privileged(|| self.iv_copy.write(sub.as_fd(), identity));
             let _ = sys::rename_noreplace(dir.fd(), tmp.as_bytes(), dir.fd(), on_disk.as_bytes());
             return Err(Error::io(what(), e));
+        }
+        // What this client remembered of the directory's entries goes with it.
+        self.forget_tombstones(identity);
+        if let Some(k) = &self.ctx.known {
+            let all: Vec<_> = k.entries(identity).into_iter().collect();
+            k.update_entries(identity, &[], &all);
         }
         Ok(())
     }
@@ -242,13 +270,15 @@ impl Vault {
     }
 
     /// Opens the directory `on_disk` of `dir`, whose entry promises IV `iv`, and checks it
-    /// holds nothing but its IV copy (ENOTEMPTY otherwise): before it is removed or replaced.
+    /// holds nothing but its IV copy and tombstone logs (ENOTEMPTY otherwise): before it is removed
+    /// or replaced.
     pub fn empty_dir(&self, dir: &CipherDir, on_disk: &str, iv: &DirIv) -> Result<OwnedFd> {
         let what = || dir.child_path(on_disk);
         let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
         let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
         let copy = self.iv_copy.name(iv);
-        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != copy.as_bytes()) {
+        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != copy.as_bytes() && !is_tombstone(&r.name))
+        {
             return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
         }
         Ok(sub)
@@ -387,4 +417,9 @@ impl Vault {
         self.drop_side_file(dir, &entry.key);
         Ok(())
     }
+}
+
+/// Whether `name` is a tombstone log's (`crate::tombstone`).
+fn is_tombstone(name: &[u8]) -> bool {
+    crate::tombstone::is_log_name(name)
 }

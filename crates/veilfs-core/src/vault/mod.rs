@@ -15,10 +15,13 @@
 //! `entries.rs` (making and removing entries), `rename.rs` (moving them) and `handles.rs`
 //! (opening what an entry names).
 
+mod deletions;
 mod dirs;
 mod entries;
 mod handles;
 mod rename;
+
+pub use deletions::EntryVerdicts;
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;
@@ -143,6 +146,9 @@ pub struct Vault {
     names: Arc<NameCipher>,
     master: MasterKey,
     iv_copy: IvCopy,
+    /// The tombstone logs this client reads and appends to (`crate::tombstone`); its client
+    /// ID is random until [`remember`](Self::remember) gives it the client state's.
+    tombs: crate::tombstone::Tombstones,
 }
 
 impl std::fmt::Debug for Vault {
@@ -308,7 +314,8 @@ impl Vault {
             ctx = ctx.with_stashes(cipherdir);
         }
         let iv_copy = IvCopy::of(&config);
-        Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master, iv_copy }
+        let tombs = crate::tombstone::Tombstones::new(crate::random::bytes());
+        Vault { root_path: cipherdir.to_path_buf(), config, ctx, names, master, iv_copy, tombs }
     }
 
     /// The ciphertext directory.
@@ -378,6 +385,7 @@ impl Vault {
                 known.dir().display()
             );
         }
+        self.tombs = crate::tombstone::Tombstones::new(known.client_id());
         self.ctx.known = Some(known.clone());
         Ok(known)
     }

@@ -51,11 +51,24 @@ impl Vault {
             }
         }
         let on_disk = self.entry_name_for(to, key, entry.kind, &entry.identity)?;
-        let side = self.carry_target_side(from, &entry.on_disk, entry.kind, to)?;
+        // The old name leaves with a tombstone record, the new one arrives with a "back"
+        // record if one said it was deleted: docs/FORMAT.md §19. A rename onto its own name
+        // changes nothing.
+        let moves = !(from.path == to.path && entry.on_disk == on_disk);
+        let tomb = if moves {
+            self.clear_tombstone(to, &on_disk, entry.kind)?;
+            self.tombstone_before_remove(from, &entry.on_disk, entry.kind)?
+        } else {
+            None
+        };
+        let side = self.carry_target_side(from, &entry.on_disk, entry.kind, to).inspect_err(|_| {
+            self.take_back_tombstone(from, tomb);
+        })?;
         if let Err(e) = sys::rename_noreplace(from.fd(), entry.on_disk.as_bytes(), to.fd(), on_disk.as_bytes()) {
             if let Some(side) = &side {
                 self.drop_target_side(to, side);
             }
+            self.take_back_tombstone(from, tomb);
             return Err(Error::io(to.child_path(&on_disk), e));
         }
         crash::point!("vault.rename");
@@ -96,6 +109,12 @@ impl Vault {
             mac: [0; crate::record::RECORD_MAC_LEN],
         }
         .sealed(&self.ctx.keys, &journal, &b_dir.iv, &a_dir.iv);
+        // Each old name leaves with a tombstone record, each new one arrives with a "back"
+        // record if one said it was deleted.
+        self.clear_tombstone(b_dir, &a_new, a.kind)?;
+        self.clear_tombstone(a_dir, &b_new, b.kind)?;
+        self.tombstone_before_remove(a_dir, &a.on_disk, a.kind)?;
+        self.tombstone_before_remove(b_dir, &b.on_disk, b.kind)?;
         write_record(b_dir, &journal, &intent)?;
         let mv = |fd: &CipherDir, old: &str, td: &CipherDir, new: &str| {
             sys::rename_noreplace(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes()).ctx(|| fd.child_path(old))
@@ -210,6 +229,7 @@ impl Vault {
         key: &NameKey,
     ) -> Result<String> {
         let on_disk = self.entry_name_for(to, key, kind, identity)?;
+        self.clear_tombstone(to, &on_disk, kind)?;
         let side = self.carry_target_side(from, src_on_disk, kind, to)?;
         let link = || sys::linkat(from.fd(), src_on_disk.as_bytes(), to.fd(), on_disk.as_bytes());
         if let Err(e) = sys::in_dir_as_owner(from.fd(), sys::is_eacces, link) {

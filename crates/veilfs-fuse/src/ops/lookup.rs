@@ -77,6 +77,13 @@ impl VeilFs {
         on_disk: &str,
         st: &Stat,
     ) -> io::Result<(EntryKind, Identity)> {
+        // Put back after a client deleted it (the listing found its valid tombstone): refused
+        // like any integrity error, wherever a node is made (LOOKUP, READDIRPLUS). Removing
+        // it again needs no node and works.
+        if dir.is_resurrected(on_disk) {
+            tracing::error!("{}", Vault::resurrected_error(&dir.cd, on_disk));
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         match self.vault.unbind_entry(&dir.cd, d, on_disk, st) {
             Ok(found) => Ok(found),
             // The index keeps a conflict copy under the name it is shown as, whose `D` is not
