@@ -479,8 +479,8 @@ fn a_remote_create_and_delete_show_on_a_default_mount_within_5_s() {
 
 /// Attacks through the synced folder: whoever can write A's folder (a sync peer, the storage)
 /// puts back older ciphertext of a file that B has seen in its newer version; Syncthing
-/// delivers it to B. A block of the file put back to its older copy is an error for every
-/// reader (the block map); the whole file put back is an error for B, which remembers the
+/// delivers it to B. A block of the file put back to its older copy, and the older header
+/// with the newer body, are errors for every reader (the block map); the whole file put back is an error for B, which remembers the
 /// newer generation — its mount gives EIO and logs one line naming the ciphertext file, and
 /// `veilfs cat` on B exits 6. A's own legitimate edit, delivered the same way, is read on B
 /// without an alarm.
@@ -533,6 +533,14 @@ fn older_ciphertext_put_back_in_the_synced_folder_is_an_error_on_the_machine_tha
     s.sync.a.scan();
     s.sync.wait_in_sync(CONVERGE);
     assert!(std::fs::read(&backing_b).unwrap() == mixed, "Syncthing delivered the tampered file to B");
+    read_b("EIO").unwrap();
+    // The older header with the newer body, delivered to B.
+    let hl = veilfs_core::content::blockmap::HEADER_V2_LEN;
+    let mixed = [&old[..hl], &new[hl..]].concat();
+    std::fs::write(&backing_a, &mixed).unwrap();
+    s.sync.a.scan();
+    s.sync.wait_in_sync(CONVERGE);
+    assert!(std::fs::read(&backing_b).unwrap() == mixed, "Syncthing delivered the mixed file to B");
     read_b("EIO").unwrap();
     // The whole file put back to version 1: valid ciphertext of it, older than what B saw.
     std::fs::write(&backing_a, &old).unwrap();
@@ -634,6 +642,46 @@ fn deletions_and_a_resurrected_entry_through_the_synced_folder_are_told_apart_on
     assert!(o.status.success(), "fsck --accept on B: {}", text(&o));
     s.fsck_clean(Side::B);
     within(t, 90, "deletions through the sync");
+}
+
+/// Attack through the synced folder: the config put back to an older copy (before a password
+/// was added on A) after B unlocked the newer one. Syncthing delivers it; B refuses to unlock
+/// (exit 6, naming the config as rolled back), and A, which wrote the newer one, as well. A
+/// fresh machine, which never saw the newer config, opens it (it trusts on first use).
+#[test]
+fn an_older_config_put_back_in_the_synced_folder_is_refused_on_the_machine_that_saw_the_newer() {
+    let t = Instant::now();
+    let Some(s) = Synced::new(|m| std::fs::write(m.join("f"), "f").unwrap()) else { return };
+    let conf_a = s.cipher(Side::A).join("veilfs.conf");
+    let old = std::fs::read(&conf_a).unwrap();
+    let second = s.root.join("second-pass");
+    std::fs::write(&second, "second password\n").unwrap();
+    let o = s.veilfs(
+        Side::A,
+        &["passwd", "--add", "--new-passfile", second.to_str().unwrap(), "--kdf-memory", "8", "--kdf-iterations", "1"],
+    );
+    assert!(o.status.success(), "passwd --add on A: {}", text(&o));
+    s.sync.wait_in_sync(CONVERGE);
+    let o = s.veilfs(Side::B, &["ls"]);
+    assert!(o.status.success(), "B unlocks the newer config: {}", text(&o));
+    std::fs::write(&conf_a, &old).unwrap();
+    s.sync.a.scan();
+    s.sync.wait_in_sync(CONVERGE);
+    assert!(std::fs::read(s.cipher(Side::B).join("veilfs.conf")).unwrap() == old, "Syncthing delivered the old config");
+    for side in [Side::B, Side::A] {
+        let o = s.veilfs(side, &["ls"]);
+        assert_eq!(o.status.code(), Some(6), "{side:?}: {}", text(&o));
+        assert!(text(&o).contains("config rolled back"), "{side:?}: {}", text(&o));
+    }
+    let fresh = s.root.join("fresh-state");
+    let o = Command::new(&BIN)
+        .args(["ls", s.cipher(Side::B).to_str().unwrap(), "--passfile", s.pass.to_str().unwrap()])
+        .env("VEILFS_STATE_DIR", &fresh)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "a machine that never saw the newer config: {}", text(&o));
+    within(t, 60, "older config through the sync");
 }
 
 /// Two machines that mount the synced vault at the same time both work: while apart (and
