@@ -277,6 +277,19 @@ impl DirTombs {
         best
     }
 
+    /// [`latest`](Self::latest) with the ID of the client whose record it is.
+    pub fn latest_by(&self, t: &Token) -> Option<(Event, [u8; 16])> {
+        let mut best: Option<(Event, [u8; 16])> = None;
+        for l in self.logs.values() {
+            let (Some(e), Some(c)) = (l.latest.get(t), l.client) else { continue };
+            best = match best {
+                Some(b) if b.0.time > e.time || (b.0.time == e.time && b.0.op == Op::Back) => Some(b),
+                _ => Some((*e, c)),
+            };
+        }
+        best
+    }
+
     /// Whether a client's record says token `t` was deleted (and no later one brought it back).
     pub fn deleted(&self, t: &Token) -> bool {
         self.latest(t).is_some_and(|e| e.op == Op::Deleted)

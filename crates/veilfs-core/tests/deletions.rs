@@ -383,3 +383,40 @@ fn an_entry_a_sync_tool_renamed_to_a_conflict_copy_is_not_a_deletion() {
     let r = fsck(&client(&c, &a), false);
     assert!(r.is_clean() && r.conflicts.is_empty(), "{:?} {:?}", r.problems, r.conflicts);
 }
+
+/// A crash between a client's tombstone record and the removal it announces (the crash
+/// matrix's `vault.carry_side`, or any step that failed before the intent record of an
+/// exchange) leaves the entry present under this client's own deletion record while this
+/// client still remembers it: its next listing takes it for its own unfinished step and
+/// answers with a "back" record, for every client, instead of refusing the entry as
+/// resurrected. Another client's record, or an entry this client had forgotten, stays a
+/// resurrection.
+#[test]
+fn a_crash_between_a_clients_tombstone_record_and_its_removal_is_not_a_resurrection() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    write_file(&v, &root, "f", b"kept");
+    write_file(&v, &root, "g", b"other's");
+    look(&v, &[]);
+    let keys = &v.content().keys;
+    let rec = |name: &str, client: [u8; 16]| {
+        let e = v.lookup(&root, name.as_bytes()).unwrap().unwrap();
+        let tok = tombstone::token(keys, &root.iv, e.on_disk.as_bytes());
+        let ev = Event { op: Op::Deleted, kind: 1, time: tombstone::now() };
+        Tombstones::new(client).append(root.fd(), keys, &root.iv, &[(tok, ev)]).unwrap();
+        e.on_disk
+    };
+    // This client's own record for f (the removal never happened); another client's for g.
+    let f = rec("f", v.known().unwrap().client_id());
+    let g = rec("g", [0x42; 16]);
+    let r = fsck(&v, false);
+    assert_eq!(kinds(&r), vec![(ProblemKind::Resurrected, root.path.join(&g))], "{:?}", r.problems);
+    assert_eq!(latest(&v, &root, &f).map(|e| e.op), Some(Op::Back), "f's unfinished removal answered");
+    assert_eq!(read_file(&v, &root, "f").unwrap(), b"kept");
+    drop(v);
+    // Every other client now reads f too.
+    let r = fsck(&client(&c, &t.path().join("b")), false);
+    assert_eq!(kinds(&r), vec![(ProblemKind::Resurrected, root.path.join(&g))], "{:?}", r.problems);
+}

@@ -49,9 +49,13 @@ impl Vault {
             .ctx(|| dir.child_path(&tombstone::log_name(&self.tombs.client())))
     }
 
-    /// Before the user entry `on_disk` (of `kind`) leaves `dir`: appends its tombstone record
-    /// and forgets it in this client's memory. Returns what to take back if the removal fails,
-    /// `None` when nothing was recorded (no feature, or not a user entry).
+    /// Before the user entry `on_disk` (of `kind`) leaves `dir`: appends its tombstone record.
+    /// Returns what to take back if the removal fails, or to forget once it is done
+    /// ([`forget_removed`](Self::forget_removed)); `None` when nothing was recorded (no
+    /// feature, or not a user entry). The client keeps remembering the entry until the removal
+    /// is done: a crash in between leaves the entry present under this client's own deletion
+    /// record while this client still remembers it, which its next listing recognises as its
+    /// own unfinished step and answers with a "back" record (not "resurrected").
     pub(crate) fn tombstone_before_remove(
         &self,
         dir: &CipherDir,
@@ -63,10 +67,15 @@ impl Vault {
         }
         let tok = tombstone::token(&self.ctx.keys, &dir.iv, on_disk.as_bytes());
         self.tomb_record(dir, tok, kind, Op::Deleted, 0)?;
-        if let Some(k) = &self.ctx.known {
+        Ok(Some((tok, kind)))
+    }
+
+    /// After a removal recorded by [`tombstone_before_remove`](Self::tombstone_before_remove)
+    /// is done: this client forgets the entry.
+    pub(crate) fn forget_removed(&self, dir: &CipherDir, tomb: Option<(Token, EntryKind)>) {
+        if let (Some((tok, _)), Some(k)) = (tomb, &self.ctx.known) {
             k.update_entries(&dir.iv, &[], &[tok]);
         }
-        Ok(Some((tok, kind)))
     }
 
     /// Takes back the tombstone of a removal that failed (best effort): a "back" record.
@@ -168,7 +177,8 @@ impl Vault {
         let mut seen: Vec<Token> = Vec::new();
         let mut back: Vec<(Token, u8, u64)> = Vec::new();
         let mut judge = |tombs: Option<&tombstone::DirTombs>, v: &mut EntryVerdicts| {
-            let latest = |t: &Token| tombs.and_then(|d| d.latest(t)).filter(|e| e.op == Op::Deleted);
+            let latest = |t: &Token| tombs.and_then(|d| d.latest_by(t)).filter(|(e, _)| e.op == Op::Deleted);
+            let me = self.tombs.client();
             for t in remembered.iter().filter(|t| !present.contains_key(*t)) {
                 if latest(t).is_some() {
                     v.deleted += 1;
@@ -180,8 +190,11 @@ impl Vault {
                 }
             }
             for (t, on_disk) in &present {
-                if let Some(e) = latest(t) {
-                    if accept {
+                if let Some((e, by)) = latest(t) {
+                    // This client's own deletion of an entry it still remembers: a removal it
+                    // recorded and never finished (a crash between the two), not one put back.
+                    let unfinished = by == me && remembered.contains(t);
+                    if accept || unfinished {
                         back.push((*t, e.kind, e.time));
                     } else {
                         v.resurrected.push(String::from_utf8_lossy(on_disk).into_owned());

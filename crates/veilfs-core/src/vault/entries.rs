@@ -51,8 +51,9 @@ impl Vault {
     pub fn remove_entry(&self, dir: &CipherDir, on_disk: &str, kind: EntryKind, identity: &Identity) -> Result<()> {
         let tomb = self.tombstone_before_remove(dir, on_disk, kind)?;
         let r = self.remove_untombed(dir, on_disk, kind, identity);
-        if r.is_err() {
-            self.take_back_tombstone(dir, tomb);
+        match r {
+            Ok(()) => self.forget_removed(dir, tomb),
+            Err(_) => self.take_back_tombstone(dir, tomb),
         }
         r
     }

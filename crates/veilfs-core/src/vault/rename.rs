@@ -72,6 +72,7 @@ impl Vault {
             return Err(Error::io(to.child_path(&on_disk), e));
         }
         crash::point!("vault.rename");
+        self.forget_removed(from, tomb);
         if let Some(side) = &side {
             self.drop_target_side(from, side);
         }
@@ -113,8 +114,8 @@ impl Vault {
         // record if one said it was deleted.
         self.clear_tombstone(b_dir, &a_new, a.kind)?;
         self.clear_tombstone(a_dir, &b_new, b.kind)?;
-        self.tombstone_before_remove(a_dir, &a.on_disk, a.kind)?;
-        self.tombstone_before_remove(b_dir, &b.on_disk, b.kind)?;
+        let a_tomb = self.tombstone_before_remove(a_dir, &a.on_disk, a.kind)?;
+        let b_tomb = self.tombstone_before_remove(b_dir, &b.on_disk, b.kind)?;
         write_record(b_dir, &journal, &intent)?;
         let mv = |fd: &CipherDir, old: &str, td: &CipherDir, new: &str| {
             sys::rename_noreplace(fd.fd(), old.as_bytes(), td.fd(), new.as_bytes()).ctx(|| fd.child_path(old))
@@ -129,6 +130,8 @@ impl Vault {
         crash::point!("vault.exchange");
         mv(a_dir, &a.on_disk, b_dir, &a_new)?;
         mv(b_dir, &tmp, a_dir, &b_new)?;
+        self.forget_removed(a_dir, a_tomb);
+        self.forget_removed(b_dir, b_tomb);
         sys::unlinkat(b_dir.fd(), journal.as_bytes(), false).ctx(|| b_dir.child_path(&journal))?;
         for (dir, side) in [(a_dir, a_side), (b_dir, b_side)] {
             if let Some(side) = side {
