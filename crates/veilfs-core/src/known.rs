@@ -348,12 +348,21 @@ impl Known {
                 }
             }
         }
+        let changed = !recs.is_empty();
         for (kind, tok) in recs {
             let s = Seen {
                 generation: u64::from_be_bytes(tok[..8].try_into().expect("8")),
                 writer: tok[8..].try_into().expect("8"),
             };
             self.append(&mut t, kind, dir, s);
+        }
+        // Written through (one `write`, no `fsync`): what a directory held and what this client
+        // removed must survive the process being killed, or a removal interrupted by that
+        // crash would look like an entry put back (`Vault::check_entries`).
+        if changed {
+            if let Err(e) = self.write_pending(&mut t) {
+                tracing::warn!("{e}");
+            }
         }
     }
 
