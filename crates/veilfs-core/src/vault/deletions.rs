@@ -70,6 +70,27 @@ impl Vault {
         Ok(Some((tok, kind)))
     }
 
+    /// Records that the user entry `on_disk` of the directory `dir` (IV `iv`) leaves it, for a
+    /// step that has only the directory's fd (the crash sweep finishing an exchange). Best
+    /// effort: a record that cannot be written makes a false alarm at worst.
+    pub(crate) fn record_removal_at(&self, dir: BorrowedFd<'_>, iv: &DirIv, on_disk: &str) {
+        if !self.keeps_tombstones() || ParsedEntry::parse(on_disk.as_bytes()).key().is_none() {
+            return;
+        }
+        let kind = match sys::fstatat(dir, on_disk.as_bytes()).map(|st| st.st_mode & libc::S_IFMT) {
+            Ok(libc::S_IFDIR) => EntryKind::Dir,
+            Ok(libc::S_IFLNK) => EntryKind::Symlink,
+            _ => EntryKind::File,
+        };
+        let tok = tombstone::token(&self.ctx.keys, iv, on_disk.as_bytes());
+        let e = Event { op: Op::Deleted, kind: kind as u8, time: tombstone::now() };
+        let keys = &self.ctx.keys;
+        let _ = sys::privileged(|| self.tombs.append(dir, keys, iv, &[(tok, e)]));
+        if let Some(k) = &self.ctx.known {
+            k.update_entries(iv, &[], &[tok]);
+        }
+    }
+
     /// After a removal recorded by [`tombstone_before_remove`](Self::tombstone_before_remove)
     /// is done: this client forgets the entry.
     pub(crate) fn forget_removed(&self, dir: &CipherDir, tomb: Option<(Token, EntryKind)>) {

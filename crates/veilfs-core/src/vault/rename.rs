@@ -154,17 +154,32 @@ impl Vault {
         dir_path: &Path,
         journal: &str,
     ) -> Result<(ExchangeIntent, OwnedFd)> {
+        self.verified_exchange_iv(root, dir, dir_path, journal).map(|(r, a_dir, _)| (r, a_dir))
+    }
+
+    /// [`verified_exchange`](Self::verified_exchange), with the IV of the directory the record
+    /// names (the one it verified under).
+    fn verified_exchange_iv(
+        &self,
+        root: BorrowedFd<'_>,
+        dir: BorrowedFd<'_>,
+        dir_path: &Path,
+        journal: &str,
+    ) -> Result<(ExchangeIntent, OwnedFd, DirIv)> {
         let what = dir_path.join(journal).display().to_string();
         let r = read_record(dir, journal).map_err(|d| Error::auth(&what, d))?;
         let a_dir = sys::open_dir_below(root, &r.a_dir).map_err(|e| {
             Error::auth(&what, format!("names the directory {:?}, which cannot be opened ({e})", r.a_dir))
         })?;
         let (dir_ivs, a_ivs) = (self.record_ivs(root, dir), self.record_ivs(root, a_dir.as_fd()));
-        let verifies = dir_ivs.iter().any(|d| a_ivs.iter().any(|a| r.verify(&self.ctx.keys, journal, d, a).is_ok()));
-        if !verifies {
+        let a_iv = dir_ivs
+            .iter()
+            .find_map(|d| a_ivs.iter().find(|a| r.verify(&self.ctx.keys, journal, d, a).is_ok()))
+            .copied();
+        let Some(a_iv) = a_iv else {
             return Err(Error::auth(what, RecordError::BadMac.to_string()));
-        }
-        Ok((r, a_dir))
+        };
+        Ok((r, a_dir, a_iv))
     }
 
     /// The IVs a record lying in or naming the directory `dir` may have been written under:
@@ -200,7 +215,7 @@ impl Vault {
         dir_path: &Path,
         journal: &str,
     ) -> Result<bool> {
-        let (intent, a_dir) = self.verified_exchange(root, dir, dir_path, journal)?;
+        let (intent, a_dir, a_iv) = self.verified_exchange_iv(root, dir, dir_path, journal)?;
         let r = &journal[crate::names::XCHG_PREFIX.len()..];
         let tmp = format!("{}{r}", crate::names::TEMP_PREFIX);
         let what = || dir_path.join(journal).display().to_string();
@@ -209,6 +224,10 @@ impl Vault {
             let moved = exists(dir, &tmp);
             if moved {
                 if exists(a_dir.as_fd(), &intent.a) && !exists(dir, &intent.a_new) {
+                    // The exchange recorded this name's removal before it began; a listing
+                    // since may have taken the name, still there, for an unfinished removal
+                    // and answered it: recorded again, as it leaves now (FORMAT §19).
+                    self.record_removal_at(a_dir.as_fd(), &a_iv, &intent.a);
                     sys::rename_noreplace(a_dir.as_fd(), intent.a.as_bytes(), dir, intent.a_new.as_bytes())?;
                 }
                 sys::rename_noreplace(dir, tmp.as_bytes(), a_dir.as_fd(), intent.b_new.as_bytes())?;
