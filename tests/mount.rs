@@ -1700,10 +1700,17 @@ fn mv_of_an_older_conflict_copy_into_another_directory_reads_back_without_eio() 
     m.mount();
     let copy_name = format!("notes ({SYNCTHING_PART}).txt");
     assert_eq!(fs::read(m.m(&copy_name)).unwrap(), b"the older version", "a conflict, not a rollback");
+    // A reader that holds the copy open meanwhile keeps reading it, as after a `mv` across
+    // file systems.
+    let held = fs::File::open(m.m(&copy_name)).unwrap();
     let o = run("mv", &[m.m(&copy_name).to_str().unwrap(), m.m("old/").to_str().unwrap()]);
     assert!(o.status.success(), "mv: {}", text(&o));
     let moved = m.m(&format!("old/{copy_name}"));
     assert_eq!(fs::read(&moved).unwrap(), b"the older version");
+    let mut buf = [0u8; 17];
+    held.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"the older version");
+    drop(held);
     assert!(!m.m(&copy_name).exists());
     assert_eq!(fs::read(m.m("notes.txt")).unwrap(), b"the newer version");
     m.umount();

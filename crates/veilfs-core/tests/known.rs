@@ -491,3 +491,67 @@ fn a_renamed_conflict_copy_keeps_its_file_id_in_its_directory_and_gets_a_fresh_o
     let moved = v.rename(&root, &g, &old_dir, b"g", None).unwrap();
     assert_eq!((moved.identity, moved.stat.st_ino), (g.identity, ino));
 }
+
+/// What keeps its file ID even when it is one of two versions: a version with another hard
+/// link (a fresh ID would split the names of one file; it moves as one file), and an
+/// exchange of two entries (RENAME_EXCHANGE moves both objects as they are). Where they land
+/// they are left to the conflict rule (docs/SECURITY.md §4.2a says so).
+#[test]
+fn a_hard_linked_version_and_an_exchange_keep_their_file_id() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let (_, _, _, copy, id) = conflict_pair(&c, &a, true);
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    v.mkdir(&root, b"old", 0o755).unwrap();
+    let old_dir = subdir(&v, "old");
+    let (entries, _) = v.list(&root).unwrap();
+    let e = entries.iter().find(|e| copy.ends_with(&e.on_disk)).unwrap().clone();
+    assert!(v.needs_fresh_id(&root, &e, &old_dir).unwrap(), "a conflict copy leaving its directory");
+    // Exchanged with a file of another directory: both objects move as they are.
+    write_file(&v, &old_dir, "other", &data(10, 5));
+    let other = v.lookup(&old_dir, b"other").unwrap().unwrap();
+    let (a_new, b_new) = v.exchange_at(&root, &e, &old_dir, &other).unwrap();
+    let (in_old, _) = v.list(&old_dir).unwrap();
+    assert_eq!(in_old.iter().find(|x| x.on_disk == a_new).unwrap().identity, id);
+    // Exchanged back, then given a second name: a version with two links keeps its ID.
+    let there = in_old.into_iter().find(|x| x.on_disk == a_new).unwrap();
+    let back = v.list(&root).unwrap().0.into_iter().find(|x| x.on_disk == b_new).unwrap();
+    v.exchange_at(&old_dir, &there, &root, &back).unwrap();
+    let (entries, _) = v.list(&root).unwrap();
+    let e = entries.iter().find(|x| x.identity == id && x.stat.st_ino == e.stat.st_ino).unwrap().clone();
+    v.link(&root, &e, &root, b"second name").unwrap();
+    let e = v.lookup(&root, &e.name).unwrap().unwrap();
+    assert_eq!(e.stat.st_nlink, 2);
+    assert!(!v.needs_fresh_id(&root, &e, &old_dir).unwrap());
+    let moved = v.rename(&root, &e, &old_dir, b"moved", None).unwrap();
+    assert_eq!((moved.identity, moved.stat.st_ino), (id, e.stat.st_ino));
+}
+
+/// The limit of the conflict rule, pinned: when the *newer* version leaves the directory
+/// (moved away, or deleted), nothing beside the older one is newer any more, and the client
+/// that saw the newer reads the older one as rolled back (docs/SECURITY.md §4.2a says what to
+/// do). Moving the older version aside first avoids it.
+#[test]
+fn the_older_version_left_alone_when_the_newer_leaves_reads_as_rolled_back() {
+    for delete in [false, true] {
+        let (t, c) = setup();
+        let a = t.path().join("a");
+        let (_, newer, cp, copy, _) = conflict_pair(&c, &a, true);
+        let v = client(&c, &a);
+        let root = v.root().unwrap();
+        v.mkdir(&root, b"new", 0o755).unwrap();
+        let new_dir = subdir(&v, "new");
+        let e = v.lookup(&root, b"f").unwrap().unwrap();
+        if delete {
+            v.remove(&root, &e).unwrap();
+        } else {
+            v.rename(&root, &e, &new_dir, b"f", None).unwrap();
+            assert_eq!(read_file(&v, &new_dir, "f").unwrap(), newer);
+        }
+        let (entries, _) = v.list(&root).unwrap();
+        let older = entries.iter().find(|x| copy.ends_with(&x.on_disk)).unwrap();
+        assert!(!cp.exists());
+        assert_rollback(v.open_file(&root, older, libc::O_RDONLY).map(|_| ()), &copy, "rolled back");
+    }
+}
