@@ -1695,6 +1695,7 @@ fn mv_of_an_older_conflict_copy_into_another_directory_reads_back_without_eio() 
     m.mount();
     fs::write(m.m("notes.txt"), b"the newer version").unwrap();
     m.umount();
+    let newer = fs::read(&file).unwrap();
     // The other machine's (older) version arrives as Syncthing's conflict copy.
     fs::write(syncthing_copy_name(&file), &older).unwrap();
     m.mount();
@@ -1723,6 +1724,18 @@ fn mv_of_an_older_conflict_copy_into_another_directory_reads_back_without_eio() 
     m.mount();
     assert_eq!(errno_of(fs::read(m.m("notes.txt"))), format!("errno {}", libc::EIO));
     assert_eq!(fs::read(&moved).unwrap(), b"the older version");
+    m.umount();
+    // The other way round: the older version under the name, the newer in the copy. The
+    // name itself is no copy; the move finds the version beside it by its file ID.
+    fs::write(syncthing_copy_name(&file), &newer).unwrap();
+    m.mount();
+    assert_eq!(fs::read(m.m("notes.txt")).unwrap(), b"the older version", "a conflict again");
+    fs::rename(m.m("notes.txt"), m.m("old/notes, older.txt")).unwrap();
+    assert_eq!(fs::read(m.m("old/notes, older.txt")).unwrap(), b"the older version");
+    m.umount();
+    m.mount();
+    assert_eq!(fs::read(m.m("old/notes, older.txt")).unwrap(), b"the older version");
+    assert_eq!(fs::read(m.m(&copy_name)).unwrap(), b"the newer version");
 }
 
 /// A vault with the feature `block-map` (docs/FORMAT.md §5.10, every new vault) through

@@ -23,54 +23,78 @@ use super::*;
 
 impl Vault {
     /// Whether renaming `entry` of `from` into `to` gives it a fresh file ID
-    /// ([`rename_fresh_at`](Self::rename_fresh_at)): a regular file with one name, with a
-    /// header (not empty) that carries a generation (a vault with block maps), moving into
-    /// another directory, that is one of several versions of its file ID in `from` — a sync
-    /// tool's conflict copy, or an entry whose file ID another file of `from` (not a hard link
-    /// of it) also has. A rename within the directory keeps the ID: there the versions stay
-    /// side by side and the conflict rule still tells them apart, whichever is newer.
-    ///
-    /// Lists `from` (no name is decrypted; each regular file's binding is opened once) unless
-    /// the entry is a conflict copy or is not a candidate at all.
+    /// ([`rename_fresh_at`](Self::rename_fresh_at)): a [candidate](Self::fresh_id_candidate)
+    /// that is one of several versions of its file ID in `from` — a sync tool's conflict
+    /// copy, or an entry whose file ID another regular file of `from` (not a hard link of it)
+    /// also binds ([`file_versions`](Self::file_versions), which lists `from`: a caller that
+    /// moves many files keeps that census itself, as the mount does).
     pub fn needs_fresh_id(&self, from: &CipherDir, entry: &Entry, to: &CipherDir) -> Result<bool> {
-        let candidate = self.ctx.block_map
+        if !self.fresh_id_candidate(from, entry, to) {
+            return Ok(false);
+        }
+        Ok(Self::is_conflict_copy(entry) || self.file_versions(from)?.has_other(entry))
+    }
+
+    /// Whether `entry` is a sync tool's conflict copy (by its on-disk name): one of several
+    /// versions of its file ID by construction.
+    pub fn is_conflict_copy(entry: &Entry) -> bool {
+        matches!(ParsedEntry::parse(entry.on_disk.as_bytes()), ParsedEntry::Conflict(_))
+    }
+
+    /// Whether a rename of `entry` of `from` into `to` could need a fresh file ID, by what the
+    /// entry and the two directories show alone: a regular file with one name, with a header
+    /// (not empty) that carries a generation (a vault with block maps), moving into another
+    /// directory. A rename within the directory keeps the ID: there the versions stay side by
+    /// side and the conflict rule still tells them apart, whichever is newer (a fresh ID would
+    /// cost a copy and, for a renamed copy that is the newer version, leave the older one
+    /// alone with the old ID: a false alarm). A file with several links moves as one file.
+    pub fn fresh_id_candidate(&self, from: &CipherDir, entry: &Entry, to: &CipherDir) -> bool {
+        self.ctx.block_map
             && entry.kind == EntryKind::File
             && entry.stat.st_nlink <= 1
             && entry.stat.st_size > 0
-            && !same_dir(from, to);
-        if !candidate {
-            return Ok(false);
-        }
-        if matches!(ParsedEntry::parse(entry.on_disk.as_bytes()), ParsedEntry::Conflict(_)) {
-            return Ok(true);
-        }
-        let raw = sys::read_dir_fd(from.fd()).ctx(|| format!("listing {}", from.path.display()))?;
-        Ok(raw.iter().any(|r| self.is_other_version(from, entry, r)))
+            && !same_dir(from, to)
     }
 
-    /// Whether the listed `r` of `dir` is another regular file than `entry` (not a name of
-    /// its inode) whose entry binds the same file ID.
-    fn is_other_version(&self, dir: &CipherDir, entry: &Entry, r: &sys::RawDirEntry) -> bool {
-        if r.name == entry.on_disk.as_bytes() || r.ino == entry.stat.st_ino {
-            return false;
+    /// The census of `dir`: which file IDs two or more regular files of it (other inodes, not
+    /// hard links) bind. One listing; each regular file's binding is opened (no name is
+    /// decrypted), and only the files of a shared ID are looked at further.
+    pub fn file_versions(&self, dir: &CipherDir) -> Result<FileVersions> {
+        let raw = sys::read_dir_fd(dir.fd()).ctx(|| format!("listing {}", dir.path.display()))?;
+        let mut by_id: HashMap<Identity, Vec<&[u8]>> = HashMap::new();
+        for r in raw.iter().filter(|r| matches!(r.d_type, libc::DT_REG | libc::DT_UNKNOWN)) {
+            if let Some(id) = self.file_identity(dir, &r.name) {
+                by_id.entry(id).or_default().push(&r.name);
+            }
         }
-        if !matches!(r.d_type, libc::DT_REG | libc::DT_UNKNOWN) {
-            return false;
+        let mut groups = HashMap::new();
+        for (id, names) in by_id.into_iter().filter(|(_, n)| n.len() > 1) {
+            let mut inos: Vec<u64> = names
+                .iter()
+                .filter_map(|n| sys::fstatat(dir.fd(), n).ok())
+                .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
+                .map(|st| st.st_ino)
+                .collect();
+            inos.sort_unstable();
+            inos.dedup();
+            if inos.len() > 1 {
+                groups.insert(id, inos);
+            }
         }
-        let Ok(name) = std::str::from_utf8(&r.name) else { return false };
-        let parsed = ParsedEntry::parse(r.name.as_slice());
+        Ok(FileVersions { groups })
+    }
+
+    /// The file ID the entry `name` of `dir` binds if it is a regular file's (`None` for
+    /// anything else, and for a name that does not verify).
+    fn file_identity(&self, dir: &CipherDir, name: &[u8]) -> Option<Identity> {
+        let name = std::str::from_utf8(name).ok()?;
+        let parsed = ParsedEntry::parse(name.as_bytes());
         let binding = match &parsed {
             ParsedEntry::Conflict(c) => c.binding(),
             p => p.binding(),
-        };
-        let Some(binding) = binding else { return false };
-        let Ok(d) = self.entry_d(dir, name) else { return false };
-        if self.names.unbind(&dir.iv, &d, EntryKind::File, binding).ok() != Some(entry.identity) {
-            return false;
-        }
-        // The binding opened for a regular file: check the object is one (and not the same).
-        sys::fstatat(dir.fd(), &r.name)
-            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_ino != entry.stat.st_ino)
+        }?;
+        let d = self.entry_d(dir, name).ok()?;
+        self.names.unbind(&dir.iv, &d, EntryKind::File, binding).ok()
     }
 
     /// Moves the regular file `entry` of `from` to the name of `key` in `to` as a file of its
@@ -163,6 +187,35 @@ impl Vault {
                 Err(e)
             }
         }
+    }
+}
+
+/// Which file IDs of one directory two or more regular files bind (the versions of a
+/// conflict), with their inodes; every other file ID is left out. See
+/// [`Vault::file_versions`].
+#[derive(Clone, Debug, Default)]
+pub struct FileVersions {
+    groups: HashMap<Identity, Vec<u64>>,
+}
+
+impl FileVersions {
+    /// Whether another regular file than `entry` (another inode) binds its file ID.
+    pub fn has_other(&self, entry: &Entry) -> bool {
+        self.groups.get(&entry.identity).is_some_and(|inos| inos.iter().any(|&i| i != entry.stat.st_ino))
+    }
+
+    /// Whether the inode `ino` is one of the versions counted.
+    pub fn counts(&self, ino: u64) -> bool {
+        self.groups.values().any(|inos| inos.contains(&ino))
+    }
+
+    /// The census once the inode `ino` is gone from the directory (moved away or removed,
+    /// its last name there).
+    pub fn forget(&mut self, ino: u64) {
+        for inos in self.groups.values_mut() {
+            inos.retain(|&i| i != ino);
+        }
+        self.groups.retain(|_, inos| inos.len() > 1);
     }
 }
 

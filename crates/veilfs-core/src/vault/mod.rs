@@ -24,6 +24,7 @@ mod handles;
 mod rename;
 
 pub use deletions::EntryVerdicts;
+pub use fresh::FileVersions;
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;

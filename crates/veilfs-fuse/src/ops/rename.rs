@@ -93,6 +93,10 @@ impl VeilFs {
             });
             self.relink(sst.st_ino, from.id, &s_on, &to, &new_s);
             self.relink(dst.stat.st_ino, to.id, &dst.on_disk, &from, &new_d);
+            if from.id != to.id {
+                fd_.versions_changed();
+                td.versions_changed();
+            }
             return Ok(());
         }
         if let Some(d) = &dst {
@@ -102,7 +106,8 @@ impl VeilFs {
         }
         // A version of a file leaving its directory becomes a file of its own (a copy under a
         // fresh file ID, veilfs_core's `rename_fresh_at`): a new backing inode.
-        let fresh = self.vault.needs_fresh_id(&fd_.cd, &src, &td.cd).map_err(cerr)?;
+        let fresh = self.vault.fresh_id_candidate(&fd_.cd, &src, &td.cd)
+            && (Vault::is_conflict_copy(&src) || fd_.versions(&self.vault, |v| v.has_other(&src))?);
         let new_on = if fresh {
             self.vault.rename_fresh_at(&fd_.cd, &src, &td.cd, &dkey, dst.as_ref()).map_err(cerr)?.0
         } else {
@@ -129,6 +134,10 @@ impl VeilFs {
             self.after_fresh_move(from.id, &s_on, &sst, to.id, newname);
         } else {
             self.relink(sst.st_ino, from.id, &s_on, &to, &new_on);
+            if from.id != to.id && skind == EntryKind::File {
+                fd_.version_gone(sst.st_ino, sst.st_nlink);
+                td.versions_changed();
+            }
         }
         Ok(())
     }
