@@ -403,8 +403,17 @@ fn an_older_version_moved_to_another_directory_gets_a_fresh_file_id_and_is_not_a
         let older_cipher = if older_is_copy { &copy } else { &cp };
         let e = entries.iter().find(|e| older_cipher.ends_with(&e.on_disk)).expect("the older version is listed");
         assert_eq!(e.identity, id);
+        // What the file carries besides its content goes with it: an attribute (encrypted
+        // again for the new ID), its mode and its modification time.
+        v.set_xattr(&root, e, b"user.note", b"kept aside").unwrap();
+        let times =
+            [libc::timespec { tv_sec: 1_000_000, tv_nsec: 5 }, libc::timespec { tv_sec: 2_000_000, tv_nsec: 7 }];
+        v.set_attrs(&root, e, Some(0o640), None, Some(&times)).unwrap();
         let moved = v.rename(&root, e, &old_dir, b"f-older", None).unwrap();
         assert_ne!(moved.identity, id, "the moved version has a file ID of its own");
+        assert_eq!(v.xattrs(&old_dir, &moved).unwrap(), vec![(b"user.note".to_vec(), b"kept aside".to_vec())]);
+        assert_eq!(moved.stat.st_mode & 0o7777, 0o640);
+        assert_eq!((moved.stat.st_mtime, moved.stat.st_mtime_nsec), (2_000_000, 7));
         assert_eq!(read_file(&v, &old_dir, "f-older").unwrap(), old);
         assert_eq!(file_id(&v, &old_dir, "f-older"), moved.identity, "its content carries the new ID");
         assert!(!older_cipher.exists(), "the original is gone from the top directory");
@@ -554,4 +563,38 @@ fn the_older_version_left_alone_when_the_newer_leaves_reads_as_rolled_back() {
         assert!(!cp.exists());
         assert_rollback(v.open_file(&root, older, libc::O_RDONLY).map(|_| ()), &copy, "rolled back");
     }
+}
+
+/// The states a crash can leave in a move with a fresh file ID, made by hand (the steps'
+/// order is the claim: the copy is written under a partial name, flushed, put in place, and
+/// only then is the original removed). Before the copy has its name: the original is as it
+/// was, no listing shows the partial, and `fsck --repair` removes it. After, before the
+/// original goes: both versions read (the original still beside the newer version, the copy
+/// a file of its own), and fsck finds nothing wrong.
+#[test]
+fn a_move_with_a_fresh_file_id_cut_short_leaves_the_original_or_both_versions() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let (old, _, cp, _, _) = conflict_pair(&c, &a, false);
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    v.mkdir(&root, b"old", 0o755).unwrap();
+    let old_dir = subdir(&v, "old");
+    let original = std::fs::read(&cp).unwrap();
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    v.rename(&root, &e, &old_dir, b"f", None).unwrap();
+    // Put back as a crash after the copy took its name would have left it.
+    std::fs::write(&cp, &original).unwrap();
+    assert_eq!(read_file(&v, &root, "f").unwrap(), old);
+    assert_eq!(read_file(&v, &old_dir, "f").unwrap(), old);
+    let r = Checker::new(&v, false, &|_| {}).run().unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    // A crash while the copy was written: a partial beside the files, shown nowhere.
+    let partial = old_dir.path.join("veilfs.part.AAAAAAAAAAAAAAAA");
+    std::fs::write(&partial, &original[..original.len() / 2]).unwrap();
+    assert_eq!(v.list(&old_dir).unwrap().0.len(), 1);
+    let r = Checker::new(&v, true, &|_| {}).run().unwrap();
+    assert!(r.problems.iter().any(|p| p.cipher_path == partial && p.repaired.is_some()), "{:?}", r.problems);
+    assert!(!partial.exists());
+    assert_eq!(read_file(&v, &old_dir, "f").unwrap(), old);
 }
