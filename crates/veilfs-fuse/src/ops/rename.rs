@@ -106,7 +106,8 @@ impl VeilFs {
         }
         // A version of a file leaving its directory becomes a file of its own (a copy under a
         // fresh file ID, veilfs_core's `rename_fresh_at`): a new backing inode.
-        let fresh = self.vault.fresh_id_candidate(&fd_.cd, &src, &td.cd)
+        let fresh = from.id != to.id
+            && self.vault.fresh_id_candidate(&fd_.cd, &src, &td.cd)
             && (Vault::is_conflict_copy(&src) || fd_.versions(&self.vault, |v| v.has_other(&src))?);
         let new_on = if fresh {
             self.vault.rename_fresh_at(&fd_.cd, &src, &td.cd, &dkey, dst.as_ref()).map_err(cerr)?.0
@@ -148,7 +149,8 @@ impl VeilFs {
     /// the kernel, which moved its inode to the new name, is told to drop that name, so that
     /// the next access looks it up and finds the new file. From another thread: the kernel
     /// takes the directory's lock for that, which this rename holds until it is answered.
-    /// Until then the old node answers ESTALE, on which the kernel looks the name up again.
+    /// Until then the old node answers ESTALE (unless a handle holds it open), on which the
+    /// kernel looks the name up again.
     fn after_fresh_move(&self, from: u64, s_on: &str, sst: &Stat, to: u64, newname: &[u8]) {
         self.after_unlink(from, s_on, sst);
         let Some(n) = self.notifier.get().cloned() else { return };
