@@ -421,6 +421,10 @@ fn an_older_version_moved_to_another_directory_gets_a_fresh_file_id_and_is_not_a
         let v = client(&c, &a);
         let old_dir = subdir(&v, "old");
         assert_eq!(read_file(&v, &old_dir, "f-older").unwrap(), old, "a fresh unlock reads it too");
+        // The name that left has its tombstone (FORMAT §19): a client that listed the
+        // directory before finds no deletion by a non-client, and nothing else wrong.
+        let r = Checker::new(&v, false, &|_| {}).run().unwrap();
+        assert!(r.is_clean(), "{:?}", r.problems);
         // The newer version stays where it was, with the file ID the client remembers.
         let root = v.root().unwrap();
         let (entries, _) = v.list(&root).unwrap();
@@ -581,10 +585,28 @@ fn a_move_with_a_fresh_file_id_cut_short_leaves_the_original_or_both_versions() 
     v.mkdir(&root, b"old", 0o755).unwrap();
     let old_dir = subdir(&v, "old");
     let original = std::fs::read(&cp).unwrap();
+    // The top directory's tombstone logs (FORMAT §19) as they were before the move.
+    let logs = |dir: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("veilfs.D"))
+            .map(|e| (e.path(), std::fs::read(e.path()).unwrap()))
+            .collect()
+    };
+    let top = cp.parent().unwrap();
+    let logs_before = logs(top);
     let e = v.lookup(&root, b"f").unwrap().unwrap();
     v.rename(&root, &e, &old_dir, b"f", None).unwrap();
-    // Put back as a crash after the copy took its name would have left it.
+    // Put back as a crash after the copy took its name would have left it: the original
+    // there, and no tombstone record yet for its removal.
     std::fs::write(&cp, &original).unwrap();
+    for (path, _) in logs(top) {
+        match logs_before.iter().find(|(p, _)| *p == path) {
+            Some((_, bytes)) => std::fs::write(&path, bytes).unwrap(),
+            None => std::fs::remove_file(&path).unwrap(),
+        }
+    }
     assert_eq!(read_file(&v, &root, "f").unwrap(), old);
     assert_eq!(read_file(&v, &old_dir, "f").unwrap(), old);
     let r = Checker::new(&v, false, &|_| {}).run().unwrap();

@@ -121,6 +121,8 @@ impl Vault {
         }
         let id: Identity = crate::random::bytes();
         let tmp = self.write_fresh_copy(from, entry, to, &id)?;
+        // The new name binds a fresh file ID, so no tombstone can name it (FORMAT §19): it
+        // needs no "back" record. The two names that leave get theirs from `remove_entry`.
         let placed = self.entry_name_for(to, key, EntryKind::File, &id).and_then(|on_disk| {
             sys::rename_noreplace(to.fd(), tmp.as_bytes(), to.fd(), on_disk.as_bytes())
                 .ctx(|| to.child_path(&on_disk))?;
