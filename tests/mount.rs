@@ -1673,6 +1673,71 @@ fn a_deletion_by_a_non_client_is_logged_and_a_resurrected_entry_gives_eio_on_the
     );
 }
 
+/// The user keeps both versions of a conflict and puts the older one aside: `mv` of the
+/// conflict copy holding it into another directory of the mount. The machine that saw the
+/// newer version (its client state under a temporary `VEILFS_STATE_DIR`) reads the moved file
+/// back with no EIO, during the mount and after a remount: it moved as a file of its own,
+/// under a fresh file ID, so no newer version of it is expected there. The newer version
+/// stays readable under its name, and putting the older ciphertext back under that name is
+/// still EIO: with no newer version beside it, it is a rollback as before.
+#[test]
+fn mv_of_an_older_conflict_copy_into_another_directory_reads_back_without_eio() {
+    let Some(mut m) = Mounted::new("64m", &[]) else { return };
+    m.umount();
+    let state = m.tmpfs.path.join("state");
+    m.env.push(("VEILFS_STATE_DIR".into(), state.display().to_string()));
+    m.mount();
+    fs::write(m.m("notes.txt"), b"the older version").unwrap();
+    fs::create_dir(m.m("old")).unwrap();
+    m.umount();
+    let file = user_entries(&m.cipher).into_iter().find(|p| p.is_file()).unwrap();
+    let older = fs::read(&file).unwrap();
+    m.mount();
+    fs::write(m.m("notes.txt"), b"the newer version").unwrap();
+    m.umount();
+    let newer = fs::read(&file).unwrap();
+    // The other machine's (older) version arrives as Syncthing's conflict copy.
+    fs::write(syncthing_copy_name(&file), &older).unwrap();
+    m.mount();
+    let copy_name = format!("notes ({SYNCTHING_PART}).txt");
+    assert_eq!(fs::read(m.m(&copy_name)).unwrap(), b"the older version", "a conflict, not a rollback");
+    // A reader that holds the copy open meanwhile keeps reading it, as after a `mv` across
+    // file systems.
+    let held = fs::File::open(m.m(&copy_name)).unwrap();
+    let o = run("mv", &[m.m(&copy_name).to_str().unwrap(), m.m("old/").to_str().unwrap()]);
+    assert!(o.status.success(), "mv: {}", text(&o));
+    let moved = m.m(&format!("old/{copy_name}"));
+    assert_eq!(fs::read(&moved).unwrap(), b"the older version");
+    let mut buf = [0u8; 17];
+    held.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"the older version");
+    drop(held);
+    assert!(!m.m(&copy_name).exists());
+    assert_eq!(fs::read(m.m("notes.txt")).unwrap(), b"the newer version");
+    m.umount();
+    assert!(!syncthing_copy_name(&file).exists(), "the copy's ciphertext is gone from the top directory");
+    m.mount();
+    assert_eq!(fs::read(&moved).unwrap(), b"the older version", "after a remount");
+    assert_eq!(fs::read(m.m("notes.txt")).unwrap(), b"the newer version");
+    m.umount();
+    fs::write(&file, &older).unwrap();
+    m.mount();
+    assert_eq!(errno_of(fs::read(m.m("notes.txt"))), format!("errno {}", libc::EIO));
+    assert_eq!(fs::read(&moved).unwrap(), b"the older version");
+    m.umount();
+    // The other way round: the older version under the name, the newer in the copy. The
+    // name itself is no copy; the move finds the version beside it by its file ID.
+    fs::write(syncthing_copy_name(&file), &newer).unwrap();
+    m.mount();
+    assert_eq!(fs::read(m.m("notes.txt")).unwrap(), b"the older version", "a conflict again");
+    fs::rename(m.m("notes.txt"), m.m("old/notes, older.txt")).unwrap();
+    assert_eq!(fs::read(m.m("old/notes, older.txt")).unwrap(), b"the older version");
+    m.umount();
+    m.mount();
+    assert_eq!(fs::read(m.m("old/notes, older.txt")).unwrap(), b"the older version");
+    assert_eq!(fs::read(m.m(&copy_name)).unwrap(), b"the newer version");
+}
+
 /// A vault with the feature `block-map` (docs/FORMAT.md §5.10, every new vault) through
 /// the mount: `cp` of a file of several groups, an overwrite in the middle, an append past a
 /// hole and a truncate read back as on a plain directory, during the mount and after a

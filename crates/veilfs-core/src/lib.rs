@@ -47,4 +47,4 @@ pub use file::{ContentCtx, CryptFile};
 pub use lock::VaultLock;
 pub use names::{DirIv, EntryKind, Identity, NameCipher};
 pub use recovery::RecoveryKey;
-pub use vault::{CipherDir, Entry, InitOptions, Vault};
+pub use vault::{CipherDir, Entry, FileVersions, InitOptions, Vault};

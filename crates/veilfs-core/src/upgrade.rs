@@ -53,7 +53,7 @@ use crate::names::{b64_decode, b64_encode, DirIv, EntryKind, UPGRADE_LINK_PREFIX
 use crate::sys;
 use crate::vault::{CipherDir, Entry, Vault};
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 
 /// Where a vault stands with respect to the upgrade.
@@ -531,71 +531,93 @@ impl<'a> Upgrader<'a> {
         Ok((tmp, size))
     }
 
-    /// Copies the plaintext of `src` (`size` bytes) into the empty `dst`, leaving every
-    /// all-zero block a hole (it reads as zeros, and a hole of the v1 file stays one).
+    /// Copies the plaintext of `src` (`size` bytes) into the empty `dst` ([`copy_plain`]).
     fn copy(&self, src: &CryptFile, dst: &CryptFile, size: u64, what: &str) -> Result<()> {
-        let bs = self.v2.layout.block_size as usize;
-        let mut buf = vec![0u8; (256 * bs).min(size as usize).max(1)];
-        let (mut off, mut cur) = (0u64, 0u64);
-        while off < size {
-            let want = buf.len().min((size - off) as usize);
-            let got = src.read_at(&mut buf[..want], off, size)?;
-            if got != want {
-                return Err(Error::auth(what, "ended before its size while it was being read"));
-            }
-            // Runs of blocks that are not all zeros, written one run at a time.
-            let chunk = &buf[..got];
-            let mut i = 0;
-            while i < chunk.len() {
-                let block = |j: usize| &chunk[j..(j + bs).min(chunk.len())];
-                if block(i).iter().all(|&b| b == 0) {
-                    i += bs;
-                    continue;
-                }
-                let start = i;
-                while i < chunk.len() && !block(i).iter().all(|&b| b == 0) {
-                    i += bs;
-                }
-                let end = i.min(chunk.len());
-                cur = dst.write_at(&chunk[start..end], off + start as u64, cur)?;
-            }
-            off += got as u64;
-        }
-        if cur < size {
-            // Ends in zeros: the final block is written, never a hole (§5.10).
-            dst.truncate(size, cur)?;
-        }
-        Ok(())
+        copy_plain(src, dst, size, self.v2.layout.block_size as usize, what)
     }
 
     /// Settles and flushes `dst` and gives it what the backing file of `src` carries besides
-    /// its content: owner, mode (set-ID bits included), extended attributes, times. The
-    /// access time is the original's as the upgrade's own reads left it (any reader's reads
-    /// move it the same way, by the backing mount's atime rules); the change time is now.
+    /// its content, extended attributes as stored ([`finish_copy`]).
     fn finish(&self, src: &CryptFile, dst: &CryptFile, src_what: &str, what: &str) -> Result<()> {
-        dst.sync(false)?;
-        let sfd = src.backing().as_fd();
-        let dfd = dst.backing().as_fd();
-        let st = sys::fstat(sfd).ctx(|| src_what.to_string())?;
-        let mine = sys::fstat(dfd).ctx(|| what.to_string())?;
-        if (st.st_uid, st.st_gid) != (mine.st_uid, mine.st_gid) {
-            sys::chown_fd(dfd, st.st_uid, st.st_gid).ctx(|| {
-                format!(
-                    "{}: giving the converted file its owner {}:{} (run the upgrade as root, or as that owner)",
-                    what, st.st_uid, st.st_gid
-                )
-            })?;
-        }
-        sys::chmod_fd(dfd, st.st_mode & 0o7777).ctx(|| what.to_string())?;
-        copy_xattrs(sfd, dfd).ctx(|| format!("{src_what}: copying extended attributes"))?;
-        let ts = [
-            libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
-            libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
-        ];
-        sys::utimens_fd(dfd, &ts).ctx(|| what.to_string())?;
-        sys::fsync(dfd).ctx(|| format!("syncing {what}"))?;
-        Ok(())
+        let xattrs = |from: BorrowedFd<'_>, to: BorrowedFd<'_>| {
+            copy_xattrs(from, to, &|_| true).ctx(|| format!("{src_what}: copying extended attributes"))
+        };
+        finish_copy(src, dst, src_what, what, &xattrs)
     }
+}
+
+/// Copies the plaintext of `src` (`size` bytes) into the empty `dst` (blocks of `bs`
+/// bytes), leaving every all-zero block a hole (it reads as zeros, and a hole of the source
+/// stays one). For every rewrite of a file into a new one: the upgrade, and a version of a
+/// file that gets a fresh file ID ([`Vault::rename_fresh_at`]).
+pub(crate) fn copy_plain(src: &CryptFile, dst: &CryptFile, size: u64, bs: usize, what: &str) -> Result<()> {
+    let mut buf = vec![0u8; (256 * bs).min(size as usize).max(1)];
+    let (mut off, mut cur) = (0u64, 0u64);
+    while off < size {
+        let want = buf.len().min((size - off) as usize);
+        let got = src.read_at(&mut buf[..want], off, size)?;
+        if got != want {
+            return Err(Error::auth(what, "ended before its size while it was being read"));
+        }
+        // Runs of blocks that are not all zeros, written one run at a time.
+        let chunk = &buf[..got];
+        let mut i = 0;
+        while i < chunk.len() {
+            let block = |j: usize| &chunk[j..(j + bs).min(chunk.len())];
+            if block(i).iter().all(|&b| b == 0) {
+                i += bs;
+                continue;
+            }
+            let start = i;
+            while i < chunk.len() && !block(i).iter().all(|&b| b == 0) {
+                i += bs;
+            }
+            let end = i.min(chunk.len());
+            cur = dst.write_at(&chunk[start..end], off + start as u64, cur)?;
+        }
+        off += got as u64;
+    }
+    if cur < size {
+        // Ends in zeros: the final block is written, never a hole (§5.10).
+        dst.truncate(size, cur)?;
+    }
+    Ok(())
+}
+
+/// Settles and flushes `dst` and gives it what the backing file of `src` carries besides
+/// its content: owner, mode (set-ID bits included), extended attributes (by `xattrs`, from
+/// the source's backing fd to the copy's), times. The access time is the original's as the
+/// copy's own reads left it (any reader's reads move it the same way, by the backing mount's
+/// atime rules); the change time is now.
+pub(crate) fn finish_copy(
+    src: &CryptFile,
+    dst: &CryptFile,
+    src_what: &str,
+    what: &str,
+    xattrs: &dyn Fn(BorrowedFd<'_>, BorrowedFd<'_>) -> Result<()>,
+) -> Result<()> {
+    dst.sync(false)?;
+    let sfd = src.backing().as_fd();
+    let dfd = dst.backing().as_fd();
+    let st = sys::fstat(sfd).ctx(|| src_what.to_string())?;
+    let mine = sys::fstat(dfd).ctx(|| what.to_string())?;
+    if (st.st_uid, st.st_gid) != (mine.st_uid, mine.st_gid) {
+        sys::chown_fd(dfd, st.st_uid, st.st_gid).ctx(|| {
+            format!(
+                "{}: giving the new file its owner {}:{} (run this as root, or as that owner)",
+                what, st.st_uid, st.st_gid
+            )
+        })?;
+    }
+    sys::chmod_fd(dfd, st.st_mode & 0o7777).ctx(|| what.to_string())?;
+    xattrs(sfd, dfd)?;
+    let ts = [
+        libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
+        libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
+    ];
+    sys::utimens_fd(dfd, &ts).ctx(|| what.to_string())?;
+    sys::fsync(dfd).ctx(|| format!("syncing {what}"))?;
+    Ok(())
 }
 
 /// Runs `f`, which makes and renames names in `dir`, and gives `dir` back the access and
@@ -646,18 +668,23 @@ fn header_v2(v2: &ContentCtx, dir: &CipherDir, name: &str) -> Option<HeaderV2> {
     HeaderV2::decode(&buf, &v2.keys).ok()
 }
 
-/// Copies every extended attribute of the backing file `from` to `to` as stored (the vault's
-/// encrypted attributes are bound to the entry, not to the inode, so they stay valid). An
-/// attribute of a namespace the caller may not set (`trusted.*` unless root, `security.*`
-/// set by the system) is skipped.
-fn copy_xattrs(from: std::os::fd::BorrowedFd<'_>, to: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+/// Copies every extended attribute of the backing file `from` whose stored name `keep`
+/// accepts to `to` as stored (the vault's encrypted attributes are bound to the file's ID,
+/// not to the inode, so they stay valid for a copy with the same ID). An attribute of a
+/// namespace the caller may not set (`trusted.*` unless root, `security.*` set by the system)
+/// is skipped.
+pub(crate) fn copy_xattrs(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    keep: &dyn Fn(&[u8]) -> bool,
+) -> std::io::Result<()> {
     let (f, t) = (sys::XattrTarget::Fd(from), sys::XattrTarget::Fd(to));
     let names = match f.list_all() {
         Ok(n) => n,
         Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(()),
         Err(e) => return Err(e),
     };
-    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty() && keep(n)) {
         let mut value = vec![0u8; f.get(name, &mut [])? + 256];
         let n = f.get(name, &mut value)?;
         value.truncate(n);

@@ -353,3 +353,270 @@ fn an_older_version_beside_a_conflict_copy_of_the_newer_is_a_conflict_not_a_roll
     let root = v.root().unwrap();
     assert_rollback(read_file(&v, &root, "f"), &cp, "rolled back");
 }
+
+/// Client A writes `f` twice (generations 1 and 2) and the sync tool leaves both versions in
+/// the top directory: `older_is_copy` false puts the older under the name and the newer in a
+/// Syncthing conflict copy, true the other way round. Returns the older and newer plaintext,
+/// the ciphertext paths of the name and of the copy, and the file ID both carry.
+fn conflict_pair(c: &Path, a: &Path, older_is_copy: bool) -> (Vec<u8>, Vec<u8>, PathBuf, PathBuf, [u8; 16]) {
+    let v = client(c, a);
+    let root = v.root().unwrap();
+    let (old, newer) = (data(3000, 1), data(3000, 2));
+    write_file(&v, &root, "f", &old);
+    let id = file_id(&v, &root, "f");
+    let cp = cipher_path(&v, &root, "f");
+    let old_ct = std::fs::read(&cp).unwrap();
+    overwrite(&v, &root, "f", &newer);
+    let new_ct = std::fs::read(&cp).unwrap();
+    let name = cp.file_name().unwrap().to_str().unwrap().to_string();
+    let (d, s) = name.split_once('.').unwrap();
+    let copy = cp.with_file_name(format!("{d}.sync-conflict-20261128-101010-ABCDEFG.{s}"));
+    let (under_name, in_copy) = if older_is_copy { (&new_ct, &old_ct) } else { (&old_ct, &new_ct) };
+    std::fs::write(&cp, under_name).unwrap();
+    std::fs::write(&copy, in_copy).unwrap();
+    (old, newer, cp, copy, id)
+}
+
+/// The directory `name` of the top directory of `v`.
+fn subdir(v: &Vault, name: &str) -> CipherDir {
+    let root = v.root().unwrap();
+    let e = v.lookup(&root, name.as_bytes()).unwrap().unwrap();
+    v.open_dir(&root, &e).unwrap()
+}
+
+/// The user keeps both versions of a conflict and puts the older one aside in another
+/// directory, where no newer version lies beside it: it moves as a file of its own (a fresh
+/// file ID, in its entry and its content), so the client that saw the newer generation reads
+/// it there without a rollback alarm, now and after a fresh unlock. Both ways round: the
+/// older version under the name, and the older version in the conflict copy.
+#[test]
+fn an_older_version_moved_to_another_directory_gets_a_fresh_file_id_and_is_not_a_rollback() {
+    for older_is_copy in [false, true] {
+        let (t, c) = setup();
+        let a = t.path().join("a");
+        let (old, newer, cp, copy, id) = conflict_pair(&c, &a, older_is_copy);
+        let v = client(&c, &a);
+        let root = v.root().unwrap();
+        v.mkdir(&root, b"old", 0o755).unwrap();
+        let old_dir = subdir(&v, "old");
+        let (entries, _) = v.list(&root).unwrap();
+        let older_cipher = if older_is_copy { &copy } else { &cp };
+        let e = entries.iter().find(|e| older_cipher.ends_with(&e.on_disk)).expect("the older version is listed");
+        assert_eq!(e.identity, id);
+        // What the file carries besides its content goes with it: an attribute (encrypted
+        // again for the new ID), its mode and its modification time.
+        v.set_xattr(&root, e, b"user.note", b"kept aside").unwrap();
+        let times =
+            [libc::timespec { tv_sec: 1_000_000, tv_nsec: 5 }, libc::timespec { tv_sec: 2_000_000, tv_nsec: 7 }];
+        v.set_attrs(&root, e, Some(0o640), None, Some(&times)).unwrap();
+        let moved = v.rename(&root, e, &old_dir, b"f-older", None).unwrap();
+        assert_ne!(moved.identity, id, "the moved version has a file ID of its own");
+        assert_eq!(v.xattrs(&old_dir, &moved).unwrap(), vec![(b"user.note".to_vec(), b"kept aside".to_vec())]);
+        assert_eq!(moved.stat.st_mode & 0o7777, 0o640);
+        assert_eq!((moved.stat.st_mtime, moved.stat.st_mtime_nsec), (2_000_000, 7));
+        assert_eq!(read_file(&v, &old_dir, "f-older").unwrap(), old);
+        assert_eq!(file_id(&v, &old_dir, "f-older"), moved.identity, "its content carries the new ID");
+        assert!(!older_cipher.exists(), "the original is gone from the top directory");
+        drop(v);
+        let v = client(&c, &a);
+        let old_dir = subdir(&v, "old");
+        assert_eq!(read_file(&v, &old_dir, "f-older").unwrap(), old, "a fresh unlock reads it too");
+        // The name that left has its tombstone (FORMAT §19): a client that listed the
+        // directory before finds no deletion by a non-client, and nothing else wrong.
+        let r = Checker::new(&v, false, &|_| {}).run().unwrap();
+        assert!(r.is_clean(), "{:?}", r.problems);
+        // The newer version stays where it was, with the file ID the client remembers.
+        let root = v.root().unwrap();
+        let (entries, _) = v.list(&root).unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        let newer_entry = entries.iter().find(|e| e.identity == id).expect("the newer version keeps its ID");
+        let f = v.open_file(&root, newer_entry, libc::O_RDONLY).unwrap();
+        let mut buf = vec![0u8; 3000];
+        assert_eq!(f.read_at(&mut buf, 0, 3000).unwrap(), 3000);
+        assert!(buf == newer, "older_is_copy {older_is_copy}");
+    }
+}
+
+/// What the conflict rule does not excuse stays an alarm after a move: a file put back to an
+/// older version with no newer one beside it moves with its file ID (it is the only version)
+/// and reads as rolled back in the other directory too; and an older version whose only
+/// neighbour is no newer (a copy of itself) refuses to move at all, so a move never gives a
+/// rolled-back file a fresh ID that would hide it.
+#[test]
+fn a_rolled_back_file_moved_to_another_directory_is_still_a_rollback() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let (_, cp) = roll_back_f(&c, &a);
+    let old_ct = std::fs::read(&cp).unwrap();
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    v.mkdir(&root, b"old", 0o755).unwrap();
+    let old_dir = subdir(&v, "old");
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    // A copy of the older version beside it: two versions, both older than this client saw.
+    let name = cp.file_name().unwrap().to_str().unwrap().to_string();
+    let (d, s) = name.split_once('.').unwrap();
+    let copy = cp.with_file_name(format!("{d}.sync-conflict-20261128-101010-ABCDEFG.{s}"));
+    std::fs::write(&copy, &old_ct).unwrap();
+    let r = v.rename(&root, &e, &old_dir, b"f", None);
+    assert_rollback(r, &cp, "rolled back");
+    assert!(cp.exists() && copy.exists(), "nothing moved");
+    assert!(v.list(&old_dir).unwrap().0.is_empty(), "no copy left in the target");
+    std::fs::remove_file(&copy).unwrap();
+    // Alone, it moves as it is, keeping its file ID, and is caught where it lands.
+    let moved = v.rename(&root, &e, &old_dir, b"f", None).unwrap();
+    assert_eq!(moved.identity, e.identity);
+    let moved_cp = old_dir.path.join(&moved.on_disk);
+    assert_rollback(read_file(&v, &old_dir, "f"), &moved_cp, "rolled back: generation 1, this client saw 2");
+}
+
+/// A conflict copy renamed within its directory (as `fsck --repair` and a user's `mv` there
+/// do) keeps its file ID: the two versions still lie side by side, where the conflict rule
+/// tells them apart whichever is newer, and no content is copied. Moved out afterwards, the
+/// renamed older version is still found as one of two versions of its file ID (by its
+/// binding, not its name) and gets a fresh file ID; a file with no other version keeps its ID
+/// across directories (nothing is copied).
+#[test]
+fn a_renamed_conflict_copy_keeps_its_file_id_in_its_directory_and_gets_a_fresh_one_when_it_leaves() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let (old, _, _, copy, id) = conflict_pair(&c, &a, true);
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    let (entries, _) = v.list(&root).unwrap();
+    let e = entries.iter().find(|e| copy.ends_with(&e.on_disk)).unwrap();
+    let renamed = v.rename(&root, e, &root, b"f, their version", None).unwrap();
+    assert_eq!(renamed.identity, id, "within the directory the ID stays");
+    assert_eq!(read_file(&v, &root, "f, their version").unwrap(), old, "still a conflict, not a rollback");
+    v.mkdir(&root, b"old", 0o755).unwrap();
+    let old_dir = subdir(&v, "old");
+    let moved = v.rename(&root, &renamed, &old_dir, b"f, their version", None).unwrap();
+    assert_ne!(moved.identity, id);
+    drop(v);
+    let v = client(&c, &a);
+    let old_dir = subdir(&v, "old");
+    assert_eq!(read_file(&v, &old_dir, "f, their version").unwrap(), old);
+    // An ordinary file moves as it is.
+    let root = v.root().unwrap();
+    write_file(&v, &root, "g", &data(100, 3));
+    let g = v.lookup(&root, b"g").unwrap().unwrap();
+    let ino = g.stat.st_ino;
+    let moved = v.rename(&root, &g, &old_dir, b"g", None).unwrap();
+    assert_eq!((moved.identity, moved.stat.st_ino), (g.identity, ino));
+}
+
+/// What keeps its file ID even when it is one of two versions: a version with another hard
+/// link (a fresh ID would split the names of one file; it moves as one file), and an
+/// exchange of two entries (RENAME_EXCHANGE moves both objects as they are). Where they land
+/// they are left to the conflict rule (docs/SECURITY.md §4.2a says so).
+#[test]
+fn a_hard_linked_version_and_an_exchange_keep_their_file_id() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let (_, _, _, copy, id) = conflict_pair(&c, &a, true);
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    v.mkdir(&root, b"old", 0o755).unwrap();
+    let old_dir = subdir(&v, "old");
+    let (entries, _) = v.list(&root).unwrap();
+    let e = entries.iter().find(|e| copy.ends_with(&e.on_disk)).unwrap().clone();
+    assert!(v.needs_fresh_id(&root, &e, &old_dir).unwrap(), "a conflict copy leaving its directory");
+    // Exchanged with a file of another directory: both objects move as they are.
+    write_file(&v, &old_dir, "other", &data(10, 5));
+    let other = v.lookup(&old_dir, b"other").unwrap().unwrap();
+    let (a_new, b_new) = v.exchange_at(&root, &e, &old_dir, &other).unwrap();
+    let (in_old, _) = v.list(&old_dir).unwrap();
+    assert_eq!(in_old.iter().find(|x| x.on_disk == a_new).unwrap().identity, id);
+    // Exchanged back, then given a second name: a version with two links keeps its ID.
+    let there = in_old.into_iter().find(|x| x.on_disk == a_new).unwrap();
+    let back = v.list(&root).unwrap().0.into_iter().find(|x| x.on_disk == b_new).unwrap();
+    v.exchange_at(&old_dir, &there, &root, &back).unwrap();
+    let (entries, _) = v.list(&root).unwrap();
+    let e = entries.iter().find(|x| x.identity == id && x.stat.st_ino == e.stat.st_ino).unwrap().clone();
+    v.link(&root, &e, &root, b"second name").unwrap();
+    let e = v.lookup(&root, &e.name).unwrap().unwrap();
+    assert_eq!(e.stat.st_nlink, 2);
+    assert!(!v.needs_fresh_id(&root, &e, &old_dir).unwrap());
+    let moved = v.rename(&root, &e, &old_dir, b"moved", None).unwrap();
+    assert_eq!((moved.identity, moved.stat.st_ino), (id, e.stat.st_ino));
+}
+
+/// The limit of the conflict rule, pinned: when the *newer* version leaves the directory
+/// (moved away, or deleted), nothing beside the older one is newer any more, and the client
+/// that saw the newer reads the older one as rolled back (docs/SECURITY.md §4.2a says what to
+/// do). Moving the older version aside first avoids it.
+#[test]
+fn the_older_version_left_alone_when_the_newer_leaves_reads_as_rolled_back() {
+    for delete in [false, true] {
+        let (t, c) = setup();
+        let a = t.path().join("a");
+        let (_, newer, cp, copy, _) = conflict_pair(&c, &a, true);
+        let v = client(&c, &a);
+        let root = v.root().unwrap();
+        v.mkdir(&root, b"new", 0o755).unwrap();
+        let new_dir = subdir(&v, "new");
+        let e = v.lookup(&root, b"f").unwrap().unwrap();
+        if delete {
+            v.remove(&root, &e).unwrap();
+        } else {
+            v.rename(&root, &e, &new_dir, b"f", None).unwrap();
+            assert_eq!(read_file(&v, &new_dir, "f").unwrap(), newer);
+        }
+        let (entries, _) = v.list(&root).unwrap();
+        let older = entries.iter().find(|x| copy.ends_with(&x.on_disk)).unwrap();
+        assert!(!cp.exists());
+        assert_rollback(v.open_file(&root, older, libc::O_RDONLY).map(|_| ()), &copy, "rolled back");
+    }
+}
+
+/// The states a crash can leave in a move with a fresh file ID, made by hand (the steps'
+/// order is the claim: the copy is written under a partial name, flushed, put in place, and
+/// only then is the original removed). Before the copy has its name: the original is as it
+/// was, no listing shows the partial, and `fsck --repair` removes it. After, before the
+/// original goes: both versions read (the original still beside the newer version, the copy
+/// a file of its own), and fsck finds nothing wrong.
+#[test]
+fn a_move_with_a_fresh_file_id_cut_short_leaves_the_original_or_both_versions() {
+    let (t, c) = setup();
+    let a = t.path().join("a");
+    let (old, _, cp, _, _) = conflict_pair(&c, &a, false);
+    let v = client(&c, &a);
+    let root = v.root().unwrap();
+    v.mkdir(&root, b"old", 0o755).unwrap();
+    let old_dir = subdir(&v, "old");
+    let original = std::fs::read(&cp).unwrap();
+    // The top directory's tombstone logs (FORMAT §19) as they were before the move.
+    let logs = |dir: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("veilfs.D"))
+            .map(|e| (e.path(), std::fs::read(e.path()).unwrap()))
+            .collect()
+    };
+    let top = cp.parent().unwrap();
+    let logs_before = logs(top);
+    let e = v.lookup(&root, b"f").unwrap().unwrap();
+    v.rename(&root, &e, &old_dir, b"f", None).unwrap();
+    // Put back as a crash after the copy took its name would have left it: the original
+    // there, and no tombstone record yet for its removal.
+    std::fs::write(&cp, &original).unwrap();
+    for (path, _) in logs(top) {
+        match logs_before.iter().find(|(p, _)| *p == path) {
+            Some((_, bytes)) => std::fs::write(&path, bytes).unwrap(),
+            None => std::fs::remove_file(&path).unwrap(),
+        }
+    }
+    assert_eq!(read_file(&v, &root, "f").unwrap(), old);
+    assert_eq!(read_file(&v, &old_dir, "f").unwrap(), old);
+    let r = Checker::new(&v, false, &|_| {}).run().unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    // A crash while the copy was written: a partial beside the files, shown nowhere.
+    let partial = old_dir.path.join("veilfs.part.AAAAAAAAAAAAAAAA");
+    std::fs::write(&partial, &original[..original.len() / 2]).unwrap();
+    assert_eq!(v.list(&old_dir).unwrap().0.len(), 1);
+    let r = Checker::new(&v, true, &|_| {}).run().unwrap();
+    assert!(r.problems.iter().any(|p| p.cipher_path == partial && p.repaired.is_some()), "{:?}", r.problems);
+    assert!(!partial.exists());
+    assert_eq!(read_file(&v, &old_dir, "f").unwrap(), old);
+}

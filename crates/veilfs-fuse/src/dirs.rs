@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use veilfs_core::{sys, CipherDir, Vault};
+use veilfs_core::{sys, CipherDir, FileVersions, Vault};
 
 /// One entry of a directory listing snapshot.
 #[derive(Debug, Clone)]
@@ -93,6 +93,12 @@ pub struct DirState {
     /// On-disk names of entries the last listing found resurrected (present while a valid
     /// tombstone says a client deleted them, `veilfs_core::tombstone`): refused with EIO.
     resurrected: Mutex<Vec<String>>,
+    /// Which file IDs several regular files of the directory bind (the versions of a
+    /// conflict; [`Vault::file_versions`]), made at the first move of a file out of the
+    /// directory and kept as current as the index: forgotten with it, and kept by this
+    /// mount's own changes (see [`versions`](Self::versions)). So moving every file out of a
+    /// large directory lists it once, not once per file.
+    versions: Mutex<Option<FileVersions>>,
 }
 
 /// What [`DirState::perm_stat`] keeps: `st_mode`, `st_uid`, `st_gid`, and a generation that
@@ -160,7 +166,41 @@ impl DirState {
             perm: Mutex::new(PermCache::default()),
             copies: std::sync::atomic::AtomicBool::new(false),
             resurrected: Mutex::new(Vec::new()),
+            versions: Mutex::new(None),
         }
+    }
+
+    /// `f` of the directory's census of versions ([`Vault::file_versions`]), made now if it is
+    /// not kept (hold `ops`).
+    pub fn versions<T>(&self, vault: &Vault, f: impl FnOnce(&FileVersions) -> T) -> io::Result<T> {
+        let mut g = self.versions.lock();
+        if g.is_none() {
+            *g = Some(vault.file_versions(&self.cd).map_err(|e| match e {
+                veilfs_core::Error::Io { source, .. } => source,
+                e => io::Error::from_raw_os_error(e.errno()),
+            })?);
+        }
+        Ok(f(g.as_ref().expect("just made")))
+    }
+
+    /// The census after the regular file of backing inode `ino` (with `nlink` links before)
+    /// lost a name in this directory: that inode is no version here any more when it was
+    /// its last link; with other links (which may lie here too) the census is made again.
+    pub fn version_gone(&self, ino: u64, nlink: u64) {
+        let mut g = self.versions.lock();
+        if let Some(v) = g.as_mut().filter(|v| v.counts(ino)) {
+            if nlink <= 1 {
+                v.forget(ino);
+            } else {
+                *g = None;
+            }
+        }
+    }
+
+    /// Forgets the census: an object came in with a file ID it keeps (a rename from another
+    /// directory, an exchange, a hard link), which may be another version of one here.
+    pub fn versions_changed(&self) {
+        *self.versions.lock() = None;
     }
 
     /// Whether the directory held a conflict copy when its index was last built (true until
@@ -270,6 +310,7 @@ impl DirState {
         let ctime = ctime_of(&self.cd)?;
         *w = Some(self.build(vault)?);
         *self.stamp.lock() = Stamp { ctime, look };
+        self.versions_changed();
         Ok(())
     }
 
@@ -298,6 +339,7 @@ impl DirState {
     /// Forgets the index (memory pressure, or it may be stale).
     pub fn drop_index(&self) {
         *self.index.write() = None;
+        self.versions_changed();
     }
 }
 

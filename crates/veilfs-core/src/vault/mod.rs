@@ -12,16 +12,19 @@
 //!
 //! This file holds the vault itself (created, opened, its config and keys) and the helpers
 //! its rooms share; the tree steps live by concern in `dirs.rs` (reading the tree),
-//! `entries.rs` (making and removing entries), `rename.rs` (moving them) and `handles.rs`
+//! `entries.rs` (making and removing entries), `rename.rs` (moving them), `fresh.rs` (a
+//! version of a file that leaves its directory gets a file ID of its own) and `handles.rs`
 //! (opening what an entry names).
 
 mod deletions;
 mod dirs;
 mod entries;
+mod fresh;
 mod handles;
 mod rename;
 
 pub use deletions::EntryVerdicts;
+pub use fresh::FileVersions;
 
 use crate::config::{Secret, VaultConfig};
 use crate::content::ContentCipher;

@@ -11,7 +11,9 @@ impl Vault {
     }
 
     /// Renames `entry` of `from` to `new_name` in `to`, replacing `replaced` (the entry of
-    /// `new_name`, found by the caller) if given. See [`rename_at`](Self::rename_at).
+    /// `new_name`, found by the caller) if given. See [`rename_at`](Self::rename_at); a
+    /// version of a file that leaves its directory gets a fresh file ID
+    /// ([`needs_fresh_id`](Self::needs_fresh_id)), which the returned entry carries.
     pub fn rename(
         &self,
         from: &CipherDir,
@@ -21,9 +23,13 @@ impl Vault {
         replaced: Option<&Entry>,
     ) -> Result<Entry> {
         let key = self.names.name_key(&to.iv, new_name)?;
-        let on_disk = self.rename_at(from, entry, to, &key, replaced)?;
+        let (on_disk, identity) = if self.needs_fresh_id(from, entry, to)? {
+            self.rename_fresh_at(from, entry, to, &key, replaced)?
+        } else {
+            (self.rename_at(from, entry, to, &key, replaced)?, entry.identity)
+        };
         let stat = sys::fstatat(to.fd(), on_disk.as_bytes()).ctx(|| to.child_path(&on_disk))?;
-        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity: entry.identity, stat })
+        Ok(Entry { name: new_name.to_vec(), on_disk, key, kind: entry.kind, identity, stat })
     }
 
     /// Renames `entry` of `from` to the name of `key` in `to`, replacing `replaced` (the entry

@@ -189,6 +189,9 @@ impl VeilFs {
 
     /// Bookkeeping once `parent/on_disk` (backing `st` before removal) is gone.
     pub(super) fn after_unlink(&self, parent: u64, on_disk: &str, st: &Stat) {
+        if let Some(d) = self.nodes.get(parent).ok().as_ref().and_then(|p| p.dir.as_ref()) {
+            d.version_gone(st.st_ino, st.st_nlink);
+        }
         if let Some(id) = self.nodes.id_of(st.st_ino) {
             if let Ok(n) = self.nodes.get(id) {
                 let named = n.remove_link(parent, on_disk);
@@ -227,6 +230,8 @@ impl VeilFs {
             let from = &src.parent.dir()?.cd;
             let on_disk =
                 self.vault.link_at(from, &src.on_disk, node.kind, &node.identity, &dir.cd, key).map_err(cerr)?;
+            // A name with a file ID that is not new here: the census of versions is made again.
+            dir.versions_changed();
             Ok((on_disk, dtype(node.kind)))
         })
     }

@@ -1,5 +1,6 @@
 //! RENAME with replace, NOREPLACE and EXCHANGE; the on-disk steps are the core engine's
-//! `rename_at`/`exchange_at`, this file keeps the index and node table current.
+//! `rename_at`/`exchange_at` (and `rename_fresh_at` for a version of a file that leaves its
+//! directory), this file keeps the index and node table current.
 
 use super::*;
 use crate::perm::{self, Who};
@@ -92,6 +93,10 @@ impl VeilFs {
             });
             self.relink(sst.st_ino, from.id, &s_on, &to, &new_s);
             self.relink(dst.stat.st_ino, to.id, &dst.on_disk, &from, &new_d);
+            if from.id != to.id {
+                fd_.versions_changed();
+                td.versions_changed();
+            }
             return Ok(());
         }
         if let Some(d) = &dst {
@@ -99,7 +104,16 @@ impl VeilFs {
                 return Ok(()); // two links of one file: POSIX says do nothing
             }
         }
-        let new_on = self.vault.rename_at(&fd_.cd, &src, &td.cd, &dkey, dst.as_ref()).map_err(cerr)?;
+        // A version of a file leaving its directory becomes a file of its own (a copy under a
+        // fresh file ID, veilfs_core's `rename_fresh_at`): a new backing inode.
+        let fresh = from.id != to.id
+            && self.vault.fresh_id_candidate(&fd_.cd, &src, &td.cd)
+            && (Vault::is_conflict_copy(&src) || fd_.versions(&self.vault, |v| v.has_other(&src))?);
+        let new_on = if fresh {
+            self.vault.rename_fresh_at(&fd_.cd, &src, &td.cd, &dkey, dst.as_ref()).map_err(cerr)?.0
+        } else {
+            self.vault.rename_at(&fd_.cd, &src, &td.cd, &dkey, dst.as_ref()).map_err(cerr)?
+        };
         if let Some(d) = &dst {
             self.after_unlink(to.id, &d.on_disk, &d.stat);
         }
@@ -117,8 +131,35 @@ impl VeilFs {
                 i.insert(dkey.key.clone(), IndexEntry::new(new_on.clone(), dtype(skind), plain));
             });
         }
-        self.relink(sst.st_ino, from.id, &s_on, &to, &new_on);
+        if fresh {
+            self.after_fresh_move(from.id, &s_on, &sst, to.id, newname);
+        } else {
+            self.relink(sst.st_ino, from.id, &s_on, &to, &new_on);
+            if from.id != to.id && skind == EntryKind::File {
+                fd_.version_gone(sst.st_ino, sst.st_nlink);
+                td.versions_changed();
+            }
+        }
         Ok(())
+    }
+
+    /// After `from/s_on` (backing `sst`) was moved as a copy with a fresh file ID to
+    /// `newname` of `to`: the old object is gone, as after an unlink (a handle still open on it
+    /// keeps reading and writing the old version, as after a `mv` across file systems), and
+    /// the kernel, which moved its inode to the new name, is told to drop that name, so that
+    /// the next access looks it up and finds the new file. From another thread: the kernel
+    /// takes the directory's lock for that, which this rename holds until it is answered.
+    /// Until then the old node answers ESTALE (unless a handle holds it open), on which the
+    /// kernel looks the name up again.
+    fn after_fresh_move(&self, from: u64, s_on: &str, sst: &Stat, to: u64, newname: &[u8]) {
+        self.after_unlink(from, s_on, sst);
+        let Some(n) = self.notifier.get().cloned() else { return };
+        let name = newname.to_vec();
+        std::thread::spawn(move || {
+            if let Err(e) = n.inval_entry(fuser::INodeNo(to), std::os::unix::ffi::OsStrExt::from_bytes(&name[..])) {
+                tracing::debug!("node {to}: entry invalidation after a move with a fresh file ID: {e}");
+            }
+        });
     }
 
     /// Linux's rename checks (`may_delete`, `may_create`, `vfs_rename`), given both parents'
