@@ -515,6 +515,62 @@ fn a_session_cut_short_reads_as_written_and_settles_to_the_same() {
     assert_auth(read_fresh(t.path(), &root, "f"), "no size");
 }
 
+/// Whole-block overwrites inside the file from several threads at once (what the kernel's
+/// write-back sends for random writes, from several daemon threads) go out in place without
+/// the map lock: a new reader meanwhile reads the UNSETTLED file as written so far by the
+/// log (whose records the writes interleave in, each write's copies kept while another is in
+/// flight), and a settle from another thread in the middle waits for the writes in flight,
+/// so no commit misses a block that is already in place.
+#[test]
+fn writes_in_place_from_several_threads_read_back_and_settle_whenever_they_end() {
+    const K: u64 = 96;
+    const THREADS: u64 = 4;
+    let (t, v, root) = setup();
+    let want = std::sync::Mutex::new(data((K * B) as usize, 9));
+    write_file(&v, &root, "f", &want.lock().unwrap());
+    let p = cipher_path(&v, &root, "f");
+    let f = open_rw(&v, &root, "f");
+    f.set_defer_sparse(true);
+    let size = K * B;
+    for round in 0..6u8 {
+        let settled = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for i in 0..THREADS {
+                let (f, want, settled) = (&f, &want, &settled);
+                s.spawn(move || {
+                    // Runs of 1-3 blocks (across groups, the final block among them) in a
+                    // part of the file of each thread's own: the caller orders overlapping
+                    // writes, as the mount's range locks do.
+                    let (lo, hi) = (i * K / THREADS, (i + 1) * K / THREADS);
+                    let mut n = lo;
+                    while n < hi {
+                        let run = (1 + (n + u64::from(round)) % 3).min(hi - n);
+                        let d = data((run * B) as usize, (n as u8).wrapping_mul(7).wrapping_add(round));
+                        assert_eq!(f.write_at(&d, n * B, size).unwrap(), size);
+                        want.lock().unwrap()[(n * B) as usize..((n + run) * B) as usize].copy_from_slice(&d);
+                        n += run;
+                        if i == 0 && round % 2 == 1 && !settled.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            f.settle().unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        let want = want.lock().unwrap().clone();
+        let c = snapshot(&p);
+        assert!(is_unsettled(&c), "round {round}: the last writes started a session");
+        assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), want, "round {round}: read by the session's log");
+        if round % 3 == 2 {
+            assert!(f.settle().unwrap());
+            assert!(!log_path(t.path(), &snapshot(&p)).exists());
+            assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), want, "round {round}: settled");
+        }
+    }
+    f.settle().unwrap();
+    drop(f);
+    assert_eq!(read_fresh(t.path(), &root, "f").unwrap(), *want.lock().unwrap());
+}
+
 #[test]
 fn a_record_of_another_session_or_another_file_is_never_accepted() {
     let (t, v, root) = setup();
