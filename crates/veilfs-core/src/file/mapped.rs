@@ -68,6 +68,8 @@ pub(super) struct MapState {
     /// callers waiting for there to be none. [`reset`](Self::reset) keeps both.
     pub(super) in_flight: u32,
     pub(super) idle_waiters: u32,
+    /// Writes in place waiting for an earlier one's records to be out (`write_records`).
+    pub(super) log_waiters: u32,
     /// The write session this handle has open (`mapsession`).
     pub(super) session: Option<Session>,
     /// The file as a crashed (or still running) session left it, read by its log until it
@@ -118,8 +120,9 @@ impl MapState {
     /// Back to an empty file, keeping the generation (and the count of writes in flight and
     /// of their waiters, which are not the file's).
     pub(super) fn reset(&mut self) {
-        let (generation, in_flight, idle_waiters) = (self.generation, self.in_flight, self.idle_waiters);
-        *self = MapState { generation, in_flight, idle_waiters, ..MapState::default() };
+        let (generation, in_flight, idle_waiters, log_waiters) =
+            (self.generation, self.in_flight, self.idle_waiters, self.log_waiters);
+        *self = MapState { generation, in_flight, idle_waiters, log_waiters, ..MapState::default() };
     }
 }
 
@@ -628,12 +631,14 @@ impl CryptFile {
     }
 
     /// A write of whole blocks inside the file while its session is open (what the kernel's
-    /// write-back sends for random overwrites): sealed before the map lock is taken, and
-    /// written in place without it, so that writes of one file from several threads overlap
-    /// in everything but the log. Under the lock: the log records, then (after the blocks)
-    /// the leaves. A commit waits for such writes to be done ([`map_state_idle`]), and the
-    /// log keeps a write's copy records until its blocks are out (`log_write`). Returns
-    /// `false`, having changed nothing, for any other write, which goes the general way.
+    /// write-back sends for random overwrites): sealed before the map lock is taken, its
+    /// log records and its blocks written without it, so that writes of one file from
+    /// several threads overlap. Under the lock: the room it needs and its place in the log,
+    /// then (after the blocks) its leaves. Its blocks go out only once every record before
+    /// its own is in the log (`write_records`); a commit waits for such writes to be done
+    /// ([`map_state_idle`]), and the log keeps a write's copy records until its blocks are
+    /// out (`append_log`, `place_records`). Returns `false`, having changed nothing, for any
+    /// other write, which goes the general way.
     ///
     /// Overlapping writes are the caller's to order, as for files without a block map (the
     /// mount's range locks): a write does not read what it replaces, so two at once over one
@@ -680,15 +685,15 @@ impl CryptFile {
         }
         let log_bytes = spans.iter().map(|(_, r)| 96 + r.len() as u64).sum::<u64>();
         self.reserve_write(&mut st, spans.iter().map(|(n, _)| *n), k, k, log_bytes)?;
-        self.log_write(&mut st, buf, &spans, k, None)?;
-        st.in_flight += 1;
+        let placed = self.place_records(&mut st, &spans);
         drop(st);
+        if let Err(e) = self.write_records(placed, buf, &spans) {
+            self.landed(&mut self.map_state());
+            return Err(e);
+        }
         let put = self.put_blocks(buf, &spans, k);
         let mut st = self.map_state();
-        st.in_flight -= 1;
-        if st.in_flight == 0 && st.idle_waiters > 0 {
-            self.map_idle.notify_all();
-        }
+        self.landed(&mut st);
         if let Err(e) = put {
             drop(st);
             let mut st = self.map_state_idle();

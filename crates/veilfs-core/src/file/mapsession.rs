@@ -24,12 +24,14 @@ use crate::maplog::{self, Kind, Log, NODE_BIT};
 use crate::sys;
 use std::collections::BTreeSet;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 /// A write session this handle has open.
 #[derive(Debug)]
 pub(super) struct Session {
-    /// The session's log.
-    log: OwnedFd,
+    /// The session's log (shared with the writes in flight, which write their records
+    /// without the map lock).
+    log: Arc<OwnedFd>,
     /// Where its next record goes: the end of every record it keeps (the copy records past
     /// it are needed only until their write's blocks are out).
     pos: u64,
@@ -44,6 +46,36 @@ pub(super) struct Session {
     /// for its commit, so that a full disk refuses a write instead of the session's end.
     /// `u64::MAX` where the backing store cannot allocate ahead.
     reserved: u64,
+    /// The order of the records of writes in flight (see [`LogOrder`]).
+    order: LogOrder,
+}
+
+/// Writes in place hand out their places in the log in order, under the map lock, and write
+/// their records without it; a write puts its blocks in place only once every record before
+/// its own is in the log, since a reader stops at the first gap (its block record would not
+/// be seen, and its block would be unvouched). Each write has a ticket: `logged` is the first
+/// whose records, or an earlier one's, are not yet out.
+#[derive(Debug, Default)]
+struct LogOrder {
+    /// The next ticket.
+    next: u64,
+    /// Every ticket below it has its records out.
+    logged: u64,
+    /// Tickets at or past `logged` whose records are out.
+    done: BTreeSet<u64>,
+    /// The first ticket whose records could not be written, and where they went: every
+    /// later write fails too (its records lie past the gap), and once none is in flight the
+    /// log's end goes back there.
+    failed: Option<(u64, u64)>,
+}
+
+/// A write's place in the log, handed out by [`CryptFile::place_records`].
+pub(super) struct Placed {
+    log: Arc<OwnedFd>,
+    mac: maplog::Keyed,
+    at: u64,
+    seq: u64,
+    ticket: u64,
 }
 
 /// Bytes of a record's frame (kind, length, seq, `a`, MAC) in the log.
@@ -54,7 +86,8 @@ const RECORD_FRAME: u64 = 40;
 /// after its reservation leaves its groups here) and of the spans whose nodes it writes.
 #[derive(Clone, Debug, Default)]
 pub(super) struct CommitPlan {
-    /// Groups whose map block the commit may write; each one's space in the file is allocated.
+    /// Groups whose map block the commit may write (the space of those past the old end,
+    /// and of the old last group, allocated in the file).
     groups: BTreeSet<u64>,
     /// Spans whose node the commit may write (those of the groups, and the new nodes); the
     /// last span, which has no node, may be among them.
@@ -158,10 +191,10 @@ impl CryptFile {
         if let Some(s) = st.session.as_mut() {
             let want = s.next_record(in_flight) + need;
             if want > s.reserved {
-                // Ahead by an eighth of the log (at least 64 KiB), so that a stream of writes
+                // Ahead by an eighth of the log (at least 256 KiB), so that a stream of writes
                 // allocates now and then; only what is not allocated yet (allocating the log
                 // from its start every time cost ~0.3 ms a call on tmpfs once it held MiBs).
-                let to = want + (want / 8).max(64 << 10);
+                let to = want + (want / 8).max(256 << 10);
                 match allocate_ahead(s.log.as_fd(), s.reserved, to - s.reserved) {
                     Ok(true) => s.reserved = to,
                     Ok(false) => s.reserved = u64::MAX,
@@ -198,7 +231,8 @@ impl CryptFile {
         self.write_header_map(st, true)?;
         crate::crash::point!("map.session_started");
         let pos = recs.len() as u64;
-        st.session = Some(Session { log, pos, tail: pos, seq: 1, mac, reserved });
+        st.session =
+            Some(Session { log: Arc::new(log), pos, tail: pos, seq: 1, mac, reserved, order: LogOrder::default() });
         Ok(())
     }
 
@@ -228,8 +262,12 @@ impl CryptFile {
             self.finish_map(st, None)?;
         }
         let ml = self.map_layout();
-        // A group enters the plan once per commit; its whole reserved map space is allocated
-        // then, so that growing it later needs nothing more.
+        // A group enters the plan once per commit. The map space of one at or past the old
+        // last group is allocated then, whole, so that growing it later needs nothing more;
+        // an inner group's lies inside the file already (allocating each of those too cost a
+        // random-write session ~260 `fallocate`s, each taking the file's inode lock against
+        // the writes in flight).
+        let growing = group_count(k_old).saturating_sub(1);
         let mut new: Vec<u64> = touched.map(bm::group_of).filter(|g| !st.plan.groups.contains(g)).collect();
         if k_new > k_old && k_old > 0 && !st.plan.groups.contains(&bm::group_of(k_old - 1)) {
             new.push(bm::group_of(k_old - 1));
@@ -240,7 +278,7 @@ impl CryptFile {
         let alloc = |off: u64, len: u64| {
             allocate_ahead(self.fd(), off, len).map(drop).ctx(|| format!("allocating space in {}", self.what))
         };
-        for &g in &new {
+        for &g in new.iter().filter(|&&g| g >= growing) {
             alloc(ml.map_offset(g), bm::LEAF_LEN * bm::group_capacity(g))?;
         }
         for j in nodes_old..nodes_new {
@@ -310,6 +348,91 @@ impl CryptFile {
         self.append_log(st, &recs, kept)?;
         crate::crash::point!("map.blocks_logged");
         Ok(())
+    }
+
+    /// For a write in place of the whole blocks `spans` (of `buf`): hands out the place and
+    /// sequence numbers of its records (a block record, then a copy record, for each block;
+    /// see [`log_write`](Self::log_write)), which [`write_records`](Self::write_records)
+    /// writes without the map lock. The write counts as in flight from here.
+    pub(super) fn place_records(&self, st: &mut MapState, spans: &[(u64, std::ops::Range<usize>)]) -> Placed {
+        let in_flight = st.in_flight > 0;
+        let s = st.session.as_mut().expect("a session is open");
+        let at = s.next_record(in_flight);
+        let kept = spans.len() as u64 * (maplog::HEAD as u64 + 16);
+        let all = kept + spans.iter().map(|(_, r)| maplog::HEAD as u64 + r.len() as u64).sum::<u64>();
+        (s.pos, s.tail) = (at + kept, at + all);
+        let placed = Placed { log: s.log.clone(), mac: s.mac.clone(), at, seq: s.seq, ticket: s.order.next };
+        s.seq += 2 * spans.len() as u64;
+        s.order.next += 1;
+        st.in_flight += 1;
+        placed
+    }
+
+    /// Writes the records [`place_records`](Self::place_records) placed (without the map
+    /// lock), then waits until every record before them is out too. An error if they, or an
+    /// earlier write's, could not be written: nothing of this write is in place then.
+    pub(super) fn write_records(&self, p: Placed, buf: &[u8], spans: &[(u64, std::ops::Range<usize>)]) -> Result<()> {
+        let len = spans.iter().map(|(_, r)| 2 * maplog::HEAD + 16 + r.len()).sum::<usize>();
+        let mut recs = Vec::with_capacity(len);
+        for (i, (n, r)) in spans.iter().enumerate() {
+            p.mac.push(&mut recs, Kind::Block, p.seq + i as u64, *n, &buf[r.end - 16..r.end]);
+        }
+        for (i, (n, r)) in spans.iter().enumerate() {
+            p.mac.push(&mut recs, Kind::Copy, p.seq + (spans.len() + i) as u64, *n, &buf[r.clone()]);
+        }
+        let res = sys::pwrite_all(p.log.as_fd(), &recs, p.at);
+        let mut st = self.map_state();
+        let s = st.session.as_mut().expect("a session stays open while a write is in flight");
+        let o = &mut s.order;
+        if res.is_err() && o.failed.is_none_or(|(t, _)| p.ticket < t) {
+            o.failed = Some((p.ticket, p.at));
+        }
+        o.done.insert(p.ticket);
+        while o.done.remove(&o.logged) {
+            o.logged += 1;
+        }
+        if st.log_waiters > 0 {
+            self.map_idle.notify_all();
+        }
+        let ticket = p.ticket;
+        if st.session.as_ref().is_some_and(|s| s.order.logged <= ticket) {
+            st.log_waiters += 1;
+            st = self
+                .map_idle
+                .wait_while(st, |st| st.session.as_ref().is_some_and(|s| s.order.logged <= ticket))
+                .unwrap_or_else(|e| e.into_inner());
+            st.log_waiters -= 1;
+        }
+        let failed = st.session.as_ref().and_then(|s| s.order.failed).is_some_and(|(t, _)| t <= ticket);
+        drop(st);
+        match res {
+            Err(e) => Err(Error::io(format!("writing the write-session log of {}", self.what), e)),
+            Ok(()) if failed => Err(Error::io(
+                format!("writing the write-session log of {}", self.what),
+                std::io::Error::other("an earlier record of the session could not be written"),
+            )),
+            Ok(()) => {
+                crate::crash::point!("map.blocks_logged");
+                Ok(())
+            }
+        }
+    }
+
+    /// A write in place is done (its blocks out or not): the last one lets a commit or other
+    /// change of the map go on, and puts the log's end back where records failed, if some did.
+    pub(super) fn landed(&self, st: &mut MapState) {
+        st.in_flight -= 1;
+        if st.in_flight > 0 {
+            return;
+        }
+        if let Some(s) = st.session.as_mut() {
+            if let Some((_, at)) = s.order.failed.take() {
+                (s.pos, s.tail) = (at, at);
+            }
+        }
+        if st.idle_waiters > 0 {
+            self.map_idle.notify_all();
+        }
     }
 
     /// Logs block `n`'s new ciphertext `ct` and the size `size` the file takes with it (a
