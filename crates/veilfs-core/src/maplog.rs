@@ -19,9 +19,10 @@
 //! block's whole ciphertext (a copy record) is needed only until its in-place `pwrite`
 //! returns, in case a crash tears it. So the writer appends a write's block records and its
 //! copies in one `pwrite` but advances its log's end past the block records only: the next
-//! write's records go over the copies. A session of random 4 KiB overwrites then keeps its
-//! log at ~60 bytes per write instead of a copy of every block (which, measured, cost ~40 %
-//! of such a write's time in page allocation alone).
+//! write's records go over the copies (after them, while that write is still in flight: the
+//! mount's threads write one file's blocks at once, and those copies then stay). A session
+//! of random 4 KiB overwrites then keeps its log at ~60 bytes per write instead of a copy of
+//! every block (which, measured, cost ~40 % of such a write's time in page allocation alone).
 
 use crate::content::blockmap::{hash, Hash};
 use crate::content::header::FileId;

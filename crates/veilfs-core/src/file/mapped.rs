@@ -19,7 +19,7 @@
 //! writes its header last, so a crash before it leaves an all-zero header, an empty file. The
 //! state assumes this handle is the file's only writer while it is open.
 
-use super::mapsession::{Found, Session};
+use super::mapsession::{CommitPlan, Found, Session};
 use super::{with_scratch, CryptFile};
 use crate::content::blockmap::{
     self as bm, group_count, group_of, group_start, node_count, span_first_group, Hash, HeaderV2, Leaf, MapLayout,
@@ -61,6 +61,15 @@ pub(super) struct MapState {
     pub(super) write: BTreeSet<u64>,
     /// Groups whose hash changed since the last commit (their nodes are written).
     pub(super) changed: BTreeSet<u64>,
+    /// What the next commit may write, as the writes since the last one reserved it.
+    pub(super) plan: CommitPlan,
+    /// Writes in place that logged their blocks and have not yet set their leaves (they
+    /// write the blocks without this lock, see [`CryptFile::write_in_place`]), and the
+    /// callers waiting for there to be none. [`reset`](Self::reset) keeps both.
+    pub(super) in_flight: u32,
+    pub(super) idle_waiters: u32,
+    /// Writes in place waiting for an earlier one's records to be out (`write_records`).
+    pub(super) log_waiters: u32,
     /// The write session this handle has open (`mapsession`).
     pub(super) session: Option<Session>,
     /// The file as a crashed (or still running) session left it, read by its log until it
@@ -102,13 +111,18 @@ impl MapState {
 
     /// Forgets the holes in blocks `a..b` (written, or cut off).
     fn fill_holes(&mut self, a: u64, b: u64) {
+        if self.made_holes.is_empty() {
+            return;
+        }
         self.made_holes = super::without_range(&self.made_holes, a, b);
     }
 
-    /// Back to an empty file, keeping the generation.
+    /// Back to an empty file, keeping the generation (and the count of writes in flight and
+    /// of their waiters, which are not the file's).
     pub(super) fn reset(&mut self) {
-        let generation = self.generation;
-        *self = MapState { generation, ..MapState::default() };
+        let (generation, in_flight, idle_waiters, log_waiters) =
+            (self.generation, self.in_flight, self.idle_waiters, self.log_waiters);
+        *self = MapState { generation, in_flight, idle_waiters, log_waiters, ..MapState::default() };
     }
 }
 
@@ -117,8 +131,25 @@ impl CryptFile {
         self.ctx.layout.into()
     }
 
+    /// The map, for reading it or for a write in place (which leaves the session open and the
+    /// file's size as it is).
     pub(super) fn map_state(&self) -> std::sync::MutexGuard<'_, MapState> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The map once no write in place is in flight, for everything else that changes it:
+    /// starting or ending a session, a write that changes the size, a truncate, loading. A
+    /// write in flight has its records in the log and its leaves not yet in the map, so a
+    /// commit meanwhile would leave its block unmatched by its leaf; while a caller waits
+    /// here, new writes take this way too, so that a stream of them cannot starve it.
+    pub(super) fn map_state_idle(&self) -> std::sync::MutexGuard<'_, MapState> {
+        let mut st = self.map_state();
+        if st.in_flight > 0 {
+            st.idle_waiters += 1;
+            st = self.map_idle.wait_while(st, |st| st.in_flight > 0).unwrap_or_else(|e| e.into_inner());
+            st.idle_waiters -= 1;
+        }
+        st
     }
 
     pub(super) fn map_auth(&self, detail: impl Into<String>) -> Error {
@@ -190,7 +221,7 @@ impl CryptFile {
     /// root against the nodes and the last span's map blocks (docs/FORMAT.md §5.10). A header
     /// with UNSETTLED is read by its session's log (`mapsession`).
     pub(super) fn load_map(&self) -> Result<()> {
-        let mut st = self.map_state();
+        let mut st = self.map_state_idle();
         st.reset();
         let mut buf = [0u8; HEADER_V2_LEN];
         let n = sys::pread_full(self.fd(), &mut buf, 0).ctx(|| format!("reading header of {}", self.what))?;
@@ -390,9 +421,12 @@ impl CryptFile {
     /// [`write_at_map`](Self::write_at_map); `zeros`: the write of a growing truncate, whose
     /// holes were asked for.
     fn write_map(&self, data: &[u8], off: u64, size: u64, zeros: bool) -> Result<u64> {
+        if !zeros && self.write_in_place(data, off, size)? {
+            return Ok(size);
+        }
         let (l, ml) = (self.ctx.layout, self.map_layout());
         let bs = l.block_size;
-        let mut st = self.map_state();
+        let mut st = self.map_state_idle();
         self.settle_found(&mut st)?;
         let k_old = st.blocks();
         if l.block_count(size) != k_old {
@@ -519,10 +553,8 @@ impl CryptFile {
         Ok(new_size)
     }
 
-    /// The blocks of a write (`spans` in `buf`, one `pwrite` per run inside a group): the
-    /// blocks past the old end first, then those in place (so that until the old final block
-    /// is re-sealed as an inner block, it still ends the file); then their leaves and the map
-    /// of a file of `k_new` blocks, in memory.
+    /// The blocks of a write (`spans` in `buf`; see [`put_blocks`](Self::put_blocks)), then
+    /// their leaves and the map of a file of `k_new` blocks, in memory.
     fn store_blocks(
         &self,
         st: &mut MapState,
@@ -531,6 +563,16 @@ impl CryptFile {
         k_old: u64,
         k_new: u64,
     ) -> Result<()> {
+        self.put_blocks(buf, spans, k_old)?;
+        self.set_leaves(st, buf, spans, k_old, k_new);
+        Ok(())
+    }
+
+    /// Writes the blocks of a write into a file of `k_old` blocks (`spans` in `buf`, one
+    /// `pwrite` per run inside a group): the blocks past the old end first, then those in
+    /// place (so that until the old final block is re-sealed as an inner block, it still ends
+    /// the file).
+    fn put_blocks(&self, buf: &[u8], spans: &[(u64, std::ops::Range<usize>)], k_old: u64) -> Result<()> {
         let ml = self.map_layout();
         let split = spans.iter().position(|(n, _)| *n >= k_old).unwrap_or(spans.len());
         for (pi, part) in [&spans[split..], &spans[..split]].into_iter().enumerate() {
@@ -555,6 +597,19 @@ impl CryptFile {
             }
         }
         crate::crash::point!("map.blocks_written");
+        Ok(())
+    }
+
+    /// The leaves of the blocks of a write (`spans` in `buf`), whose groups' leaves are
+    /// loaded, and the map of a file of `k_new` blocks (it had `k_old`), in memory.
+    fn set_leaves(
+        &self,
+        st: &mut MapState,
+        buf: &[u8],
+        spans: &[(u64, std::ops::Range<usize>)],
+        k_old: u64,
+        k_new: u64,
+    ) {
         // A group's leaves at a time (one map lookup per group, not one per block).
         let mut dirty = BTreeSet::new();
         let mut i = 0;
@@ -573,7 +628,83 @@ impl CryptFile {
         }
         st.k = k_new;
         self.stage_map(st, k_old, k_new, dirty);
-        Ok(())
+    }
+
+    /// A write of whole blocks inside the file while its session is open (what the kernel's
+    /// write-back sends for random overwrites): sealed before the map lock is taken, its
+    /// log records and its blocks written without it, so that writes of one file from
+    /// several threads overlap. Under the lock: the room it needs and its place in the log,
+    /// then (after the blocks) its leaves. Its blocks go out only once every record before
+    /// its own is in the log (`write_records`); a commit waits for such writes to be done
+    /// ([`map_state_idle`]), and the log keeps a write's copy records until its blocks are
+    /// out (`append_log`, `place_records`). Returns `false`, having changed nothing, for any
+    /// other write, which goes the general way.
+    ///
+    /// Overlapping writes are the caller's to order, as for files without a block map (the
+    /// mount's range locks): a write does not read what it replaces, so two at once over one
+    /// block leave either one.
+    ///
+    /// [`map_state_idle`]: Self::map_state_idle
+    fn write_in_place(&self, data: &[u8], off: u64, size: u64) -> Result<bool> {
+        let l = self.ctx.layout;
+        let bs = l.block_size;
+        let end = off + data.len() as u64;
+        if end > size || !off.is_multiple_of(bs) || (!end.is_multiple_of(bs) && end != size) || !self.session_kept() {
+            return Ok(false);
+        }
+        let k = l.block_count(size);
+        let (first, last) = l.blocks_touched(off, data.len() as u64).expect("non-empty");
+        // Sealed straight from the caller's data, the nonces drawn with one call.
+        let cb = (bs + l.overhead) as usize;
+        let total = (last - first) as usize * cb + (l.block_len(last, size) + l.overhead) as usize;
+        let mut sealing = super::take_sealing(total);
+        let buf = &mut sealing[..total];
+        let nl = self.codec.nonce_len();
+        let mut nonces = vec![0u8; (last - first + 1) as usize * nl];
+        crate::random::fill(&mut nonces);
+        let mut spans: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity((last - first + 1) as usize);
+        for (i, n) in (first..=last).enumerate() {
+            let blen = l.block_len(n, size) as usize;
+            let (at, src) = (i * cb, (n - first) as usize * bs as usize);
+            let out = &mut buf[at..at + blen + l.overhead as usize];
+            out[..nl].copy_from_slice(&nonces[i * nl..(i + 1) * nl]);
+            self.codec.seal_into_prefilled(n, n + 1 == k, &data[src..src + blen], out);
+            spans.push((n, at..at + out.len()));
+        }
+        let buf = &*buf;
+        let mut st = self.map_state();
+        let open = st.session.as_ref().is_some_and(|s| s.next_record(st.in_flight > 0) <= crate::maplog::CHECKPOINT);
+        if !open || st.found.is_some() || st.stale || st.blocks() != k || st.idle_waiters > 0 {
+            // No session (its first write starts it), one to end first, or a commit waiting.
+            drop(st);
+            super::put_sealing(sealing);
+            return Ok(false);
+        }
+        for g in group_of(first)..=group_of(last) {
+            self.leaf(&mut st, group_start(g).max(first))?;
+        }
+        let log_bytes = spans.iter().map(|(_, r)| 96 + r.len() as u64).sum::<u64>();
+        self.reserve_write(&mut st, spans.iter().map(|(n, _)| *n), k, k, log_bytes)?;
+        let placed = self.place_records(&mut st, &spans);
+        drop(st);
+        if let Err(e) = self.write_records(placed, buf, &spans) {
+            self.landed(&mut self.map_state());
+            return Err(e);
+        }
+        let put = self.put_blocks(buf, &spans, k);
+        let mut st = self.map_state();
+        self.landed(&mut st);
+        if let Err(e) = put {
+            drop(st);
+            let mut st = self.map_state_idle();
+            self.undo_map(&mut st, size, size, None, buf, &spans);
+            return Err(e);
+        }
+        self.set_leaves(&mut st, buf, &spans, k, k);
+        st.fill_holes(first, last + 1);
+        drop(st);
+        super::put_sealing(sealing);
+        Ok(true)
     }
 
     /// Puts a file back as it was before a write the backing store refused (a full disk, a
@@ -646,6 +777,7 @@ impl CryptFile {
             st.leaves.retain(|g, _| *g < g_new);
             st.write.retain(|g| *g < g_new);
             st.changed.retain(|g| *g < g_new);
+            st.plan.cut(g_new);
         }
         let old_groups = group_count(k_old);
         for g in old_groups.saturating_sub(1)..g_new {
@@ -775,7 +907,7 @@ impl CryptFile {
     pub(super) fn truncate_map(&self, new_size: u64, size: u64) -> Result<()> {
         let l = self.ctx.layout;
         if new_size == 0 {
-            let mut st = self.map_state();
+            let mut st = self.map_state_idle();
             sys::ftruncate(self.fd(), 0).ctx(|| format!("truncating {}", self.what))?;
             if st.session.take().is_some() || st.found.take().is_some() {
                 self.remove_stash();
@@ -796,7 +928,7 @@ impl CryptFile {
             return self.write_map(&vec![0u8; (new_size - from) as usize], from, size, true).map(drop);
         }
         let ml = self.map_layout();
-        let mut st = self.map_state();
+        let mut st = self.map_state_idle();
         self.settle_found(&mut st)?;
         if l.block_count(size) != st.blocks() {
             return Err(self.map_auth("file size does not match its header's block count"));
@@ -813,7 +945,14 @@ impl CryptFile {
         self.log_block(&mut st, n, &ct, new_size)?;
         // What a refused commit puts back (below).
         let old_ct = self.pread_exact(l.block_len(n, size) + l.overhead, ml.block_offset(n), &format!("block {n}"))?;
-        let saved = (st.hashes.clone(), st.leaves.clone(), st.write.clone(), st.changed.clone(), st.made_holes.clone());
+        let saved = (
+            st.hashes.clone(),
+            st.leaves.clone(),
+            st.write.clone(),
+            st.changed.clone(),
+            st.made_holes.clone(),
+            st.plan.clone(),
+        );
         crate::crash::torn!("map.torn_block", self.fd(), &ct, ml.block_offset(n));
         sys::pwrite_all(self.fd(), &ct, ml.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
         crate::crash::point!("map.blocks_written");
@@ -832,7 +971,7 @@ impl CryptFile {
             // end did not move): the truncate did not happen. Block n goes back as it was (in its own space), and
             // the map in memory too; the session stays open.
             sys::pwrite_all(self.fd(), &old_ct, ml.block_offset(n)).ctx(|| format!("writing {}", self.what))?;
-            (st.hashes, st.leaves, st.write, st.changed, st.made_holes) = saved;
+            (st.hashes, st.leaves, st.write, st.changed, st.made_holes, st.plan) = saved;
             (st.k, st.size) = (k_old, size);
         }
         r

@@ -24,14 +24,20 @@ use crate::maplog::{self, Kind, Log, NODE_BIT};
 use crate::sys;
 use std::collections::BTreeSet;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 /// A write session this handle has open.
 #[derive(Debug)]
 pub(super) struct Session {
-    /// The session's log.
-    log: OwnedFd,
-    /// Where its next record goes.
+    /// The session's log (shared with the writes in flight, which write their records
+    /// without the map lock).
+    log: Arc<OwnedFd>,
+    /// Where its next record goes: the end of every record it keeps (the copy records past
+    /// it are needed only until their write's blocks are out).
     pos: u64,
+    /// The end of the records last written, copies included: while another write is in
+    /// flight, the next records go here instead of over its copies.
+    tail: u64,
     /// Its next sequence number.
     seq: u64,
     /// The MAC of its records.
@@ -40,17 +46,79 @@ pub(super) struct Session {
     /// for its commit, so that a full disk refuses a write instead of the session's end.
     /// `u64::MAX` where the backing store cannot allocate ahead.
     reserved: u64,
+    /// The order of the records of writes in flight (see [`LogOrder`]).
+    order: LogOrder,
+}
+
+/// Writes in place hand out their places in the log in order, under the map lock, and write
+/// their records without it; a write puts its blocks in place only once every record before
+/// its own is in the log, since a reader stops at the first gap (its block record would not
+/// be seen, and its block would be unvouched). Each write has a ticket: `logged` is the first
+/// whose records, or an earlier one's, are not yet out.
+#[derive(Debug, Default)]
+struct LogOrder {
+    /// The next ticket.
+    next: u64,
+    /// Every ticket below it has its records out.
+    logged: u64,
+    /// Tickets at or past `logged` whose records are out.
+    done: BTreeSet<u64>,
+    /// The first ticket whose records could not be written, and where they went: every
+    /// later write fails too (its records lie past the gap), and once none is in flight the
+    /// log's end goes back there.
+    failed: Option<(u64, u64)>,
+}
+
+/// A write's place in the log, handed out by [`CryptFile::place_records`].
+pub(super) struct Placed {
+    log: Arc<OwnedFd>,
+    mac: maplog::Keyed,
+    at: u64,
+    seq: u64,
+    ticket: u64,
 }
 
 /// Bytes of a record's frame (kind, length, seq, `a`, MAC) in the log.
 const RECORD_FRAME: u64 = 40;
 
-/// The most bytes the commit of a session takes in its log when its map changed in `groups`
-/// and `nodes` nodes are new or changed: a map record per group (its whole reserved map
-/// block), one per node, and the commit record.
-fn commit_room(groups: impl Iterator<Item = u64>, nodes: u64) -> u64 {
-    let maps: u64 = groups.map(|g| RECORD_FRAME + bm::LEAF_LEN * bm::group_capacity(g)).sum();
-    maps + nodes * (RECORD_FRAME + bm::HASH_LEN * bm::node_hashes(0)) + RECORD_FRAME + 40
+/// What the next commit of a file writes, as far as the writes since the last one reserved
+/// room for it: a superset of the groups it writes (`MapState::write`; a write that fails
+/// after its reservation leaves its groups here) and of the spans whose nodes it writes.
+#[derive(Clone, Debug, Default)]
+pub(super) struct CommitPlan {
+    /// Groups whose map block the commit may write (the space of those past the old end,
+    /// and of the old last group, allocated in the file).
+    groups: BTreeSet<u64>,
+    /// Spans whose node the commit may write (those of the groups, and the new nodes); the
+    /// last span, which has no node, may be among them.
+    spans: BTreeSet<u64>,
+    /// The log bytes of the map records of `groups` (each at its group's whole capacity).
+    map_bytes: u64,
+}
+
+impl CommitPlan {
+    fn add_group(&mut self, g: u64) {
+        if self.groups.insert(g) {
+            self.map_bytes += RECORD_FRAME + bm::LEAF_LEN * bm::group_capacity(g);
+            self.spans.insert(group_start(g) / bm::SPAN_BLOCKS);
+        }
+    }
+
+    /// Forgets the groups from `g` on (cut off by a shrinking truncate, which may free their
+    /// space in the file).
+    pub(super) fn cut(&mut self, g: u64) {
+        for g in self.groups.split_off(&g) {
+            self.map_bytes -= RECORD_FRAME + bm::LEAF_LEN * bm::group_capacity(g);
+        }
+    }
+
+    /// The most bytes the commit takes in its log for a file of `nodes` nodes: a map record
+    /// per planned group, one per planned node (at the largest node's length), and the
+    /// commit record.
+    fn room(&self, nodes: u64) -> u64 {
+        let planned_nodes = (self.spans.len() - self.spans.range(nodes..).count()) as u64;
+        self.map_bytes + planned_nodes * (RECORD_FRAME + bm::HASH_LEN * bm::node_hashes(0)) + RECORD_FRAME + 40
+    }
 }
 
 /// Allocates `len` bytes of `fd` from its start without changing its size (space a later
@@ -79,6 +147,16 @@ impl Session {
     pub(super) fn log_end(&self) -> u64 {
         self.pos
     }
+
+    /// Where the next write's records go: over the last write's copy records, unless a write
+    /// is in flight (`in_flight`), whose copies are still needed.
+    pub(super) fn next_record(&self, in_flight: bool) -> u64 {
+        if in_flight {
+            self.tail
+        } else {
+            self.pos
+        }
+    }
 }
 
 impl Found {
@@ -102,21 +180,22 @@ pub(super) enum Source {
 
 impl CryptFile {
     /// Starts a write session if none is open: a size record with the size as it is, in a
-    /// new log, then the header with UNSETTLED, the next generation and the map as it is. A
-    /// session whose log has grown past [`maplog::CHECKPOINT`] is ended first. Then makes
-    /// sure the log has `need` bytes past its end allocated, before anything of the write
-    /// that asks is logged: a full disk refuses that write (`ENOSPC`, the file as it was),
-    /// never the session's end, whose commit always finds its room.
-    pub(super) fn begin_session(&self, st: &mut MapState, need: u64) -> Result<()> {
-        if st.session.as_ref().is_some_and(|s| s.pos > maplog::CHECKPOINT) {
-            self.finish_map(st, None)?;
-        }
+    /// new log, then the header with UNSETTLED, the next generation and the map as it is.
+    /// (A session whose log has grown past [`maplog::CHECKPOINT`] was ended before, by
+    /// [`reserve_write`](Self::reserve_write).) Then makes sure the log has `need` bytes
+    /// past where the next records go allocated, before anything of the write that asks is
+    /// logged: a full disk refuses that write (`ENOSPC`, the file as it was), never the
+    /// session's end, whose commit always finds its room.
+    fn begin_session(&self, st: &mut MapState, need: u64) -> Result<()> {
+        let in_flight = st.in_flight > 0;
         if let Some(s) = st.session.as_mut() {
-            let want = s.pos + need;
+            let want = s.next_record(in_flight) + need;
             if want > s.reserved {
-                // In steps of 64 KiB, so that a stream of writes allocates now and then.
-                let to = want + (64 << 10);
-                match allocate_ahead(s.log.as_fd(), 0, to) {
+                // Ahead by an eighth of the log (at least 256 KiB), so that a stream of writes
+                // allocates now and then; only what is not allocated yet (allocating the log
+                // from its start every time cost ~0.3 ms a call on tmpfs once it held MiBs).
+                let to = want + (want / 8).max(256 << 10);
+                match allocate_ahead(s.log.as_fd(), s.reserved, to - s.reserved) {
                     Ok(true) => s.reserved = to,
                     Ok(false) => s.reserved = u64::MAX,
                     Err(e) => return Err(Error::io(format!("allocating the write-session log of {}", self.what), e)),
@@ -151,17 +230,23 @@ impl CryptFile {
         st.generation = g;
         self.write_header_map(st, true)?;
         crate::crash::point!("map.session_started");
-        st.session = Some(Session { log, pos: recs.len() as u64, seq: 1, mac, reserved });
+        let pos = recs.len() as u64;
+        st.session =
+            Some(Session { log: Arc::new(log), pos, tail: pos, seq: 1, mac, reserved, order: LogOrder::default() });
         Ok(())
     }
 
     /// Before a write changes blocks `touched` of a file of `k_old` blocks that it leaves
     /// with `k_new`, logging `log_bytes` of records: allocates what its session's end will
-    /// write — in the file, the map blocks of the groups it adds or grows and the nodes it
-    /// adds (holes until the commit); in the log, `log_bytes` and the commit of every map
-    /// block changed so far — and starts the session (`logged`: a file that has blocks). So
-    /// a full disk refuses the write, before anything of it is written, and never the
+    /// write — in the file, the map blocks of the groups it adds to the commit's plan and the
+    /// nodes it adds (holes until the commit); in the log, `log_bytes` and the commit of every
+    /// map block planned so far — and starts the session (`logged`: a file that has blocks).
+    /// So a full disk refuses the write, before anything of it is written, and never the
     /// session's end, which then reads and settles as written (docs/FORMAT.md §5.10).
+    ///
+    /// The cost is in the groups and spans this write adds to the plan, not in all those the
+    /// session changed so far: summing the room of every changed group at each write cost a
+    /// random 4 KiB overwrite of a 256 MiB file ~3 µs, a sixth of its time in the daemon.
     pub(super) fn reserve_write(
         &self,
         st: &mut MapState,
@@ -170,51 +255,67 @@ impl CryptFile {
         k_new: u64,
         log_bytes: u64,
     ) -> Result<()> {
-        let ml = self.map_layout();
-        // The groups the session's end writes: those changed so far, and this write's (one
-        // pass over the changed set per write, no copy of it).
-        let mut extra: BTreeSet<u64> = touched.map(bm::group_of).filter(|g| !st.write.contains(g)).collect();
-        if k_new > k_old && k_old > 0 && !st.write.contains(&bm::group_of(k_old - 1)) {
-            extra.insert(bm::group_of(k_old - 1));
+        let in_flight = st.in_flight > 0;
+        if st.session.as_ref().is_some_and(|s| s.next_record(in_flight) > maplog::CHECKPOINT) {
+            // A checkpoint: a new session, and a new plan, before this write adds to it (a
+            // write in place never gets here: it checks first, and goes the general way).
+            self.finish_map(st, None)?;
         }
-        let (nodes_old, nodes_new) = (node_count(k_old), node_count(k_new));
+        let ml = self.map_layout();
+        // A group enters the plan once per commit. The map space of one at or past the old
+        // last group is allocated then, whole, so that growing it later needs nothing more;
+        // an inner group's lies inside the file already (allocating each of those too cost a
+        // random-write session ~260 `fallocate`s, each taking the file's inode lock against
+        // the writes in flight).
         let growing = group_count(k_old).saturating_sub(1);
+        let mut new: Vec<u64> = touched.map(bm::group_of).filter(|g| !st.plan.groups.contains(g)).collect();
+        if k_new > k_old && k_old > 0 && !st.plan.groups.contains(&bm::group_of(k_old - 1)) {
+            new.push(bm::group_of(k_old - 1));
+        }
+        new.sort_unstable();
+        new.dedup();
+        let (nodes_old, nodes_new) = (node_count(k_old), node_count(k_new));
         let alloc = |off: u64, len: u64| {
             allocate_ahead(self.fd(), off, len).map(drop).ctx(|| format!("allocating space in {}", self.what))
         };
-        for &g in st.write.range(growing..).chain(extra.range(growing..)) {
+        for &g in new.iter().filter(|&&g| g >= growing) {
             alloc(ml.map_offset(g), bm::LEAF_LEN * bm::group_capacity(g))?;
         }
         for j in nodes_old..nodes_new {
             alloc(ml.node_offset(j), ml.node_len(j))?;
         }
+        // Planned only once allocated: a refused write adds nothing.
+        for g in new {
+            st.plan.add_group(g);
+        }
+        st.plan.spans.extend(nodes_old..nodes_new);
         if k_old == 0 {
             // A first write commits without a session (its header goes out last).
             return Ok(());
         }
-        let all = || st.write.iter().chain(extra.iter());
-        let mut spans: BTreeSet<u64> =
-            all().map(|&g| group_start(g) / bm::SPAN_BLOCKS).filter(|&j| j < nodes_new).collect();
-        spans.extend(nodes_old..nodes_new);
-        let room = commit_room(all().copied(), spans.len() as u64);
+        let room = st.plan.room(nodes_new);
         self.begin_session(st, log_bytes + room)
     }
 
     /// Writes `recs` (records of the open session) at its log's end in one `pwrite`, and
-    /// moves the end past the first `kept` bytes of them.
+    /// moves the end past the first `kept` bytes of them. While other writes are in flight
+    /// their copy records stay: `recs` go after them, which are then kept in the log for
+    /// good (records a reader may use, as the last copies of a session are).
     fn append_log(&self, st: &mut MapState, recs: &[u8], kept: usize) -> Result<()> {
+        let in_flight = st.in_flight > 0;
         let s = st.session.as_mut().expect("a session is open");
-        sys::pwrite_all(s.log.as_fd(), recs, s.pos)
-            .ctx(|| format!("writing the write-session log of {}", self.what))?;
-        s.pos += kept as u64;
+        let at = s.next_record(in_flight);
+        sys::pwrite_all(s.log.as_fd(), recs, at).ctx(|| format!("writing the write-session log of {}", self.what))?;
+        (s.pos, s.tail) = (at + kept as u64, at + recs.len() as u64);
         Ok(())
     }
 
     /// Logs a write before its blocks go out: a block record (the tag) and a copy record for
     /// each block it overwrites in place (below `k_old`, the block count before it), and the
     /// size after it when that changes. The log's end moves past the block records only: the
-    /// next records go over the copies, which this write no longer needs once it returns
-    /// (writes of one file are serialized by its map state's lock).
+    /// next records go over the copies, which this write no longer needs once its blocks are
+    /// out — unless it is still in flight then (writes in place of one file overlap outside
+    /// the map lock), in which case they go after them (`append_log`).
     pub(super) fn log_write(
         &self,
         st: &mut MapState,
@@ -224,12 +325,14 @@ impl CryptFile {
         new_size: Option<u64>,
     ) -> Result<()> {
         let s = st.session.as_mut().expect("a session is open");
-        let mut recs = Vec::new();
+        let inplace = || spans.iter().filter(|(n, _)| *n < k_old);
+        // Sized at once: grown by pushes, the copies' bytes were copied again at every doubling.
+        let len = 48 + inplace().map(|(_, r)| 2 * maplog::HEAD + 16 + r.len()).sum::<usize>();
+        let mut recs = Vec::with_capacity(len);
         if let Some(p) = new_size {
             s.mac.push(&mut recs, Kind::Size, s.seq, 0, &p.to_be_bytes());
             s.seq += 1;
         }
-        let inplace = || spans.iter().filter(|(n, _)| *n < k_old);
         for (n, r) in inplace() {
             s.mac.push(&mut recs, Kind::Block, s.seq, *n, &buf[r.end - 16..r.end]);
             s.seq += 1;
@@ -245,6 +348,91 @@ impl CryptFile {
         self.append_log(st, &recs, kept)?;
         crate::crash::point!("map.blocks_logged");
         Ok(())
+    }
+
+    /// For a write in place of the whole blocks `spans` (of `buf`): hands out the place and
+    /// sequence numbers of its records (a block record, then a copy record, for each block;
+    /// see [`log_write`](Self::log_write)), which [`write_records`](Self::write_records)
+    /// writes without the map lock. The write counts as in flight from here.
+    pub(super) fn place_records(&self, st: &mut MapState, spans: &[(u64, std::ops::Range<usize>)]) -> Placed {
+        let in_flight = st.in_flight > 0;
+        let s = st.session.as_mut().expect("a session is open");
+        let at = s.next_record(in_flight);
+        let kept = spans.len() as u64 * (maplog::HEAD as u64 + 16);
+        let all = kept + spans.iter().map(|(_, r)| maplog::HEAD as u64 + r.len() as u64).sum::<u64>();
+        (s.pos, s.tail) = (at + kept, at + all);
+        let placed = Placed { log: s.log.clone(), mac: s.mac.clone(), at, seq: s.seq, ticket: s.order.next };
+        s.seq += 2 * spans.len() as u64;
+        s.order.next += 1;
+        st.in_flight += 1;
+        placed
+    }
+
+    /// Writes the records [`place_records`](Self::place_records) placed (without the map
+    /// lock), then waits until every record before them is out too. An error if they, or an
+    /// earlier write's, could not be written: nothing of this write is in place then.
+    pub(super) fn write_records(&self, p: Placed, buf: &[u8], spans: &[(u64, std::ops::Range<usize>)]) -> Result<()> {
+        let len = spans.iter().map(|(_, r)| 2 * maplog::HEAD + 16 + r.len()).sum::<usize>();
+        let mut recs = Vec::with_capacity(len);
+        for (i, (n, r)) in spans.iter().enumerate() {
+            p.mac.push(&mut recs, Kind::Block, p.seq + i as u64, *n, &buf[r.end - 16..r.end]);
+        }
+        for (i, (n, r)) in spans.iter().enumerate() {
+            p.mac.push(&mut recs, Kind::Copy, p.seq + (spans.len() + i) as u64, *n, &buf[r.clone()]);
+        }
+        let res = sys::pwrite_all(p.log.as_fd(), &recs, p.at);
+        let mut st = self.map_state();
+        let s = st.session.as_mut().expect("a session stays open while a write is in flight");
+        let o = &mut s.order;
+        if res.is_err() && o.failed.is_none_or(|(t, _)| p.ticket < t) {
+            o.failed = Some((p.ticket, p.at));
+        }
+        o.done.insert(p.ticket);
+        while o.done.remove(&o.logged) {
+            o.logged += 1;
+        }
+        if st.log_waiters > 0 {
+            self.map_idle.notify_all();
+        }
+        let ticket = p.ticket;
+        if st.session.as_ref().is_some_and(|s| s.order.logged <= ticket) {
+            st.log_waiters += 1;
+            st = self
+                .map_idle
+                .wait_while(st, |st| st.session.as_ref().is_some_and(|s| s.order.logged <= ticket))
+                .unwrap_or_else(|e| e.into_inner());
+            st.log_waiters -= 1;
+        }
+        let failed = st.session.as_ref().and_then(|s| s.order.failed).is_some_and(|(t, _)| t <= ticket);
+        drop(st);
+        match res {
+            Err(e) => Err(Error::io(format!("writing the write-session log of {}", self.what), e)),
+            Ok(()) if failed => Err(Error::io(
+                format!("writing the write-session log of {}", self.what),
+                std::io::Error::other("an earlier record of the session could not be written"),
+            )),
+            Ok(()) => {
+                crate::crash::point!("map.blocks_logged");
+                Ok(())
+            }
+        }
+    }
+
+    /// A write in place is done (its blocks out or not): the last one lets a commit or other
+    /// change of the map go on, and puts the log's end back where records failed, if some did.
+    pub(super) fn landed(&self, st: &mut MapState) {
+        st.in_flight -= 1;
+        if st.in_flight > 0 {
+            return;
+        }
+        if let Some(s) = st.session.as_mut() {
+            if let Some((_, at)) = s.order.failed.take() {
+                (s.pos, s.tail) = (at, at);
+            }
+        }
+        if st.idle_waiters > 0 {
+            self.map_idle.notify_all();
+        }
     }
 
     /// Logs block `n`'s new ciphertext `ct` and the size `size` the file takes with it (a
@@ -288,7 +476,8 @@ impl CryptFile {
                 crate::crash::point!("map.committed");
                 // From here the commit record is what a reader goes by: if a step fails, the
                 // session stays open with it in its log, and the next commit comes after it.
-                (s.pos, s.seq) = (s.pos + recs.len() as u64, seq + 1);
+                s.pos += recs.len() as u64;
+                (s.tail, s.seq) = (s.pos, seq + 1);
                 let rest = (|| -> Result<()> {
                     self.put_map(&writes)?;
                     crate::crash::point!("map.map_written");
@@ -316,6 +505,7 @@ impl CryptFile {
         }
         st.write.clear();
         st.changed.clear();
+        st.plan = CommitPlan::default();
         st.k_base = st.k;
         Ok(())
     }
@@ -331,7 +521,7 @@ impl CryptFile {
     /// Ends this handle's write session, if one is open (the last close, fsync). Returns
     /// whether it wrote the header; the backing file keeps its modification time.
     pub(super) fn end_map_session(&self) -> Result<bool> {
-        let mut st = self.map_state();
+        let mut st = self.map_state_idle();
         if st.session.is_none() {
             return Ok(false);
         }
@@ -347,7 +537,7 @@ impl CryptFile {
     /// handle's write session, if any, and removes its log (or inner-block stash), which
     /// would otherwise outlive the file.
     pub fn discard_session(&self) {
-        let open = self.map_state().session.take().is_some();
+        let open = self.map_state_idle().session.take().is_some();
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner()).fd.take().is_some();
         if open || inner {
             self.remove_stash();
@@ -572,6 +762,7 @@ impl CryptFile {
         st.leaves.clear();
         st.write.clear();
         st.changed.clear();
+        st.plan = CommitPlan::default();
         self.write_header_map(st, false)?;
         drop(log);
         self.remove_stash();
@@ -587,7 +778,7 @@ impl CryptFile {
 
     /// [`recover_tail`](Self::recover_tail) for a file with a block map.
     pub(super) fn recover_map(&self) -> Result<Option<TailRule>> {
-        let mut st = self.map_state();
+        let mut st = self.map_state_idle();
         if st.found.is_none() {
             return Ok(None);
         }

@@ -32,7 +32,7 @@ use crate::sys;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 mod mapped;
 mod mapsession;
@@ -274,6 +274,9 @@ pub struct CryptFile {
     sized_to: AtomicU64,
     /// The block map of a file in a vault with `"block-map"` (see `mapped`).
     map: Mutex<mapped::MapState>,
+    /// Signalled when the last write in place of a file with a block map is done (see
+    /// [`map_state_idle`](Self::map_state_idle)).
+    map_idle: Condvar,
 }
 
 /// The writer's side of an inner-block stash: a ring of records.
@@ -346,6 +349,7 @@ impl CryptFile {
             lost_from: AtomicU64::new(u64::MAX),
             sized_to: AtomicU64::new(0),
             map: Mutex::new(mapped::MapState::default()),
+            map_idle: Condvar::new(),
         }
     }
 

@@ -130,7 +130,7 @@ impl CryptFile {
             ));
         }
         self.map_layout().check_block_count(h.blocks).map_err(|e| Error::auth(&self.what, e.to_string()))?;
-        let mut st = self.map_state();
+        let mut st = self.map_state_idle();
         st.reset();
         if h.is_unsettled() {
             match self.load_session(&mut st, h) {
