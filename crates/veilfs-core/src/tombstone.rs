@@ -471,6 +471,12 @@ impl Tombstones {
             own.insert(*dir_iv, log);
         }
         let fd = &own.get(dir_iv).expect("inserted above").fd;
+        // What this process knows of the directory's logs includes its own from now on (a
+        // log made after the directory was last listed would be missed otherwise, and a name
+        // this client deleted and brings back would read as put back by the storage).
+        if let Some(d) = lock(&self.dirs).get_mut(dir_iv) {
+            d.logs.entry(name.clone().into_bytes()).or_default();
+        }
         let n = rustix::io::write(fd, &buf)?;
         if n != buf.len() {
             // A full disk mid-record: cut the torn part (the next opening would too).
@@ -594,6 +600,21 @@ mod tests {
             assert_eq!(decode(&keys, &iv, &client, &edited), None, "byte {i}");
         }
         assert!(e.expired(e.time + HORIZON_SECS + 1) && !e.expired(e.time + HORIZON_SECS));
+    }
+
+    /// A client's own records count in what it reads of a directory it listed before its log
+    /// existed (else a name it deleted and brings back would read as put back).
+    #[test]
+    fn a_clients_own_new_log_counts_in_a_directory_it_listed_before() {
+        let keys = keys();
+        let dir = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(dir.path()).unwrap();
+        let iv = [4u8; 16];
+        let me = Tombstones::new([1; 16]);
+        let t = token(&keys, &iv, b"one");
+        assert!(!me.with_dir(d.as_fd(), &keys, &iv, Some(&[]), |x| x.deleted(&t)));
+        me.append(d.as_fd(), &keys, &iv, &[(t, Event { op: Op::Deleted, kind: 1, time: now() })]).unwrap();
+        assert!(me.with_dir(d.as_fd(), &keys, &iv, None, |x| x.deleted(&t)));
     }
 
     /// Appends, a torn last record, a later "back", a second client's log, an edited record,
