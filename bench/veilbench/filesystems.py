@@ -286,6 +286,10 @@ def veilfs_entry(name: str, title: str, target: Path, mount_flags: Sequence[str]
         if reverse else None,
         reverse_mount_cmd=["{bin}", "mount", "--reverse", "{store}", "{mnt}", "--passfile", "{passfile}"]
         if reverse else None,
+        # The client state (what each vault's client has seen, docs/FORMAT.md §18) of the
+        # run's own vaults stays beside the run's logs, as CryFS's does, never in the
+        # machine's ~/.local/state.
+        env={"VEILFS_STATE_DIR": "{logdir}/veilfs-state"},
         foreground=False, build_hint="cargo build --release")
 
 
