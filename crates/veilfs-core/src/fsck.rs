@@ -605,8 +605,7 @@ impl<'a> Checker<'a> {
             return;
         }
         let r = sys::as_owner_of(&[dir.fd()], || {
-            tombstone::Tombstones::new(log.client)
-                .rewrite(dir.fd(), keys, &dir.iv, name.as_bytes(), |e| !e.expired(now))
+            tombstone::rewrite(dir.fd(), keys, &dir.iv, name.as_bytes(), |e| !e.expired(now))
         });
         match r {
             Ok(n) => self.report.expired_tombstones += n as u64,

@@ -222,12 +222,19 @@ fn parse(keys: &SubKeys, dir_iv: &DirIv, bytes: &[u8], from: u64, client: Option
 /// Opens the log `name` of `dir` for reading: a regular file (never a link, FIFO or device)
 /// no longer than [`MAX_LOG_LEN`].
 fn open_log(dir: BorrowedFd<'_>, name: &[u8]) -> Result<(OwnedFd, sys::Stat), String> {
+    open_log_or_gone(dir, name).map_err(|e| e.unwrap_or_else(|| "cannot be read: it is gone".to_string()))
+}
+
+/// [`open_log`], telling a log that is gone (`Err(None)`: removed or renamed over since the
+/// listing) from one that cannot be used (`Err(Some(why))`).
+fn open_log_or_gone(dir: BorrowedFd<'_>, name: &[u8]) -> Result<(OwnedFd, sys::Stat), Option<String>> {
     let (fd, st) = sys::open_regular_at(dir, name, libc::O_RDONLY).map_err(|e| match e {
-        Err(e) => format!("cannot be read: {e}"),
-        Ok(_) => "is not a regular file".to_string(),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+        Err(e) => Some(format!("cannot be read: {e}")),
+        Ok(_) => Some("is not a regular file".to_string()),
     })?;
     if st.st_size as u64 > MAX_LOG_LEN {
-        return Err(format!("is {} bytes long, more than a tombstone log may be", st.st_size));
+        return Err(Some(format!("is {} bytes long, more than a tombstone log may be", st.st_size)));
     }
     Ok((fd, st))
 }
@@ -267,14 +274,7 @@ pub struct DirTombs {
 impl DirTombs {
     /// What the tombstones say last of token `t` (`None`: nothing).
     pub fn latest(&self, t: &Token) -> Option<Event> {
-        let mut best: Option<Event> = None;
-        for e in self.logs.values().filter_map(|l| l.latest.get(t)) {
-            best = match best {
-                Some(b) if b.time > e.time || (b.time == e.time && b.op == Op::Back) => Some(b),
-                _ => Some(*e),
-            };
-        }
-        best
+        self.latest_by(t).map(|(e, _)| e)
     }
 
     /// [`latest`](Self::latest) with the ID of the client whose record it is.
@@ -312,16 +312,20 @@ impl DirTombs {
     }
 
     /// Brings the log `name` up to date from `dir`: reads only what was appended since, unless
-    /// the file was replaced (a compaction) or cut.
+    /// the file was replaced (a compaction) or cut. A log that is gone is forgotten.
     fn refresh_log(&mut self, dir: BorrowedFd<'_>, keys: &SubKeys, dir_iv: &DirIv, name: &[u8]) {
-        let p = self.logs.entry(name.to_vec()).or_default();
-        let (fd, st) = match open_log(dir, name) {
+        let (fd, st) = match open_log_or_gone(dir, name) {
             Ok(x) => x,
-            Err(why) => {
-                *p = Parsed { bad: Some(why), ..Parsed::default() };
+            Err(None) => {
+                self.logs.remove(name);
+                return;
+            }
+            Err(Some(why)) => {
+                self.logs.insert(name.to_vec(), Parsed { bad: Some(why), ..Parsed::default() });
                 return;
             }
         };
+        let p = self.logs.entry(name.to_vec()).or_default();
         let size = st.st_size as u64;
         if p.ino == st.st_ino && p.len <= size && p.bad.is_none() && p.client.is_some() {
             if size - p.len < RECORD_LEN as u64 {
@@ -414,8 +418,6 @@ impl Tombstones {
         for n in &listed {
             d.refresh_log(dir, keys, dir_iv, n);
         }
-        // A log that vanished since (a compaction renamed over it, or it was removed).
-        d.logs.retain(|_, p| p.client.is_some() || p.bad.as_deref().is_none_or(|b| !b.contains("No such file")));
         f(d)
     }
 
@@ -474,8 +476,8 @@ impl Tombstones {
         // What this process knows of the directory's logs includes its own from now on (a
         // log made after the directory was last listed would be missed otherwise, and a name
         // this client deleted and brings back would read as put back by the storage).
-        if let Some(d) = lock(&self.dirs).get_mut(dir_iv) {
-            d.logs.entry(name.clone().into_bytes()).or_default();
+        if let Some(d) = lock(&self.dirs).get_mut(dir_iv).filter(|d| !d.logs.contains_key(name.as_bytes())) {
+            d.logs.insert(name.into_bytes(), Parsed::default());
         }
         let n = rustix::io::write(fd, &buf)?;
         if n != buf.len() {
@@ -528,43 +530,42 @@ impl Tombstones {
             && now().saturating_sub(u64::from_be_bytes(first[18..26].try_into().expect("8"))) > HORIZON_SECS
         {
             drop(fd);
-            self.rewrite(dir, keys, dir_iv, name.as_bytes(), |e| !e.expired(now()))?;
+            rewrite(dir, keys, dir_iv, name.as_bytes(), |e| !e.expired(now()))?;
             return self.open_own(dir, keys, dir_iv, name);
         }
         Ok(OwnLog { fd, ino: st.st_ino, opened: std::time::Instant::now() })
     }
+}
 
-    /// Rewrites the log `name` of `dir` keeping the verified records `keep` accepts, under a
-    /// temporary name renamed over it (removed if nothing is kept or its header does not
-    /// parse). For compaction and `fsck --repair`. Returns the records dropped.
-    pub fn rewrite(
-        &self,
-        dir: BorrowedFd<'_>,
-        keys: &SubKeys,
-        dir_iv: &DirIv,
-        name: &[u8],
-        keep: impl Fn(&Event) -> bool,
-    ) -> std::io::Result<usize> {
-        let r = read_log(dir, keys, dir_iv, name);
-        let kept: Vec<&(Token, Event)> = r.records.iter().filter(|(_, e)| keep(e)).collect();
-        let dropped = r.records.len() - kept.len();
-        if kept.is_empty() {
-            sys::unlinkat(dir, name, false)?;
-            return Ok(dropped);
-        }
-        let mut buf = header(&r.client).to_vec();
-        for (t, e) in kept {
-            buf.extend_from_slice(&encode(keys, dir_iv, &r.client, t, e));
-        }
-        let tmp = crate::names::temp_name();
-        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        let fd = sys::openat(dir, tmp.as_bytes(), flags, 0o600)?;
-        let w = sys::pwrite_all(fd.as_fd(), &buf, 0).and_then(|()| sys::renameat2(dir, tmp.as_bytes(), dir, name, 0));
-        if w.is_err() {
-            let _ = sys::unlinkat(dir, tmp.as_bytes(), false);
-        }
-        w.map(|()| dropped)
+/// Rewrites the log `name` of `dir` keeping the verified records `keep` accepts, under a
+/// temporary name renamed over it (removed if nothing is kept or its header does not
+/// parse). For compaction and `fsck --repair`. Returns the records dropped.
+pub fn rewrite(
+    dir: BorrowedFd<'_>,
+    keys: &SubKeys,
+    dir_iv: &DirIv,
+    name: &[u8],
+    keep: impl Fn(&Event) -> bool,
+) -> std::io::Result<usize> {
+    let r = read_log(dir, keys, dir_iv, name);
+    let kept: Vec<&(Token, Event)> = r.records.iter().filter(|(_, e)| keep(e)).collect();
+    let dropped = r.records.len() - kept.len();
+    if kept.is_empty() {
+        sys::unlinkat(dir, name, false)?;
+        return Ok(dropped);
     }
+    let mut buf = header(&r.client).to_vec();
+    for (t, e) in kept {
+        buf.extend_from_slice(&encode(keys, dir_iv, &r.client, t, e));
+    }
+    let tmp = crate::names::temp_name();
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let fd = sys::openat(dir, tmp.as_bytes(), flags, 0o600)?;
+    let w = sys::pwrite_all(fd.as_fd(), &buf, 0).and_then(|()| sys::renameat2(dir, tmp.as_bytes(), dir, name, 0));
+    if w.is_err() {
+        let _ = sys::unlinkat(dir, tmp.as_bytes(), false);
+    }
+    w.map(|()| dropped)
 }
 
 /// Seconds since the epoch.

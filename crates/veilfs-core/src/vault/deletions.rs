@@ -43,10 +43,23 @@ impl Vault {
     /// A "back" record is dated no earlier than the deletion it answers (another client's
     /// clock may be ahead).
     fn tomb_record(&self, dir: &CipherDir, tok: Token, kind: EntryKind, op: Op, after: u64) -> Result<()> {
-        let e = Event { op, kind: kind as u8, time: tombstone::now().max(after) };
-        let keys = &self.ctx.keys;
-        sys::privileged(|| self.tombs.append(dir.fd(), keys, &dir.iv, &[(tok, e)]))
+        self.append_record(dir.fd(), &dir.iv, tok, kind as u8, op, after)
             .ctx(|| dir.child_path(&tombstone::log_name(&self.tombs.client())))
+    }
+
+    /// [`tomb_record`](Self::tomb_record) for a directory known by its fd and IV, with the
+    /// daemon's own rights (the log is the client's, whoever asked for the step).
+    fn append_record(
+        &self,
+        dir: BorrowedFd<'_>,
+        iv: &DirIv,
+        tok: Token,
+        kind: u8,
+        op: Op,
+        after: u64,
+    ) -> std::io::Result<()> {
+        let e = Event { op, kind, time: tombstone::now().max(after) };
+        sys::privileged(|| self.tombs.append(dir, &self.ctx.keys, iv, &[(tok, e)]))
     }
 
     /// Before the user entry `on_disk` (of `kind`) leaves `dir`: appends its tombstone record.
@@ -83,9 +96,7 @@ impl Vault {
             _ => EntryKind::File,
         };
         let tok = tombstone::token(&self.ctx.keys, iv, on_disk.as_bytes());
-        let e = Event { op: Op::Deleted, kind: kind as u8, time: tombstone::now() };
-        let keys = &self.ctx.keys;
-        let _ = sys::privileged(|| self.tombs.append(dir, keys, iv, &[(tok, e)]));
+        let _ = self.append_record(dir, iv, tok, kind as u8, Op::Deleted, 0);
         if let Some(k) = &self.ctx.known {
             k.update_entries(iv, &[], &[tok]);
         }
@@ -138,14 +149,18 @@ impl Vault {
         }
     }
 
-    /// Whether a client's tombstone record says the user entry `on_disk` of `dir` was deleted,
-    /// given the directory's on-disk names from a listing just made (`names`).
-    pub fn has_tombstone(&self, dir: &CipherDir, on_disk: &str, names: &[&[u8]]) -> bool {
-        if !self.keeps_tombstones() || !names.iter().any(|n| tombstone::is_log_name(n)) {
+    /// Whether a client's tombstone record says the user entry `on_disk` of `dir` was deleted
+    /// (a resurrected entry, refused by a lookup), given the directory's listing just made
+    /// (`raw`). Only for a client with a state that checks (not under `--allow-rollback`), as
+    /// [`check_entries`](Self::check_entries).
+    pub fn has_tombstone(&self, dir: &CipherDir, on_disk: &str, raw: &[sys::RawDirEntry]) -> bool {
+        let checks = self.ctx.known.as_ref().is_some_and(|k| k.trust() != crate::known::Trust::AllowRollback);
+        if !checks || !self.keeps_tombstones() || !raw.iter().any(|r| tombstone::is_log_name(&r.name)) {
             return false;
         }
+        let names: Vec<&[u8]> = raw.iter().map(|r| r.name.as_slice()).collect();
         let tok = tombstone::token(&self.ctx.keys, &dir.iv, on_disk.as_bytes());
-        self.tombs.with_dir(dir.fd(), &self.ctx.keys, &dir.iv, Some(names), |t| t.deleted(&tok))
+        self.tombs.with_dir(dir.fd(), &self.ctx.keys, &dir.iv, Some(&names), |t| t.deleted(&tok))
     }
 
     /// Compares the listing `raw` of `dir` with what this client remembers of it and updates
@@ -236,9 +251,7 @@ impl Vault {
             judge(None, &mut v);
         }
         for (t, kind, after) in back {
-            let e = Event { op: Op::Back, kind, time: tombstone::now().max(after) };
-            let keys = &self.ctx.keys;
-            let _ = sys::privileged(|| self.tombs.append(dir.fd(), keys, &dir.iv, &[(t, e)]));
+            let _ = self.append_record(dir.fd(), &dir.iv, t, kind, Op::Back, after);
         }
         v.resurrected.sort();
         known.update_entries(&dir.iv, &seen, &gone);

@@ -240,11 +240,7 @@ impl Vault {
         }
         match (found, forged) {
             (Some(e), _) => {
-                let names: Vec<&[u8]> = raw.iter().map(|r| r.name.as_slice()).collect();
-                if self.ctx.known.is_some()
-                    && self.ctx.known.as_ref().map(|k| k.trust()) != Some(crate::known::Trust::AllowRollback)
-                    && self.has_tombstone(dir, &e.on_disk, &names)
-                {
+                if self.has_tombstone(dir, &e.on_disk, &raw) {
                     return Err(Self::resurrected_error(dir, &e.on_disk));
                 }
                 Ok(Some(e))

@@ -86,7 +86,7 @@ impl Vault {
         // The tombstone logs of entries deleted inside go with it (they vouch for deletions in
         // a directory that no longer exists), with the daemon's own rights as the IV copy.
         let _ = sys::privileged(|| {
-            for r in sys::read_dir_fd(sub.as_fd())?.iter().filter(|r| is_tombstone(&r.name)) {
+            for r in sys::read_dir_fd(sub.as_fd())?.iter().filter(|r| crate::tombstone::is_log_name(&r.name)) {
                 sys::unlinkat(sub.as_fd(), &r.name, false)?;
             }
             Ok::<(), std::io::Error>(())
@@ -278,8 +278,9 @@ impl Vault {
         let sub = sys::open_dir_at(dir.fd(), on_disk.as_bytes()).ctx(what)?;
         let raw = sys::read_dir_fd(sub.as_fd()).ctx(what)?;
         let copy = self.iv_copy.name(iv);
-        if raw.iter().any(|r| r.name != b"." && r.name != b".." && r.name != copy.as_bytes() && !is_tombstone(&r.name))
-        {
+        if raw.iter().any(|r| {
+            r.name != b"." && r.name != b".." && r.name != copy.as_bytes() && !crate::tombstone::is_log_name(&r.name)
+        }) {
             return Err(Error::io(what(), std::io::Error::from_raw_os_error(libc::ENOTEMPTY)));
         }
         Ok(sub)
@@ -418,9 +419,4 @@ impl Vault {
         self.drop_side_file(dir, &entry.key);
         Ok(())
     }
-}
-
-/// Whether `name` is a tombstone log's (`crate::tombstone`).
-fn is_tombstone(name: &[u8]) -> bool {
-    crate::tombstone::is_log_name(name)
 }
