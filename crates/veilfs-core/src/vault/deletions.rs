@@ -139,6 +139,13 @@ impl Vault {
         self.tombs.forget_dir(iv);
     }
 
+    /// This client's state when it checks directories' entries: a vault with tombstones, a
+    /// client state, and not `--allow-rollback`.
+    fn entry_checker(&self) -> Option<&Arc<crate::known::Known>> {
+        let known = self.ctx.known.as_ref()?;
+        (self.keeps_tombstones() && known.trust() != crate::known::Trust::AllowRollback).then_some(known)
+    }
+
     /// The error for the resurrected entry `on_disk` of `dir`.
     pub fn resurrected_error(dir: &CipherDir, on_disk: &str) -> Error {
         Error::Rollback {
@@ -154,8 +161,7 @@ impl Vault {
     /// (`raw`). Only for a client with a state that checks (not under `--allow-rollback`), as
     /// [`check_entries`](Self::check_entries).
     pub fn has_tombstone(&self, dir: &CipherDir, on_disk: &str, raw: &[sys::RawDirEntry]) -> bool {
-        let checks = self.ctx.known.as_ref().is_some_and(|k| k.trust() != crate::known::Trust::AllowRollback);
-        if !checks || !self.keeps_tombstones() || !raw.iter().any(|r| tombstone::is_log_name(&r.name)) {
+        if self.entry_checker().is_none() || !raw.iter().any(|r| tombstone::is_log_name(&r.name)) {
             return false;
         }
         let names: Vec<&[u8]> = raw.iter().map(|r| r.name.as_slice()).collect();
@@ -173,10 +179,7 @@ impl Vault {
     /// logs since this process last read them (nothing in a directory without deletions).
     pub fn check_entries<'r>(&self, dir: &CipherDir, raw: impl Iterator<Item = &'r [u8]>) -> EntryVerdicts {
         let mut v = EntryVerdicts::default();
-        let Some(known) = self.ctx.known.as_ref().filter(|_| self.keeps_tombstones()) else { return v };
-        if known.trust() == crate::known::Trust::AllowRollback {
-            return v;
-        }
+        let Some(known) = self.entry_checker() else { return v };
         let accept = known.trust() == crate::known::Trust::Accept;
         let names: Vec<&[u8]> = raw.collect();
         let mut present: HashMap<Token, &[u8]> = HashMap::new();
